@@ -1,0 +1,107 @@
+"""`load_model` and the `Model` convenience wrapper (host-side checks + jitted pure functions)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import model as model_lib
+from .config import PRESETS, Qwen3Config
+from .encoder import POOLINGS, PrefixCache, encode, prefill
+from .resolve import resolve_checkpoint_dir
+from .weights import init_params, load_params
+
+_STATIC = ("config", "attention_impl")
+_encode_jit = jax.jit(encode, static_argnames=_STATIC + ("layer", "pooling"))
+_prefill_jit = jax.jit(prefill, static_argnames=_STATIC)
+_hidden_states_jit = jax.jit(model_lib.hidden_states, static_argnames=_STATIC)
+_logits_jit = jax.jit(model_lib.logits, static_argnames=_STATIC)
+
+
+def default_dtype() -> Any:
+    """float32 on a CPU backend, bfloat16 on accelerators."""
+    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+
+
+def _as_dtype(dtype: Any) -> Any:
+    if dtype is None:
+        return default_dtype()
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype {dtype!r} is not a dtype; use 'float32', 'bfloat16' or 'float16'") from None
+    if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise ValueError(f"dtype {dt} is not supported; use float32, bfloat16 or float16")
+    return dt.type
+
+
+def _check_ids(ids: Any, config: Qwen3Config, ndim: int, what: str) -> Any:
+    if isinstance(ids, jax.core.Tracer):
+        return ids
+    arr = np.asarray(ids)
+    if arr.ndim != ndim or not np.issubdtype(arr.dtype, np.integer):
+        shape = "[B, T]" if ndim == 2 else "[P]"
+        raise ValueError(f"{what} must be integer token ids of shape {shape}, got {arr.dtype} {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() >= config.vocab_size):
+        raise ValueError(f"{what} has token ids outside [0, {config.vocab_size}) (min {arr.min()}, max "
+                         f"{arr.max()}); was it tokenized for another model?")
+    return jnp.asarray(arr, jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A Qwen3 model ready to use: config (static), params (device pytree), dtype."""
+
+    config: Qwen3Config
+    params: dict[str, Any]
+    dtype: Any
+
+    def hidden_states(self, ids: Any) -> tuple[jax.Array, ...]:
+        """ids int [B, T] -> L+1 arrays [B, T, D] (HF output_hidden_states; the last is post-norm)."""
+        return _hidden_states_jit(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
+
+    def prefill(self, prefix_ids: Any) -> PrefixCache:
+        """1-D prefix token ids -> PrefixCache for `encode(..., prefix=cache)`."""
+        ids = _check_ids(prefix_ids, self.config, 1, "prefix_ids")
+        return _prefill_jit(self.params, self.config, ids)
+
+    def encode(self, ids: Any, lengths: Any, layer: int = -1, pooling: str = "last",
+               prefix: PrefixCache | None = None) -> jax.Array:
+        """Right-padded ids [B, T] + lengths [B] -> float32 [B, D]. See `jaxllm.encoder.encode`."""
+        ids = _check_ids(ids, self.config, 2, "ids")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        model_lib.normalize_layer_index(layer, self.config)
+        if not isinstance(lengths, jax.core.Tracer):
+            lens = np.asarray(lengths)
+            if lens.shape != (ids.shape[0],) or not np.issubdtype(lens.dtype, np.integer):
+                raise ValueError(f"lengths must be integers of shape [{ids.shape[0]}] (one per row of ids), "
+                                 f"got {lens.dtype} {lens.shape}")
+            if lens.size and (lens.min() < 0 or lens.max() > ids.shape[1]):
+                raise ValueError(f"lengths must lie in [0, T={ids.shape[1]}], got min {lens.min()} "
+                                 f"max {lens.max()}")
+        return _encode_jit(self.params, self.config, ids, jnp.asarray(lengths, jnp.int32), layer=layer,
+                           pooling=pooling, prefix=prefix)
+
+    def logits(self, ids: Any) -> jax.Array:
+        """ids int [B, T] -> float32 logits [B, T, V] (the only path that uses the LM head)."""
+        model_lib.lm_head_weight(self.params, self.config)  # clear error early when there is no head
+        return _logits_jit(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
+
+
+def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0) -> Model:
+    """A Model from a preset name ("tiny", "qwen3-4b": random init with `seed`), a Qwen3Config (random init),
+    a local checkpoint directory, or a hub id already in the local HF cache. dtype None: float32 on a CPU
+    backend, bfloat16 on a GPU.
+    """
+    dt = _as_dtype(dtype)
+    if isinstance(name, Qwen3Config) or str(name) in PRESETS:
+        config = name if isinstance(name, Qwen3Config) else PRESETS[str(name)]
+        return Model(config, init_params(config, dt, seed), dt)
+    ckpt_dir = resolve_checkpoint_dir(name, tuple(PRESETS))
+    config = Qwen3Config.from_json(ckpt_dir / "config.json")
+    return Model(config, load_params(ckpt_dir, config, dt), dt)

@@ -1,0 +1,217 @@
+"""Pure-JAX Qwen3 decoder over a params pytree, numerically following HF transformers' `modeling_qwen3`.
+
+Params layout (a dict; decoder layers stacked on a leading axis of size L for `lax.scan`):
+
+    embed_tokens [V, D]
+    layers: input_layernorm [L, D], q_proj [L, D, Hq*hd], k_proj [L, D, Hkv*hd], v_proj [L, D, Hkv*hd],
+            o_proj [L, Hq*hd, D], q_norm [L, hd], k_norm [L, hd], post_attention_layernorm [L, D],
+            gate_proj [L, D, I], up_proj [L, D, I], down_proj [L, I, D]
+    norm [D]
+    lm_head [D, V]        (only for untied checkpoints)
+
+Projection matrices are stored [in, out] (HF stores [out, in]; weights.py transposes at load time).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .config import Qwen3Config
+
+Params = dict[str, Any]
+LAYER_KEYS = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
+              "post_attention_layernorm", "gate_proj", "up_proj", "down_proj")
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm as in HF: normalise in float32, cast back to x's dtype, then multiply by the weight."""
+    xf = x.astype(jnp.float32)
+    xf = xf * lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
+    return weight * xf.astype(x.dtype)
+
+
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [..., T, head_dim] for integer positions, computed in float32 and cast to `dtype`."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Half-split (`rotate_half`) rotary embedding. x: [B, T, H, hd]; cos/sin: [T, hd]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+ATTENTION_IMPLS = ("xla", "cudnn", "xla_split", "cudnn_split")
+
+
+def default_attention_impl(dtype: Any) -> str:
+    """cuDNN flash attention on a GPU for 16-bit dtypes, XLA otherwise (CPU, float32)."""
+    if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return "cudnn"
+    return "xla"
+
+
+def _attention_with_lse(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool,
+                        backend: str) -> tuple[jax.Array, jax.Array]:
+    """Attention output [B, T, Hq, hd] and float32 log-sum-exp of the scaled logits [B, T, Hq]."""
+    scale = q.shape[-1] ** -0.5
+    if backend == "cudnn":
+        # jax.nn.dot_product_attention rounds the residual to the output dtype (bf16), too coarse for merging;
+        # the cuDNN primitive itself returns float32 softmax statistics [B, Hq, T].
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+        mask = cudnn.MaskType.CAUSAL if causal else cudnn.MaskType.NO_MASK
+        out, lse = cudnn.dot_product_attention(q, k, v, scale=scale, mask_type=mask, return_residual=True)
+        return out, jnp.swapaxes(lse, 1, 2).astype(jnp.float32)
+    b, t, hq, hd = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, t, hkv, hq // hkv, hd)
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    if causal:
+        logits = jnp.where(jnp.tril(jnp.ones((t, k.shape[1]), bool)), logits, -jnp.inf)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    probs = jnp.exp(logits - lse[..., None]).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, hq, hd)
+    return out, lse.reshape(b, hq, t).swapaxes(1, 2)
+
+
+def _split_prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array,
+                            backend: str) -> jax.Array:
+    """Prefix attention without materialising the prefix per row: all B*T queries attend to the shared prefix
+    in one unmasked call, each row attends causally to its own rest, and the two are merged by log-sum-exp."""
+    b, t, hq, hd = q.shape
+    out_p, lse_p = _attention_with_lse(q.reshape(1, b * t, hq, hd), prefix_k[None], prefix_v[None], False, backend)
+    out_r, lse_r = _attention_with_lse(q, k, v, True, backend)
+    out_p, lse_p = out_p.reshape(b, t, hq, hd), lse_p.reshape(b, t, hq)
+    lse = jnp.logaddexp(lse_p, lse_r)
+    w_p, w_r = jnp.exp(lse_p - lse)[..., None], jnp.exp(lse_r - lse)[..., None]
+    return (out_p.astype(jnp.float32) * w_p + out_r.astype(jnp.float32) * w_r).astype(q.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None = None,
+              prefix_v: jax.Array | None = None, implementation: str | None = None) -> jax.Array:
+    """Causal GQA attention, scale head_dim**-0.5, softmax in float32.
+
+    q: [B, T, Hq, hd]; k, v: [B, T, Hkv, hd]. With a prefix (prefix_k/prefix_v: [P, Hkv, hd], shared by the
+    batch), query i sits at position P+i and sees the P prefix keys and rest keys 0..i.
+    implementation: "xla" or "cudnn" (jax.nn.dot_product_attention; with a prefix, prefix keys are prepended
+    and the causal structure is a [1, 1, T, P+T] mask shared by batch and heads, keeping the fused kernel usable),
+    "cudnn_split" / "xla_split" (prefix handled by `_split_prefix_attention`), None = `default_attention_impl`.
+    """
+    impl = implementation or default_attention_impl(q.dtype)
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention implementation must be one of {ATTENTION_IMPLS} or None, got {impl!r}")
+    backend = impl.removesuffix("_split")
+    if prefix_k is None:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=backend)
+    if impl.endswith("_split"):
+        return _split_prefix_attention(q, k, v, prefix_k, prefix_v, backend)
+    batch, t = q.shape[0], q.shape[1]
+    p = prefix_k.shape[0]
+    k = jnp.concatenate([jnp.broadcast_to(prefix_k[None], (batch,) + prefix_k.shape), k], axis=1)
+    v = jnp.concatenate([jnp.broadcast_to(prefix_v[None], (batch,) + prefix_v.shape), v], axis=1)
+    mask = jnp.arange(p + t)[None, :] <= (p + jnp.arange(t))[:, None]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[None, None], implementation=impl)
+
+
+def decoder_layer(h: jax.Array, lp: Params, cos: jax.Array, sin: jax.Array, config: Qwen3Config,
+                  prefix_k: jax.Array | None = None, prefix_v: jax.Array | None = None,
+                  attention_impl: str | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """One Qwen3 decoder layer on h [B, T, D]. Returns the new h and this layer's post-RoPE (k, v)."""
+    batch, t, _ = h.shape
+    hd = config.head_dim
+    x = rms_norm(h, lp["input_layernorm"], config.rms_norm_eps)
+    q = (x @ lp["q_proj"]).reshape(batch, t, config.num_attention_heads, hd)
+    k = (x @ lp["k_proj"]).reshape(batch, t, config.num_key_value_heads, hd)
+    v = (x @ lp["v_proj"]).reshape(batch, t, config.num_key_value_heads, hd)
+    q = apply_rope(rms_norm(q, lp["q_norm"], config.rms_norm_eps), cos, sin)
+    k = apply_rope(rms_norm(k, lp["k_norm"], config.rms_norm_eps), cos, sin)
+    attn = attention(q, k, v, prefix_k, prefix_v, attention_impl)
+    h = h + attn.reshape(batch, t, config.q_size) @ lp["o_proj"]
+    x = rms_norm(h, lp["post_attention_layernorm"], config.rms_norm_eps)
+    h = h + (jax.nn.silu(x @ lp["gate_proj"]) * (x @ lp["up_proj"])) @ lp["down_proj"]
+    return h, (k, v)
+
+
+def normalize_layer_index(layer: int, config: Qwen3Config) -> int:
+    """Maps an HF `hidden_states` index (negatives allowed) to 0..L, with a clear error when out of range."""
+    n = config.num_hidden_layers
+    if not isinstance(layer, int) or isinstance(layer, bool):
+        raise TypeError(f"layer must be a Python int (a static hidden-state index), got {type(layer).__name__}")
+    if not -(n + 1) <= layer <= n:
+        raise ValueError(f"layer={layer} is out of range: this model has {n + 1} hidden states "
+                         f"(valid indices {-(n + 1)}..{n}; 0 = embeddings, {n} or -1 = final post-norm)")
+    return layer % (n + 1)
+
+
+def take_layers(tree: Any, n: int) -> Any:
+    """The first n entries along the leading (layer) axis of every leaf."""
+    return jax.tree.map(lambda a: a[:n], tree)
+
+
+def embed(params: Params, ids: jax.Array) -> jax.Array:
+    """Token embeddings [B, T, D] in the params' dtype."""
+    return jnp.take(params["embed_tokens"], ids, axis=0)
+
+
+def forward(params: Params, config: Qwen3Config, ids: jax.Array, *, layer: int = -1, collect: bool = False,
+            collect_kv: bool = False, prefix_k: jax.Array | None = None, prefix_v: jax.Array | None = None,
+            position_offset: int = 0, attention_impl: str | None = None) -> tuple[jax.Array, Any]:
+    """Runs the model up to HF hidden-state index `layer` (only the layers that index needs).
+
+    Returns (hidden state at `layer` [B, T, D], per-layer scan outputs (h after each layer [n, B, T, D] if
+    `collect`, else None; (k, v) each [n, B, T, Hkv, hd] if `collect_kv`, else None)). prefix_k/prefix_v:
+    [L, P, Hkv, hd] of a cached prefix; positions then start at `position_offset` (= P).
+    """
+    k_idx = normalize_layer_index(layer, config)
+    h = embed(params, ids)
+    t = ids.shape[1]
+    cos, sin = rope_cos_sin(position_offset + jnp.arange(t), config.head_dim, config.rope_theta, h.dtype)
+    layers = take_layers(params["layers"], k_idx)
+    prefix = None if prefix_k is None else take_layers((prefix_k, prefix_v), k_idx)
+
+    def body(h, xs):
+        lp, pkv = xs
+        pk, pv = (None, None) if pkv is None else pkv
+        h, kv = decoder_layer(h, lp, cos, sin, config, pk, pv, attention_impl)
+        return h, (h if collect else None, kv if collect_kv else None)
+
+    outputs = (None, None)
+    if k_idx > 0:
+        h, outputs = lax.scan(body, h, (layers, prefix))
+    if k_idx == config.num_hidden_layers:
+        h = rms_norm(h, params["norm"], config.rms_norm_eps)
+    return h, outputs
+
+
+def hidden_states(params: Params, config: Qwen3Config, ids: jax.Array,
+                  attention_impl: str | None = None) -> tuple[jax.Array, ...]:
+    """All L+1 hidden states [B, T, D] with HF `output_hidden_states` semantics (last one post-norm)."""
+    emb = embed(params, ids)
+    final, (per_layer, _) = forward(params, config, ids, layer=-1, collect=True, attention_impl=attention_impl)
+    n = config.num_hidden_layers
+    return (emb,) + tuple(per_layer[i] for i in range(n - 1)) + (final,)
+
+
+def lm_head_weight(params: Params, config: Qwen3Config) -> jax.Array:
+    """The [D, V] output projection: the transposed embedding when tied, else `lm_head`."""
+    if config.tie_word_embeddings:
+        return params["embed_tokens"].T
+    if "lm_head" not in params:
+        raise ValueError("this model has untied embeddings but no 'lm_head' weight (it was loaded from a bare "
+                         "Qwen3Model checkpoint); load a Qwen3ForCausalLM checkpoint to compute logits")
+    return params["lm_head"]
+
+
+def logits(params: Params, config: Qwen3Config, ids: jax.Array, attention_impl: str | None = None) -> jax.Array:
+    """Next-token logits [B, T, V] in float32 (matmul in the model dtype with float32 accumulation)."""
+    w = lm_head_weight(params, config)
+    h, _ = forward(params, config, ids, layer=-1, attention_impl=attention_impl)
+    return jnp.matmul(h, w, preferred_element_type=jnp.float32)

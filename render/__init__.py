@@ -1,0 +1,11 @@
+"""Craftax state -> text -> token ids, as a Python renderer and a jittable token template.
+
+Public API:
+    build_template(tokenizer, env_name, fmt="compact", system_prompt=None) -> Template
+    render_text(state, env_name, fmt="compact") -> str | list[str]
+    Template: .prefix_ids, .max_len, .pad_id, __call__(state) -> (ids, length), .text(state)
+"""
+from render.api import build_template, render_text
+from render.template import Template, UnsafeBoundaryError
+
+__all__ = ["build_template", "render_text", "Template", "UnsafeBoundaryError"]

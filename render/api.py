@@ -1,0 +1,35 @@
+"""The two entry points: `build_template` and `render_text`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+from render.chat import resolve_system_prompt
+from render.envs import check_state, get_format, is_batched
+from render.template import PAD_ID, Template, compile_template, format_values_numpy
+from render.text import texts_from_values
+
+
+def build_template(
+    tokenizer,
+    env_name: str,
+    fmt: str = "compact",
+    system_prompt: Union[str, Path, None] = None,
+) -> Template:
+    """Compile the prompt template of `env_name` in format `fmt` ("compact" or "full").
+
+    system_prompt: None for our default prompt of that env and format, else the prompt text or a
+    path to a file holding it. Raises UnsafeBoundaryError if a piece boundary is not token-safe.
+    """
+    format_ = get_format(env_name, fmt)
+    system = resolve_system_prompt(system_prompt, env_name, fmt)
+    return compile_template(tokenizer, format_, system, env_name, pad_id=PAD_ID)
+
+
+def render_text(state, env_name: str, fmt: str = "compact"):
+    """The observation text of a raw craftax state (a string), or of a batched state (a list)."""
+    check_state(state, env_name)
+    format_ = get_format(env_name, fmt)
+    batched = is_batched(state)
+    texts = texts_from_values(format_.layout, format_values_numpy(format_, state, batched))
+    return texts if batched else texts[0]

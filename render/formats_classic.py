@@ -1,0 +1,163 @@
+"""Text formats of Craftax-Classic-Symbolic-v1: `full` (craftax's text style) and `compact`.
+
+Craftax-Classic has no upstream text renderer; `full` follows `render_craftax_text`'s style with
+Classic's content (no items, light map, floors, potions or armour; tools are separate counts).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from craftax.craftax_classic.constants import OBS_DIM, Action, BlockType
+
+from render.layout import Choice, Const, Format, Layout, Number, Section, present_key
+from render.rows import RowBuilder
+from render.view import (
+    compact_rows,
+    count,
+    fixed_point,
+    gather_window,
+    mob_codes,
+    nearest_first,
+    optional_count,
+    window_offsets,
+)
+
+ENV_NAME = "Craftax-Classic-Symbolic-v1"
+ROWS, COLS = OBS_DIM  # 7 rows (-3..3), 9 columns (-4..4)
+OFFSETS = window_offsets(ROWS, COLS)
+NEAREST = nearest_first(OFFSETS)
+MOB_NAMES_LIST = ["Zombie", "Cow", "Skeleton", "Arrow"]  # codes 0..3: zombies, cows, skeletons, arrows
+NO_MOB = len(MOB_NAMES_LIST)
+MATERIALS = ["Wood", "Stone", "Coal", "Iron", "Diamond", "Sapling"]
+TOOLS = ["Wood Pickaxe", "Stone Pickaxe", "Iron Pickaxe", "Wood Sword", "Stone Sword", "Iron Sword"]
+STATS = ["Food", "Drink", "Energy"]  # after Health
+DIRECTIONS = [Action(i).name.lower() for i in range(5)]
+COUNT_DIGITS = 3
+LIGHT = Number(1, 2)
+
+
+def _material(s, name: str):
+    return getattr(s.inventory, name.lower())
+
+
+def _tool(s, name: str):
+    return getattr(s.inventory, name.lower().replace(" ", "_"))
+
+
+def _stat(s, name: str):
+    return getattr(s, "player_" + name.lower())
+
+
+def local_tiles(state) -> dict[str, jnp.ndarray]:
+    """The window around the player: block and mob code per tile ([63], row-major)."""
+    pos = state.player_position
+    block = gather_window(state.map, pos, OFFSETS, BlockType.OUT_OF_BOUNDS.value)
+    groups = [
+        (m.position, m.mask, jnp.full(m.mask.shape, k, jnp.int32))
+        for k, m in enumerate([state.zombies, state.cows, state.skeletons, state.arrows])
+    ]
+    return {"block": block.astype(jnp.int32), "mob": mob_codes(groups, pos, ROWS, COLS, NO_MOB)}
+
+
+def _bool(x):
+    return jnp.asarray(x).astype(jnp.int32)
+
+
+def _full_format() -> Format:
+    coords = tuple(f"{c}, {r}:" for r, c in OFFSETS)  # "col, row" like craftax's text
+    mob = Choice(tuple(f" {n} on" for n in MOB_NAMES_LIST) + ("",))
+    block = Choice(tuple(f" {b.name.lower()}" for b in BlockType))
+    n_tiles = ROWS * COLS
+    map_section = Section("map", (Choice(coords), mob, block, Choice(("\n", "\n\n"))), rows=n_tiles)
+
+    inv = RowBuilder("inventory").text("Inventory:\n")
+    for i, name in enumerate(MATERIALS):
+        inv.text(("" if i == 0 else "\n") + f"{name}: ").value(
+            Number(COUNT_DIGITS), lambda s, n=name: count(_material(s, n), COUNT_DIGITS)
+        )
+    inv.text("\n")
+    for name in TOOLS:
+        inv.value(Choice(("", f"{name}\n")), lambda s, n=name: _bool(_tool(s, n) > 0))
+    inv.text("Health: ").value(Number(COUNT_DIGITS), lambda s: count(s.player_health, COUNT_DIGITS))
+    for name in STATS:
+        inv.text(f"\n{name}: ").value(Number(COUNT_DIGITS), lambda s, n=name: count(_stat(s, n), COUNT_DIGITS))
+    inv.text("\nDirection:").value(Choice(tuple(" " + d for d in DIRECTIONS)), lambda s: jnp.clip(s.player_direction, 0, 4))
+    inv.text("\nLight: ").value(LIGHT, lambda s: fixed_point(s.light_level, 2, 1))
+    inv.text("\nIs Sleeping:").value(Choice((" False\n", " True\n")), lambda s: _bool(s.is_sleeping))
+
+    layout = Layout((Section("header", (Const("Map:\n"),)), map_section, inv.section()))
+
+    def values(state):
+        t = local_tiles(state)
+        term = (jnp.arange(n_tiles) == n_tiles - 1).astype(jnp.int32)
+        tiles = jnp.stack([jnp.arange(n_tiles, dtype=jnp.int32), t["mob"], t["block"], term], axis=-1)
+        return {"header": jnp.zeros((1, 1), jnp.int32), "map": tiles, "inventory": inv.values(state)}
+
+    return Format(ENV_NAME, "full", layout, values)
+
+
+COMPACT_BACKGROUND = (BlockType.GRASS, BlockType.SAND, BlockType.PATH)
+COMPACT_MAX_TILES = 30  # K: the most tiles listed (nearest first); measured in docs/RENDER.md
+COMPACT_BLOCK_NAMES = {BlockType.OUT_OF_BOUNDS: "edge"}
+
+
+def _compact_format() -> Format:
+    k = COMPACT_MAX_TILES
+    coords = tuple(f"{r}, {c}:" for r, c in OFFSETS)  # "row, col"
+    mobs = [n.lower() for n in MOB_NAMES_LIST]
+    blocks = [COMPACT_BLOCK_NAMES.get(b, b.name.lower().replace("_", " ")) for b in BlockType]
+    things = tuple(" " + n for n in mobs + blocks)  # index: mob code, then NO_MOB + block
+    map_section = Section("map", (Choice(coords), Choice(things), Const("\n")), rows=k, optional_rows=True)
+
+    inv = RowBuilder("items", never_empty=True)
+    for name in MATERIALS:
+        inv.value(
+            Number(COUNT_DIGITS, optional=True, label=f" {name.lower()}="),
+            lambda s, n=name: optional_count(_material(s, n), COUNT_DIGITS),
+        )
+    for name in TOOLS:
+        inv.value(Choice(("", f" {name.lower()}")), lambda s, n=name: _bool(_tool(s, n) > 0))
+    inv.value(Choice(("", " nothing")), lambda s: _bool(_inventory_empty(s)))
+
+    st = RowBuilder("status").text("\nStatus: health=").value(Number(COUNT_DIGITS), lambda s: count(s.player_health, COUNT_DIGITS))
+    for name in STATS:
+        st.text(f" {name.lower()}=").value(Number(COUNT_DIGITS), lambda s, n=name: count(_stat(s, n), COUNT_DIGITS))
+    st.text(" light=").value(LIGHT, lambda s: fixed_point(s.light_level, 2, 1))
+    st.text(" facing").value(Choice(tuple("=" + d for d in DIRECTIONS)), lambda s: jnp.clip(s.player_direction, 0, 4))
+    st.value(Choice(("", " sleeping")), lambda s: _bool(s.is_sleeping))
+    st.text("\n")
+
+    layout = Layout((
+        Section("header", (Const("Map:\n"),)),
+        map_section,
+        Section("items_label", (Const("Inventory:"),)),
+        inv.section(),
+        st.section(),
+    ))
+    background = np.zeros(len(BlockType), dtype=bool)
+    background[[b.value for b in COMPACT_BACKGROUND]] = True
+
+    def values(state):
+        t = local_tiles(state)
+        has_mob = t["mob"] < NO_MOB
+        thing = jnp.where(has_mob, t["mob"], NO_MOB + t["block"])
+        informative = has_mob | ~jnp.asarray(background)[t["block"]]
+        tiles, present, _ = compact_rows(informative, NEAREST, k)
+        rows = jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1)
+        zero = jnp.zeros((1, 1), jnp.int32)
+        return {
+            "header": zero, "map": rows, present_key("map"): present, "items_label": zero,
+            "items": inv.values(state), "status": st.values(state),
+        }
+
+    return Format(ENV_NAME, "compact", layout, values)
+
+
+def _inventory_empty(s):
+    counts = jnp.stack([jnp.asarray(_material(s, n), jnp.int32) for n in MATERIALS])
+    tools = jnp.stack([jnp.asarray(_tool(s, n), jnp.int32) for n in TOOLS])
+    return ~jnp.any(counts > 0) & ~jnp.any(tools > 0)
+
+
+def formats() -> dict[str, Format]:
+    return {"full": _full_format(), "compact": _compact_format()}

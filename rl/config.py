@@ -1,0 +1,145 @@
+"""Training configuration: one frozen dataclass, presets, validation and JSON round trip."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl.envs import ENV_NAMES
+from rl.networks import FUSIONS
+
+ENCODERS = ("none", "inscan", "vllm")
+OBS_FORMATS = ("compact", "full")
+POOLINGS = ("last", "mean")
+LLM_DTYPES = ("auto", "float32", "bfloat16")
+
+# Fields that may differ between a run directory's config and a resumed run (they do not change results).
+RESUME_MUTABLE = ("vllm_url", "run_dir")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run. Defaults = the reference trainer (REFERENCE §2)."""
+
+    env: str = "Craftax-Symbolic-v1"
+    encoder: str = "none"
+    seed: int = 0
+    num_envs: int = 1024
+    num_steps: int = 64
+    total_timesteps: int = 10_000_000
+    lr: float = 2e-4
+    anneal_lr: bool = True
+    adam_eps: float = 1e-5
+    max_grad_norm: float = 1.0
+    update_epochs: int = 4
+    num_minibatches: int = 8
+    gamma: float = 0.99
+    gae_lambda: float = 0.8
+    clip_eps: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    reset_ratio: int = 16
+    width: int = 512
+    # LLM encoder (inscan / vllm)
+    skip_n: int = 1
+    model: str = "tiny"
+    llm_layer: int = -1
+    pooling: str = "last"
+    obs_format: str = "compact"
+    llm_dtype: str = "auto"
+    system_prompt: str | None = None
+    fusion: str = "norm"
+    vllm_url: str = "http://127.0.0.1:8000"
+    vllm_timeout: float = 30.0
+    # run directory
+    run_dir: str | None = None
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+
+    # derived -----------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    @property
+    def uses_llm(self) -> bool:
+        return self.encoder != "none"
+
+    def validate(self) -> "TrainConfig":
+        """Raise ValueError naming the bad field and the fix; return self when fine."""
+        _choice("env", self.env, ENV_NAMES)
+        _choice("encoder", self.encoder, ENCODERS)
+        _choice("obs_format", self.obs_format, OBS_FORMATS)
+        _choice("pooling", self.pooling, POOLINGS)
+        _choice("llm_dtype", self.llm_dtype, LLM_DTYPES)
+        _choice("fusion", self.fusion, FUSIONS)
+        for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
+                     "skip_n", "checkpoint_every", "reset_ratio", "width", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.num_updates < 1:
+            raise ValueError(
+                f"--total-timesteps {self.total_timesteps} is smaller than one update "
+                f"(num_envs x num_steps = {self.batch_size}); raise it or shrink the batch")
+        if self.batch_size % self.num_minibatches:
+            raise ValueError(
+                f"num_envs x num_steps = {self.batch_size} does not split into --num-minibatches "
+                f"{self.num_minibatches}; pick a divisor")
+        if self.uses_llm and self.num_steps % self.skip_n:
+            raise ValueError(
+                f"--skip-n {self.skip_n} must divide --num-steps {self.num_steps} (the LLM refreshes every "
+                f"env at the start of each skip_n-step window of a rollout); e.g. use --num-steps "
+                f"{max(self.skip_n, self.num_steps // self.skip_n * self.skip_n or self.skip_n)}")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"{source}: unknown config fields {unknown}; was it written by another version?")
+        return cls(**d)
+
+    def differences(self, other: "TrainConfig") -> dict[str, tuple[Any, Any]]:
+        """Fields (apart from RESUME_MUTABLE) whose values differ: {name: (self, other)}."""
+        a, b = self.to_json(), other.to_json()
+        return {k: (a[k], b[k]) for k in a if k not in RESUME_MUTABLE and a[k] != b[k]}
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"--{name.replace('_', '-')} {value!r} is not one of: {', '.join(choices)}")
+
+
+# Named presets: a few fields overriding the defaults. Explicit flags override a preset.
+PRESETS: dict[str, dict[str, Any]] = {
+    # The README's main command on a 2-core CPU: Classic, small batch, small network, tiny LLM.
+    "cpu": dict(env="Craftax-Classic-Symbolic-v1", num_envs=32, num_steps=32, total_timesteps=32 * 32 * 12,
+                num_minibatches=4, update_epochs=2, width=128, skip_n=8, checkpoint_every=4, lr=5e-4),
+    # The tests' runs: seconds, not minutes.
+    "test": dict(env="Craftax-Classic-Symbolic-v1", num_envs=8, num_steps=8, total_timesteps=8 * 8 * 3,
+                 num_minibatches=2, update_epochs=1, width=32, skip_n=4, checkpoint_every=1),
+}
+
+
+def save_config(cfg: TrainConfig, path: Path) -> None:
+    path.write_text(json.dumps(cfg.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+def load_config(path: Path) -> TrainConfig:
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} not found: is this a run directory written by rl.train?") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); the run directory is damaged") from None
+    return TrainConfig.from_json(d, source=str(path))

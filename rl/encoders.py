@@ -1,0 +1,100 @@
+"""Where the policy's LLM hidden state comes from: the in-scan JAX encoder or a vLLM-API server.
+
+Both turn a batch of raw craftax states into float32 [B, D] through the same token template
+(`render.build_template`): the constant prompt head (`tpl.prefix_ids`) is followed by the state's
+ids. In-scan, the head's KV cache is computed once per run (`jaxllm.prefill`) and passed to every
+jitted call as an argument (never a closed-over constant: for Qwen3-4B it is gigabytes).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+
+@dataclass
+class LLMSetup:
+    """Host-side LLM objects of a run: the model (params + config), tokenizer, template and prefix cache."""
+
+    model: Any  # jaxllm model (None for --encoder vllm)
+    tokenizer: Any
+    template: Any  # render.Template
+    prefix_cache: Any  # jaxllm.PrefixCache (None for --encoder vllm)
+    hidden_size: int
+
+    @property
+    def jit_args(self) -> tuple[Any, Any]:
+        """The arrays the jitted trainer takes as explicit arguments: (LLM params, prefix cache)."""
+        return (self.model.params, self.prefix_cache) if self.model is not None else (None, None)
+
+
+def build_template(tokenizer, env_name: str, fmt: str, system_prompt: str | None):
+    from render import build_template as _build
+
+    return _build(tokenizer, env_name, fmt=fmt, system_prompt=system_prompt)
+
+
+def load_llm(cfg, *, with_model: bool = True, system_prompt: str | None = "__cfg__") -> LLMSetup:
+    """Load the model, tokenizer and template of `cfg`; compute the prompt head's KV cache once."""
+    from jaxllm import load_model, load_tokenizer
+
+    if system_prompt == "__cfg__":
+        system_prompt = cfg.system_prompt
+    tokenizer = load_tokenizer(cfg.model)
+    template = build_template(tokenizer, cfg.env, cfg.obs_format, system_prompt)
+    if not with_model:
+        return LLMSetup(None, tokenizer, template, None, 0)
+    dtype = None if cfg.llm_dtype == "auto" else cfg.llm_dtype
+    model = load_model(cfg.model, dtype=dtype)
+    from jaxllm import prefill
+
+    cache = jax.jit(prefill, static_argnums=1)(model.params, model.config,
+                                               np.asarray(template.prefix_ids, np.int32))
+    return LLMSetup(model, tokenizer, template, cache, int(model.config.hidden_size))
+
+
+def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str) -> Callable:
+    """Pure function (llm_params, prefix_cache, raw_states [B]) -> hidden float32 [B, D] for use under jit."""
+    from jaxllm import encode
+
+    def encode_states(llm_params, prefix_cache, raw_states):
+        ids, lengths = jax.vmap(template)(raw_states)
+        return encode(llm_params, llm_config, ids, lengths, layer=layer, pooling=pooling, prefix=prefix_cache)
+
+    return encode_states
+
+
+def make_token_fn(template) -> Callable:
+    """Jitted raw_states [B] -> (ids int32 [B, T], lengths int32 [B]) (the host path's first half)."""
+    return jax.jit(jax.vmap(template))
+
+
+class VLLMEncoder:
+    """Hidden states from an HTTP server speaking vLLM's `/v1/embeddings` (token ids, never strings)."""
+
+    def __init__(self, url: str, template, *, timeout: float = 30.0):
+        from jaxllm.vllm import VLLMClient
+
+        self.url = url
+        self.prefix = list(template.prefix_ids)
+        self.client = VLLMClient(url, timeout=timeout)
+        self.seconds = 0.0  # wall time spent waiting for the server (for the LLM time share)
+
+    def check_reachable(self) -> None:
+        """Raise a clear error naming the URL if the server does not answer its health check."""
+        try:
+            self.client.health()
+        except Exception as e:  # the client raises its own error class; add what the trainer was doing
+            raise ConnectionError(f"vLLM server at {self.url} is not reachable ({e}); start one (see "
+                                  f"scripts/start_vllm.sh or `python -m jaxllm.serve --model tiny`) or "
+                                  f"pass --vllm-url") from None
+
+    def __call__(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        prompts = [self.prefix + ids[i, : int(lengths[i])].tolist() for i in range(ids.shape[0])]
+        out = np.asarray(self.client.embed(prompts), np.float32)
+        self.seconds += time.perf_counter() - t0
+        return out

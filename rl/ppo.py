@@ -1,0 +1,117 @@
+"""PPO pieces (purejaxrl style): transitions, GAE, the clipped loss and one update over a rollout.
+
+All functions are pure and jittable; the network is passed as its `apply` function.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class Transition(NamedTuple):
+    """One env step of the whole batch (a rollout stacks these on a leading time axis)."""
+
+    obs: jax.Array  # [B, O]
+    hidden: jax.Array | None  # [B, D] LLM hidden state the policy saw, None without an encoder
+    action: jax.Array  # int32 [B]
+    log_prob: jax.Array  # [B]
+    value: jax.Array  # [B]
+    reward: jax.Array  # [B]
+    done: jax.Array  # bool [B]: the episode ended at this step
+
+
+@dataclass(frozen=True)
+class PPOHyper:
+    """PPO hyperparameters (defaults: the Craftax_Baselines reference trainer)."""
+
+    gamma: float = 0.99
+    gae_lambda: float = 0.8
+    clip_eps: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    update_epochs: int = 4
+    num_minibatches: int = 8
+
+
+def make_optimizer(lr: float, total_steps: int, *, anneal: bool = True, max_grad_norm: float = 1.0,
+                   eps: float = 1e-5) -> optax.GradientTransformation:
+    """Adam with global-norm clipping; LR linearly annealed to 0 over `total_steps` optimizer steps."""
+    schedule = optax.linear_schedule(lr, 0.0, total_steps) if anneal else lr
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(schedule, eps=eps))
+
+
+def gae(traj: Transition, last_value: jax.Array, gamma: float, lam: float) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimates and value targets for a time-major rollout [T, B]."""
+
+    def body(carry, step):
+        next_adv, next_value = carry
+        done, reward, value = step
+        not_done = 1.0 - done.astype(jnp.float32)
+        delta = reward + gamma * next_value * not_done - value
+        adv = delta + gamma * lam * not_done * next_adv
+        return (adv, value), adv
+
+    init = (jnp.zeros_like(last_value), last_value)
+    _, adv = jax.lax.scan(body, init, (traj.done, traj.reward, traj.value), reverse=True)
+    return adv, adv + traj.value
+
+
+def ppo_loss(params, apply_fn: Callable, batch: Transition, adv: jax.Array, targets: jax.Array,
+             hp: PPOHyper):
+    """Clipped PPO loss on one minibatch; returns (loss, aux metrics)."""
+    pi, value = apply_fn(params, batch.obs, batch.hidden)
+    log_prob = pi.log_prob(batch.action)
+
+    value_clipped = batch.value + jnp.clip(value - batch.value, -hp.clip_eps, hp.clip_eps)
+    value_loss = 0.5 * jnp.maximum(jnp.square(value - targets), jnp.square(value_clipped - targets)).mean()
+
+    ratio = jnp.exp(log_prob - batch.log_prob)
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    actor_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * adv).mean()
+    entropy = pi.entropy().mean()
+    total = actor_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
+    aux = {
+        "value_loss": value_loss,
+        "actor_loss": actor_loss,
+        "entropy": entropy,
+        "approx_kl": ((ratio - 1) - jnp.log(ratio)).mean(),
+        "clip_frac": (jnp.abs(ratio - 1) > hp.clip_eps).mean(),
+    }
+    return total, aux
+
+
+def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply_fn: Callable,
+               traj: Transition, last_value: jax.Array, key: jax.Array, hp: PPOHyper):
+    """`update_epochs` x `num_minibatches` PPO steps on one rollout [T, B].
+
+    Samples are flattened over (time, env) and shuffled each epoch, as in the reference.
+    Returns (params, opt_state, metrics averaged over all minibatch steps).
+    """
+    adv, targets = gae(traj, last_value, hp.gamma, hp.gae_lambda)
+    flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])
+    data = (jax.tree.map(flat, traj), flat(adv), flat(targets))
+    n = traj.reward.size
+    if n % hp.num_minibatches:
+        raise ValueError(f"batch of {n} samples does not split into {hp.num_minibatches} minibatches")
+    grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
+
+    def minibatch_step(carry, mb):
+        params, opt_state = carry
+        batch, mb_adv, mb_targets = mb
+        (loss, aux), grads = grad_fn(params, apply_fn, batch, mb_adv, mb_targets, hp)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), dict(aux, total_loss=loss)
+
+    def epoch(carry, k):
+        perm = jax.random.permutation(k, n)
+        shuffled = jax.tree.map(lambda x: x[perm].reshape((hp.num_minibatches, -1) + x.shape[1:]), data)
+        return jax.lax.scan(minibatch_step, carry, shuffled)
+
+    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state),
+                                                jax.random.split(key, hp.update_epochs))
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)

@@ -1,0 +1,221 @@
+"""`python -m rl.train`: PPO on Craftax, optionally with an LLM hidden state (--encoder none|inscan|vllm).
+
+Examples:
+    python -m rl.train --encoder=inscan --preset cpu            # a few minutes on a laptop CPU
+    python -m rl.train --encoder none --env Craftax-Classic-Symbolic-v1 --total-timesteps 30000000
+    python -m rl.train --resume checkpoints/<run>               # continue a stopped run
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from rl.config import (ENCODERS, LLM_DTYPES, OBS_FORMATS, POOLINGS, PRESETS, TrainConfig, load_config)
+from rl.envs import ENV_NAMES
+from rl.networks import FUSIONS
+from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
+
+CHOICES = {"env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "pooling": POOLINGS,
+           "llm_dtype": LLM_DTYPES, "fusion": FUSIONS}
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/inf; the last good state is in the run directory's checkpoints."""
+
+
+def _bool(s: str) -> bool:
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m rl.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                argument_default=argparse.SUPPRESS)
+    p.add_argument("--preset", choices=sorted(PRESETS), help="named set of defaults (flags override it)")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its config.json decides everything)")
+    p.add_argument("--max-updates", "--max_updates", type=int, dest="max_updates",
+                   help="stop (with a checkpoint) after this many updates in this invocation")
+    p.add_argument("--time-limit", "--time_limit", type=float, dest="time_limit",
+                   help="stop (with a checkpoint) once this many seconds have passed")
+    p.add_argument("--quiet", action="store_true", help="no status line")
+    for f in dataclasses.fields(TrainConfig):
+        flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
+        kw: dict[str, Any] = {"dest": f.name}
+        if f.name in CHOICES:
+            kw["choices"] = CHOICES[f.name]
+        elif isinstance(f.default, bool):
+            kw["type"] = _bool
+        elif isinstance(f.default, (int, float)):
+            kw["type"] = type(f.default)
+        else:
+            kw["type"] = str
+        p.add_argument(*flags, **kw)
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> TrainConfig:
+    """Defaults <- preset <- explicit flags."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = dict(PRESETS[args.preset]) if "preset" in args else {}
+    values.update({k: v for k, v in vars(args).items() if k in fields})
+    return TrainConfig(**values)
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    short = cfg.env.replace("Craftax-", "").replace("-Symbolic-v1", "").lower() or "craftax"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("checkpoints") / f"{short}-{cfg.encoder}-s{cfg.seed}-{stamp}"
+
+
+def _status(cfg: TrainConfig, rec: dict, quiet: bool) -> None:
+    if quiet:
+        return
+    ret = rec.get("episode_return")
+    ret_s = "   -  " if ret is None or not math.isfinite(ret) else f"{ret:6.2f}"
+    line = (f"[update {rec['update']}/{cfg.num_updates}] step {rec['timestep']:,} | {rec['sps']:,.0f} SPS | "
+            f"return {ret_s} | loss {rec['total_loss']:.4f} | entropy {rec['entropy']:.3f}")
+    if sys.stderr.isatty():
+        print("\r" + line, end="", file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _record(cfg: TrainConfig, names: Sequence[str], update: int, m: dict, seconds: float,
+            llm_share: float) -> dict:
+    rec = {"update": update, "timestep": update * cfg.batch_size, "sps": cfg.batch_size / seconds,
+           "seconds": seconds, "llm_time_share": llm_share}
+    for k, v in m.items():
+        if k == "achievements":
+            rec["achievements"] = {n: float(x) for n, x in zip(names, np.asarray(v))}
+        else:
+            rec[k] = float(v)
+    return rec
+
+
+def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
+          time_limit: float | None = None, quiet: bool = False) -> Path:
+    """Run (or continue) a training run; returns its run directory. Raises TrainingDiverged on NaN."""
+    from rl.trainer import Trainer
+
+    cfg.validate()
+    run_dir = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+    open_run_dir(cfg, run_dir, resume=resume)
+    ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    start = ckpt.latest_step() or 0
+    if start >= cfg.num_updates:
+        print(f"{run_dir}: run already finished ({start}/{cfg.num_updates} updates); nothing to do", flush=True)
+        ckpt.close()
+        return run_dir
+    if not resume and start == 0 and log.read():
+        log.truncate_after(0)
+
+    llm, vllm = None, None
+    if cfg.encoder == "vllm":
+        from rl.encoders import VLLMEncoder, load_llm
+
+        llm = load_llm(cfg, with_model=False)
+        vllm = VLLMEncoder(cfg.vllm_url, llm.template, timeout=cfg.vllm_timeout)
+        vllm.check_reachable()
+    elif cfg.encoder == "inscan":
+        from rl.encoders import load_llm
+
+        llm = load_llm(cfg)
+    llm_args = llm.jit_args if llm is not None else (None, None)
+    trainer = Trainer(cfg, llm, vllm)
+    runner = trainer.init_state(llm_args)
+    if start:
+        runner = ckpt.restore(runner, start)
+        print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
+    log.truncate_after(start)
+
+    t_start = time.perf_counter()
+    done_here, saved_at, llm_share = 0, start, None
+    try:
+        for update in range(start, cfg.num_updates):
+            t0 = time.perf_counter()
+            llm_t0 = vllm.seconds if vllm else 0.0
+            new_runner, m = trainer.step(runner, llm_args)
+            seconds = time.perf_counter() - t0
+            if not math.isfinite(float(m["total_loss"])):
+                if saved_at != update:
+                    ckpt.save(update, runner)
+                raise TrainingDiverged(
+                    f"loss is {float(m['total_loss'])} at update {update + 1}; stopped. The last good state "
+                    f"(update {update}) is checkpointed in {run_dir}/checkpoints; lower --lr or check the inputs")
+            runner = new_runner
+            if vllm is not None:
+                llm_share = (vllm.seconds - llm_t0) / seconds
+            elif cfg.encoder == "none":
+                llm_share = 0.0
+            elif done_here == 1:  # in-scan: estimated once, on an already compiled update
+                llm_share = trainer.time_llm_share(runner, llm_args, seconds)
+            rec = _record(cfg, trainer.env.achievement_names, update + 1, m, seconds, llm_share)
+            if done_here == 0:
+                rec["first_call_includes_compile"] = True
+            log.append(rec)
+            _status(cfg, rec, quiet)
+            done_here += 1
+            finished = update + 1 == cfg.num_updates
+            stop = (max_updates is not None and done_here >= max_updates) or (
+                time_limit is not None and time.perf_counter() - t_start >= time_limit)
+            if finished or stop or (update + 1) % cfg.checkpoint_every == 0:
+                ckpt.save(update + 1, runner)
+                saved_at = update + 1
+            if stop and not finished:
+                print(f"\nstopped at update {update + 1}/{cfg.num_updates}; continue with --resume {run_dir}",
+                      file=sys.stderr, flush=True)
+                break
+        else:
+            if not quiet:
+                print(f"\nfinished {cfg.num_updates} updates; run directory {run_dir}", file=sys.stderr, flush=True)
+    finally:
+        ckpt.close()
+    return run_dir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    try:
+        if "resume" in args:
+            extra = sorted(k for k in vars(args) if k in fields | {"preset"} and k != "vllm_url")
+            if extra:
+                parser.error(f"--resume takes its settings from the run's config.json; drop "
+                             f"{', '.join('--' + e.replace('_', '-') for e in extra)}")
+            run_dir = Path(args.resume)
+            cfg = load_config(run_dir / "config.json")
+            if "vllm_url" in args:
+                cfg = dataclasses.replace(cfg, vllm_url=args.vllm_url)
+            train(cfg, run_dir, resume=True, max_updates=getattr(args, "max_updates", None),
+                  time_limit=getattr(args, "time_limit", None), quiet="quiet" in args)
+        else:
+            cfg = resolve_config(args)
+            try:
+                cfg.validate()
+            except ValueError as e:
+                parser.error(str(e))
+            train(cfg, getattr(args, "run_dir", None), max_updates=getattr(args, "max_updates", None),
+                  time_limit=getattr(args, "time_limit", None), quiet="quiet" in args)
+    except (RunDirError, TrainingDiverged, ConnectionError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

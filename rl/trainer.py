@@ -1,0 +1,209 @@
+"""The PPO trainer: rollout (with or without an LLM hidden state) + PPO update, as jitted functions.
+
+One training update = a rollout of `num_steps` steps of `num_envs` envs followed by
+`update_epochs x num_minibatches` PPO steps. With `--encoder inscan` the whole update is ONE jitted
+function: the rollout is a `lax.scan` over windows of `skip_n` steps; each window runs `skip_n`
+env+policy steps with the hidden state held fixed, then encodes the new states (template -> Qwen3
+-> h) for the next window. The hidden state is computed at the *end* of a window, so the one
+carried out of a rollout is fresh for the next rollout's first window and for the value bootstrap.
+
+Stale hidden states (see docs/TRAINING.md): when an env finishes an episode inside a window its
+hidden state is set to zeros, meaning "no LLM reading yet", until the window ends and every env is
+re-encoded. A new episode never sees its predecessor's vector, and the LLM cost stays exactly one
+batched call per window (no extra small-batch calls). With skip_n=1 no action is ever taken with a
+zeroed vector.
+
+The env batch axis is the only data axis, and the LLM params and prefix cache are explicit
+arguments of every jitted function, so the trainer can be sharded over devices without changes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl.config import TrainConfig
+from rl.envs import BatchedEnv, EnvBatchState, StepInfo
+from rl.networks import make_network
+from rl.ppo import PPOHyper, Transition, make_optimizer, ppo_update
+
+
+class RunnerState(NamedTuple):
+    """Everything a run carries from one update to the next (all of it is checkpointed)."""
+
+    params: Any
+    opt_state: Any
+    env_state: EnvBatchState
+    obs: jax.Array  # [B, O]
+    hidden: jax.Array | None  # [B, D] for LLM encoders (fresh for the next step), else None
+    rng: jax.Array  # PRNG key (uint32[2])
+    update: jax.Array  # int32 scalar: updates done so far
+
+
+class Trainer:
+    """Builds the env, network, optimizer and jitted update of a `TrainConfig`.
+
+    `llm` is an `rl.encoders.LLMSetup` for `inscan` / `vllm` (None for `none`). For `vllm` pass
+    `vllm_encoder` (an `rl.encoders.VLLMEncoder`).
+    """
+
+    def __init__(self, cfg: TrainConfig, llm=None, vllm_encoder=None):
+        cfg.validate()
+        self.cfg = cfg
+        self.env = BatchedEnv(cfg.env, cfg.num_envs, cfg.reset_ratio)
+        self.network = make_network(self.env.num_actions, augmented=cfg.uses_llm, fusion=cfg.fusion,
+                                    width=cfg.width)
+        self.hp = PPOHyper(cfg.gamma, cfg.gae_lambda, cfg.clip_eps, cfg.ent_coef, cfg.vf_coef,
+                           cfg.update_epochs, cfg.num_minibatches)
+        self.optimizer = make_optimizer(cfg.lr, cfg.num_updates * cfg.update_epochs * cfg.num_minibatches,
+                                        anneal=cfg.anneal_lr, max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps)
+        self.llm = llm
+        self.vllm = vllm_encoder
+        if cfg.uses_llm and llm is None:
+            raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_llm)")
+        self._encode = None
+        if cfg.encoder == "inscan":
+            from rl.encoders import make_inscan_encoder
+
+            self._encode = make_inscan_encoder(llm.template, llm.model.config, layer=cfg.llm_layer,
+                                               pooling=cfg.pooling)
+        if cfg.encoder == "vllm":
+            from rl.encoders import make_token_fn
+
+            self._tokens = make_token_fn(llm.template)
+        self.update = jax.jit(self._update)
+        self.encode_states = jax.jit(self._encode) if self._encode is not None else None
+        self._window = jax.jit(self._run_window, static_argnames=("length", "keep_states"))
+        self._finish = jax.jit(self._finish_update)
+
+    # setup ------------------------------------------------------------------------------------
+    def apply(self, params, obs, hidden):
+        return self.network.apply(params, obs, hidden)
+
+    def init_state(self, llm_args=(None, None)) -> RunnerState:
+        """Initial params, optimizer state, envs and (for LLM encoders) the first hidden states."""
+        key = jax.random.PRNGKey(self.cfg.seed)
+        key, k_net, k_env = jax.random.split(key, 3)
+        obs, env_state = jax.jit(self.env.reset)(k_env)
+        hidden = None
+        if self.cfg.encoder == "inscan":
+            hidden = self.encode_states(*llm_args, env_state.env_state)
+        elif self.cfg.encoder == "vllm":
+            hidden = jnp.asarray(self._vllm_hidden(env_state))
+        dummy_h = None if hidden is None else hidden[:1]
+        params = self.network.init(k_net, obs[:1], dummy_h)
+        opt_state = self.optimizer.init(params)
+        return RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32))
+
+    # rollout ----------------------------------------------------------------------------------
+    def _act(self, params, carry, _):
+        env_state, obs, hidden, key = carry
+        key, k_act, k_env = jax.random.split(key, 3)
+        pi, value = self.apply(params, obs, hidden)
+        action = pi.sample(seed=k_act)
+        log_prob = pi.log_prob(action)
+        next_obs, next_state, reward, done, info = self.env.step(k_env, env_state, action)
+        if hidden is not None:  # a new episode must not see the previous episode's vector
+            next_hidden = jnp.where(done[:, None], jnp.zeros_like(hidden), hidden)
+        else:
+            next_hidden = None
+        tr = Transition(obs, hidden, action, log_prob, value, reward, done)
+        return (next_state, next_obs, next_hidden, key), (tr, info, env_state.env_state)
+
+    def _run_window(self, params, carry, length: int, keep_states: bool = False):
+        """`length` env+policy steps with the hidden state held (zeroed on reset)."""
+        carry, (tr, info, states) = jax.lax.scan(lambda c, x: self._act(params, c, x), carry, None, length)
+        return carry, (tr, info, states if keep_states else None)
+
+    def rollout(self, params, env_state, obs, hidden, key, llm_args, keep_states: bool = False):
+        """One rollout of num_steps steps -> (carry, Transition [T, B], StepInfo [T, B], states or None).
+
+        `keep_states=True` also returns the raw env state of every step (for tests).
+        """
+        cfg = self.cfg
+        carry = (env_state, obs, hidden, key)
+        if cfg.encoder == "none":
+            carry, (tr, info, states) = self._run_window(params, carry, cfg.num_steps, keep_states)
+            return carry, tr, info, states
+        if cfg.encoder == "vllm":
+            raise RuntimeError("the vllm encoder rolls out on the host; use Trainer.step")
+
+        def window(carry, _):
+            carry, out = self._run_window(params, carry, cfg.skip_n, keep_states)
+            env_state, obs, _, key = carry
+            fresh = self._encode(*llm_args, env_state.env_state)
+            return (env_state, obs, fresh, key), out
+
+        carry, out = jax.lax.scan(window, carry, None, cfg.num_steps // cfg.skip_n)
+        merge = lambda x: x.reshape((-1,) + x.shape[2:])
+        return (carry, *jax.tree.map(merge, out))
+
+    # update -----------------------------------------------------------------------------------
+    def _finish_update(self, runner: RunnerState, carry, key_ppo, traj: Transition, info: StepInfo):
+        env_state, obs, hidden, key = carry
+        _, last_value = self.apply(runner.params, obs, hidden)
+        params, opt_state, losses = ppo_update(runner.params, runner.opt_state, self.optimizer, self.apply,
+                                               traj, last_value, key_ppo, self.hp)
+        metrics = dict(losses, **episode_metrics(info))
+        if traj.hidden is not None:
+            metrics["hidden_zero_frac"] = jnp.mean(jnp.all(traj.hidden == 0, axis=-1))
+        new = RunnerState(params, opt_state, env_state, obs, hidden, key, runner.update + 1)
+        return new, metrics
+
+    def _update(self, runner: RunnerState, llm_args):
+        """One full training update (rollout + PPO) as a pure function; jitted as `self.update`."""
+        key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
+        carry, traj, info, _ = self.rollout(runner.params, runner.env_state, runner.obs, runner.hidden,
+                                            k_roll, llm_args)
+        env_state, obs, hidden, _ = carry
+        return self._finish_update(runner, (env_state, obs, hidden, key), k_ppo, traj, info)
+
+    def step(self, runner: RunnerState, llm_args=(None, None)):
+        """Advance one update; returns (runner, metrics as numpy). Host loop only for `vllm`."""
+        if self.cfg.encoder != "vllm":
+            runner, metrics = self.update(runner, llm_args)
+            return runner, jax.device_get(metrics)
+        key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
+        carry = (runner.env_state, runner.obs, runner.hidden, k_roll)
+        chunks = []
+        for _ in range(self.cfg.num_steps // self.cfg.skip_n):
+            carry, out = self._window(runner.params, carry, self.cfg.skip_n)
+            chunks.append(out[:2])
+            env_state, obs, _, k = carry
+            carry = (env_state, obs, jnp.asarray(self._vllm_hidden(env_state)), k)
+        traj, info = jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *chunks)
+        env_state, obs, hidden, _ = carry
+        runner, metrics = self._finish(runner, (env_state, obs, hidden, key), k_ppo, traj, info)
+        return runner, jax.device_get(metrics)
+
+    def _vllm_hidden(self, env_state: EnvBatchState) -> np.ndarray:
+        ids, lengths = jax.device_get(self._tokens(env_state.env_state))
+        return self.vllm(np.asarray(ids), np.asarray(lengths))
+
+    def time_llm_share(self, runner: RunnerState, llm_args, update_seconds: float) -> float:
+        """Estimated share of an update's time spent in the in-scan LLM: one timed batched encode
+        (already compiled) x windows per update / measured update time."""
+        if self.cfg.encoder != "inscan":
+            return 0.0
+        jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
+        t0 = time.perf_counter()
+        jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
+        per_call = time.perf_counter() - t0
+        return float(min(1.0, per_call * (self.cfg.num_steps // self.cfg.skip_n) / max(update_seconds, 1e-9)))
+
+
+def episode_metrics(info: StepInfo) -> dict[str, jax.Array]:
+    """Means over the episodes that ended during a rollout (NaN when none ended)."""
+    ended = (info.episode_length > 0).astype(jnp.float32)
+    n = ended.sum()
+    safe = jnp.maximum(n, 1.0)
+    nan_if_none = lambda x: jnp.where(n > 0, x, jnp.nan)
+    return {
+        "episodes": n,
+        "episode_return": nan_if_none(info.episode_return.sum() / safe),
+        "episode_length": nan_if_none(info.episode_length.sum() / safe),
+        "achievements": nan_if_none(info.achievements.sum(axis=(0, 1)) / safe),
+    }

@@ -1,0 +1,268 @@
+"""Throughput of the jaxllm encoder at the Qwen3-4B shape behind a cached prompt prefix.
+
+Measures, in one run on one device: a bf16 8192^3 matmul (the card's practical peak), `jaxllm.encode`
+(random init directly on the device, bf16, batch B, rest-of-prompt T behind a P-token PrefixCache), and HF
+transformers (torch, sdpa) doing the same work with a prefix KV cache. Steady state: compile and warm-up excluded,
+every call synchronised. HF runs first in a subprocess, so the two frameworks never share GPU memory.
+
+    python scripts/bench_encoder.py --out bench.json          # GPU: the issue's setting
+    python scripts/bench_encoder.py --smoke                   # tiny CPU run of the same code paths
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import inspect
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jaxllm.config import PRESETS, Qwen3Config  # noqa: E402  (imports jax, but touches no device)
+
+SMOKE_CONFIG = Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny model and shapes, float32, for a CPU check")
+    p.add_argument("--batch", type=int, default=None, help="prompts per call (default 128; smoke 4)")
+    p.add_argument("--prefix", type=int, default=None, help="cached prefix tokens, 0 = none (default 1024; smoke 32)")
+    p.add_argument("--seq", type=int, nargs="+", default=None, help="rest-of-prompt lengths (default 128 256 512)")
+    p.add_argument("--iters", type=int, default=None, help="timed calls per setting (default 10; smoke 2)")
+    p.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "cudnn", "cudnn_split", "xla", "xla_split"],
+                   help="jaxllm attention implementations to time (auto: cudnn on GPU bf16, else xla); with "
+                        "several, each one's vectors are also compared with the first one's")
+    p.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
+    p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    p.add_argument("--hf-worker", type=Path, default=None, help=argparse.SUPPRESS)  # internal: HF-only subprocess
+    args = p.parse_args(argv)
+    args.batch = args.batch or (4 if args.smoke else 128)
+    args.prefix = (32 if args.smoke else 1024) if args.prefix is None else args.prefix
+    args.seq = args.seq or ([8, 16] if args.smoke else [128, 256, 512])
+    args.iters = args.iters or (2 if args.smoke else 10)
+    return args
+
+
+def model_config(args: argparse.Namespace) -> Qwen3Config:
+    return SMOKE_CONFIG if args.smoke else PRESETS["qwen3-4b"]
+
+
+def flops_per_token(c: Qwen3Config, prefix: int, t: int) -> float:
+    """Useful forward FLOPs per rest token, no LM head: projections + MLP, plus causal attention
+    (QK^T and PV over the P prefix keys and, on average, (T+1)/2 rest keys)."""
+    d, q, kv, i, n = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size, c.num_hidden_layers
+    dense = 2 * n * (d * q + 2 * d * kv + q * d + 3 * d * i)
+    attention = 4 * (prefix + (t + 1) / 2) * q * n
+    return dense + attention
+
+
+def time_calls(fn: Callable[[], Any], sync: Callable[[Any], Any], iters: int, warmup: int = 2) -> float:
+    """Median seconds per call, each call synchronised."""
+    for _ in range(warmup):
+        sync(fn())
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        sync(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_matmul(args: argparse.Namespace) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    n, dtype = (256, jnp.float32) if args.smoke else (8192, jnp.bfloat16)
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(ka, (n, n), dtype)
+    b = jax.random.normal(kb, (n, n), dtype)
+    mm = jax.jit(jnp.matmul)
+    seconds = time_calls(lambda: mm(a, b), jax.block_until_ready, max(args.iters, 10))
+    return {"n": n, "dtype": jnp.dtype(dtype).name, "ms": seconds * 1e3, "tflops": 2 * n ** 3 / seconds / 1e12}
+
+
+def bench_jax(args: argparse.Namespace, matmul_tflops: float) -> list[dict[str, Any]]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxllm import encode, init_params, prefill
+
+    config = model_config(args)
+    dtype = jnp.float32 if args.smoke else jnp.bfloat16
+    params = jax.block_until_ready(init_params(config, dtype, 0))  # created on the device, never on the host
+    rng = np.random.default_rng(0)
+    cache = None
+    if args.prefix:
+        prefix_ids = jnp.asarray(rng.integers(0, config.vocab_size, args.prefix), jnp.int32)
+        cache = jax.block_until_ready(jax.jit(prefill, static_argnums=1)(params, config, prefix_ids))
+    encode_jit = jax.jit(encode, static_argnames=("config", "layer", "pooling", "attention_impl"))
+    rows = []
+    for t in args.seq:
+        ids = jnp.asarray(rng.integers(0, config.vocab_size, (args.batch, t)), jnp.int32)
+        lengths = jnp.full((args.batch,), t, jnp.int32)
+        first = None
+        for impl in args.attention:
+            row = {"framework": "jaxllm", "attention": impl, "batch": args.batch, "prefix": args.prefix, "seq": t}
+
+            def call():
+                return encode_jit(params, config, ids, lengths, layer=-1, pooling="last", prefix=cache,
+                                  attention_impl=None if impl == "auto" else impl)
+            try:
+                vec = np.asarray(call())
+                seconds = time_calls(call, jax.block_until_ready, args.iters)
+            except Exception as e:  # e.g. cuDNN refusing a shape: report it, keep measuring the rest
+                rows.append(row | {"error": f"{type(e).__name__}: {str(e)[:300]}"})
+                continue
+            if first is None:
+                first = (impl, vec)
+            else:  # same vectors from every implementation (bf16 noise only)
+                row[f"max_rel_diff_vs_{first[0]}"] = float(np.abs(vec - first[1]).max() / np.abs(first[1]).max())
+            tokens = args.batch * t / seconds
+            tflops = tokens * flops_per_token(config, args.prefix, t) / 1e12
+            rows.append(row | {"ms": seconds * 1e3, "tokens_per_s": tokens, "tflops": tflops,
+                               "vs_matmul": tflops / matmul_tflops, "finite": bool(np.isfinite(vec).all())})
+    return rows
+
+
+def bench_hf(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """HF transformers Qwen3Model (sdpa) encoding the rest of each prompt behind a prefix KV cache."""
+    import torch
+    import transformers
+
+    config = model_config(args)
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "rope_theta"}
+    hf_config = transformers.Qwen3Config(**fields, rope_parameters={"rope_type": "default",
+                                                                     "rope_theta": config.rope_theta})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.Qwen3Model._from_config(hf_config, dtype=dtype, attn_implementation="sdpa").eval()
+    sync = (lambda _: torch.cuda.synchronize()) if device == "cuda" else (lambda _: None)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    # transformers renamed `past_key_values` to `cache` (5.x); use whichever this version has.
+    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def returned_cache(out):
+        return getattr(out, "cache", None) or out.past_key_values
+
+    with torch.inference_mode():
+        prefix_kv = None
+        if args.prefix:
+            prefix_ids = torch.randint(0, config.vocab_size, (1, args.prefix), generator=gen).to(device)
+            out = model(prefix_ids, use_cache=True)
+            prefix_kv = [(layer.keys, layer.values) for layer in returned_cache(out).layers]
+
+        def fresh_cache():
+            """A cache holding the prefix as batch-expanded views (no copy), like jaxllm's shared prefix."""
+            if prefix_kv is None:
+                return None
+            cache = transformers.DynamicCache(config=hf_config)
+            for layer, (k, v) in zip(cache.layers, prefix_kv):
+                layer.lazy_initialization(k, v)
+                layer.keys = k.expand(args.batch, -1, -1, -1)
+                layer.values = v.expand(args.batch, -1, -1, -1)
+            return cache
+
+        for t in args.seq:
+            ids = torch.randint(0, config.vocab_size, (args.batch, t), generator=gen).to(device)
+            row = {"framework": "hf-transformers", "attention": "sdpa", "batch": args.batch,
+                   "prefix": args.prefix, "seq": t}
+            times = []
+            for i in range(args.iters + 2):
+                cache = fresh_cache()
+                sync(None)
+                start = time.perf_counter()
+                out = model(ids, use_cache=cache is not None, **{cache_kwarg: cache})
+                sync(out)
+                if i >= 2:
+                    times.append(time.perf_counter() - start)
+                if cache is not None:  # the prefix really was attended to
+                    assert returned_cache(out).get_seq_length() == args.prefix + t
+                del out, cache
+            seconds = statistics.median(times)
+            tokens = args.batch * t / seconds
+            rows.append(row | {"ms": seconds * 1e3, "tokens_per_s": tokens,
+                               "tflops": tokens * flops_per_token(config, args.prefix, t) / 1e12})
+    return rows
+
+
+def run_hf_subprocess(args: argparse.Namespace) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "hf.json"
+        cmd = [sys.executable, __file__, "--hf-worker", str(out), "--batch", str(args.batch), "--prefix",
+               str(args.prefix), "--iters", str(args.iters), "--seq", *map(str, args.seq)]
+        if args.smoke:
+            cmd.append("--smoke")
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return [{"framework": "hf-transformers", "error": proc.stderr.strip()[-1000:]}]
+        return json.loads(out.read_text())
+
+
+def device_name() -> str:
+    import jax
+
+    dev = jax.devices()[0]
+    return f"{dev.platform}: {getattr(dev, 'device_kind', str(dev))} x{jax.device_count()} ({platform.node()})"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"\n{result['device']}  {result['date']}")
+    mm = result["matmul"]
+    print(f"matmul {mm['n']}^3 {mm['dtype']}: {mm['ms']:.2f} ms, {mm['tflops']:.1f} TFLOP/s")
+    hf = {r["seq"]: r for r in result["rows"] if r["framework"] == "hf-transformers" and "ms" in r}
+    head = f"{'framework':<16}{'attention':<12}{'B':>5}{'P':>6}{'T':>5}{'ms/call':>10}{'tokens/s':>11}{'TFLOP/s':>9}" \
+           f"{'x matmul':>9}{'x HF':>7}"
+    print(head)
+    print("-" * len(head))
+    for r in result["rows"]:
+        if "error" in r:
+            print(f"{r['framework']:<16}{r.get('attention', ''):<12} T={r.get('seq')}: ERROR {r['error'][:200]}")
+            continue
+        vs_mm = r["tflops"] / mm["tflops"]
+        vs_hf = r["tokens_per_s"] / hf[r["seq"]]["tokens_per_s"] if r["seq"] in hf else float("nan")
+        diff = "".join(f"  {k}={v:.1e}" for k, v in r.items() if k.startswith("max_rel_diff"))
+        print(f"{r['framework']:<16}{r['attention']:<12}{r['batch']:>5}{r['prefix']:>6}{r['seq']:>5}{r['ms']:>10.2f}"
+              f"{r['tokens_per_s']:>11.0f}{r['tflops']:>9.1f}{vs_mm:>9.3f}{vs_hf:>7.2f}{diff}"
+              f"{'' if r.get('finite', True) else '  NON-FINITE OUTPUT'}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.hf_worker:
+        args.hf_worker.write_text(json.dumps(bench_hf(args)))
+        return {}
+    hf_rows = [] if args.no_hf else run_hf_subprocess(args)  # before JAX claims the GPU's memory
+    matmul = bench_matmul(args)
+    rows = bench_jax(args, matmul["tflops"])
+    for r in rows:
+        match = [h for h in hf_rows if h.get("seq") == r["seq"] and "tokens_per_s" in h]
+        if match and "tokens_per_s" in r:
+            r["vs_hf"] = r["tokens_per_s"] / match[0]["tokens_per_s"]
+    result = {"device": device_name(), "date": datetime.date.today().isoformat(), "smoke": args.smoke,
+              "config": dataclasses.asdict(model_config(args)), "matmul": matmul, "rows": rows + hf_rows,
+              "flops_per_token_note": "useful causal FLOPs, no LM head (REFERENCE section 5 formula)"}
+    print_table(result)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
