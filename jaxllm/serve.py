@@ -12,8 +12,8 @@ machines without vLLM, and so the cost of the HTTP round trip can be measured ne
 
 Concurrent requests are gathered by one worker thread (``BatchingEncoder``) into a single encoder call:
 prompts are sorted by length, cut into batches of at most ``max_batch``, and each batch is right-padded to
-a bucketed shape (batch and length rounded up to powers of two) so the number of compiled shapes stays
-small. Bad requests get a 4xx with a JSON error body and the server keeps serving.
+a bucketed shape (batch rounded up to a power of two, length to one of four sizes per power of two) so the
+number of compiled shapes stays small. Bad requests get a 4xx with a JSON error body and the server keeps serving.
 """
 from __future__ import annotations
 
@@ -40,9 +40,16 @@ EncodeFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 MAX_BODY_BYTES = 256 * 1024 * 1024
 
 
-def bucket(n: int, minimum: int, maximum: int) -> int:
-    """``n`` rounded up to a power of two, at least ``minimum`` and at most ``maximum``."""
-    return min(max(1 << max(n - 1, 0).bit_length(), minimum), maximum)
+def bucket(n: int, minimum: int, maximum: int, per_octave: int = 1) -> int:
+    """``n`` rounded up to the next of ``per_octave`` evenly spaced sizes per power of two, within [minimum, maximum].
+
+    per_octave=1 gives powers of two; per_octave=4 gives ..., 1024, 1280, 1536, 1792, 2048, ... (at most 25%
+    padding, still only 4 shapes per doubling).
+    """
+    n = max(n, minimum, 1)
+    base = 1 << (n.bit_length() - 1)  # largest power of two <= n
+    step = max(base // per_octave, 1)
+    return min(-(-n // step) * step, maximum)
 
 
 @dataclass
@@ -60,7 +67,7 @@ class BatchingEncoder:
     """
 
     def __init__(self, encode_fn: EncodeFn, *, max_batch: int = 64, max_len: int = 40960, min_len: int = 16,
-                 max_wait_s: float = 0.002, pad_id: int = 0):
+                 max_wait_s: float = 0.002, pad_id: int = 0, len_buckets_per_octave: int = 4):
         if max_batch < 1 or max_len < 1 or min_len < 1 or max_wait_s < 0:
             raise ValueError(f"need max_batch, max_len, min_len >= 1 and max_wait_s >= 0; got "
                              f"{max_batch}, {max_len}, {min_len}, {max_wait_s}")
@@ -70,6 +77,7 @@ class BatchingEncoder:
         self.min_len = min(min_len, max_len)
         self.max_wait_s = max_wait_s
         self.pad_id = pad_id
+        self.len_buckets_per_octave = len_buckets_per_octave
         self.shapes_seen: set[tuple[int, int]] = set()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="batching-encoder", daemon=True)
@@ -77,7 +85,8 @@ class BatchingEncoder:
 
     def padded_shape(self, batch: int, longest: int) -> tuple[int, int]:
         """The bucketed (B, T) a batch of ``batch`` prompts with longest ``longest`` is padded to."""
-        return bucket(batch, 1, self.max_batch), bucket(longest, self.min_len, self.max_len)
+        return (bucket(batch, 1, self.max_batch),
+                bucket(longest, self.min_len, self.max_len, self.len_buckets_per_octave))
 
     def encode_now(self, prompts: list[list[int]]) -> np.ndarray:
         """Encode in the calling thread (for warm-up and tests); same padding as the worker."""
@@ -350,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     model = load_model(args.model, dtype=args.dtype, seed=args.seed)
     config = model.config
     max_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-    max_batch = bucket(args.max_batch, 1, 1 << 20)
+    max_batch = bucket(args.max_batch, 1, 1 << 30)
     encoder = BatchingEncoder(build_encode_fn(model, args.layer, args.pooling), max_batch=max_batch,
                               max_len=max_len, max_wait_s=args.max_wait_ms / 1000)
     service.attach(encoder, vocab_size=config.vocab_size, max_model_len=max_len)

@@ -72,6 +72,20 @@ def make_token_fn(template) -> Callable:
     return jax.jit(jax.vmap(template))
 
 
+def check_vllm_reachable(url: str, timeout: float) -> None:
+    """Raise ConnectionError naming `url` unless its `/health` answers within `timeout` seconds."""
+    from jaxllm.vllm import VLLMClient
+
+    client = VLLMClient(url, timeout=timeout, retries=0)
+    try:
+        client.health()
+    except Exception as e:  # the client's VLLMError (or a bad URL): say what the trainer needed
+        raise ConnectionError(f"vLLM server at {url} is not reachable ({e}); start one (scripts/start_vllm.sh, "
+                              f"or `python -m jaxllm.serve --model tiny --port PORT`) or pass --vllm-url") from None
+    finally:
+        client.close()
+
+
 class VLLMEncoder:
     """Hidden states from an HTTP server speaking vLLM's `/v1/embeddings` (token ids, never strings)."""
 
@@ -80,17 +94,8 @@ class VLLMEncoder:
 
         self.url = url
         self.prefix = list(template.prefix_ids)
-        self.client = VLLMClient(url, timeout=timeout)
+        self.client = VLLMClient(url, timeout=timeout, encoding_format="base64")
         self.seconds = 0.0  # wall time spent waiting for the server (for the LLM time share)
-
-    def check_reachable(self) -> None:
-        """Raise a clear error naming the URL if the server does not answer its health check."""
-        try:
-            self.client.health()
-        except Exception as e:  # the client raises its own error class; add what the trainer was doing
-            raise ConnectionError(f"vLLM server at {self.url} is not reachable ({e}); start one (see "
-                                  f"scripts/start_vllm.sh or `python -m jaxllm.serve --model tiny`) or "
-                                  f"pass --vllm-url") from None
 
     def __call__(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()

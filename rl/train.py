@@ -112,6 +112,10 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
     cfg.validate()
     run_dir = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+    if cfg.encoder == "vllm":  # fail fast, before touching the run directory
+        from rl.encoders import check_vllm_reachable
+
+        check_vllm_reachable(cfg.vllm_url, cfg.vllm_timeout)
     open_run_dir(cfg, run_dir, resume=resume)
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     log = MetricsLog(run_dir / "metrics.jsonl")
@@ -129,7 +133,6 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
 
         llm = load_llm(cfg, with_model=False)
         vllm = VLLMEncoder(cfg.vllm_url, llm.template, timeout=cfg.vllm_timeout)
-        vllm.check_reachable()
     elif cfg.encoder == "inscan":
         from rl.encoders import load_llm
 
@@ -143,7 +146,8 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
     log.truncate_after(start)
 
     t_start = time.perf_counter()
-    done_here, saved_at, llm_share = 0, start, None
+    done_here, llm_share = 0, None
+    saved_at = start if start else None  # update count of the newest checkpoint
     try:
         for update in range(start, cfg.num_updates):
             t0 = time.perf_counter()

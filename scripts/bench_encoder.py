@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, nargs="+", default=None, help="rest-of-prompt lengths (default 128 256 512)")
     p.add_argument("--iters", type=int, default=None, help="timed calls per setting (default 10; smoke 2)")
     p.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "cudnn", "cudnn_split", "xla", "xla_split"],
-                   help="jaxllm attention implementations to time (auto: cudnn on GPU bf16, else xla); with "
+                   help="jaxllm attention implementations to time (auto: the default, cudnn_split on GPU bf16, else xla); with "
                         "several, each one's vectors are also compared with the first one's")
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")

@@ -56,6 +56,10 @@ def random_prompts(n, seed=0, max_len=MAX_LEN):
 def test_bucket():
     assert [bucket(n, 1, 64) for n in (1, 2, 3, 4, 5, 33, 64, 65)] == [1, 2, 4, 4, 8, 64, 64, 64]
     assert bucket(3, 16, 100) == 16 and bucket(70, 16, 100) == 100
+    quarter = [bucket(n, 16, 4096, per_octave=4) for n in (1, 17, 20, 21, 1024, 1025, 1280, 1281, 2047)]
+    assert quarter == [16, 20, 20, 24, 1024, 1280, 1280, 1536, 2048]
+    sizes = {bucket(n, 16, 40960, per_octave=4) for n in range(1, 40961)}
+    assert len(sizes) <= 4 * 12 and all(s >= n for n, s in [(n, bucket(n, 16, 40960, 4)) for n in (5, 999, 40000)])
 
 
 def test_encode_now_pads_to_power_of_two_buckets_and_keeps_order():
@@ -64,7 +68,7 @@ def test_encode_now_pads_to_power_of_two_buckets_and_keeps_order():
     got = encoder.encode_now(prompts)
     np.testing.assert_array_equal(got[:, :3], [expected(p) for p in prompts])
     for batch_b, batch_t in encoder.shapes_seen:
-        assert batch_b in (1, 2, 4, 8) and batch_t in (16, 32, 64, 100)
+        assert batch_b in (1, 2, 4, 8) and batch_t in (16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 100)
     assert (got[:, 3] <= 8).all()
     encoder.close()
 

@@ -22,7 +22,8 @@ def setup():
     # Env 0 starts with zero health: it dies on its first step, so a reset happens inside a window.
     es = runner.env_state
     health = es.env_state.player_health.at[0].set(0.0)
-    runner = runner._replace(env_state=es._replace(env_state=es.env_state.replace(player_health=health)))
+    es = es._replace(env_state=es.env_state.replace(player_health=health))
+    runner = runner._replace(env_state=es, hidden=trainer.encode_states(*llm.jit_args, es.env_state))
     rollout = jax.jit(lambda r, args: trainer.rollout(r.params, r.env_state, r.obs, r.hidden, r.rng, args,
                                                       keep_states=True))
     carry, traj, info, states = rollout(runner, llm.jit_args)

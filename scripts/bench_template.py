@@ -1,0 +1,154 @@
+"""Benchmark the render token template next to one env step, and measure token lengths.
+
+For each env and format: the templates of B states (default 1,024) in one jitted vmapped call,
+versus one step of the same batch with the trainer's wrappers (`rl.envs.BatchedEnv`: optimistic
+resets), both in steady state (compile excluded, block_until_ready, median of --iters). Then
+token-length statistics (mean, p99, max) of the observation part over the test states
+(`render.sample_states`, seeds 0-3), and the distribution of the number of informative tiles that
+the compact format's K cap is chosen from.
+
+    python scripts/bench_template.py --out bench_template.json          # GPU, full size
+    python scripts/bench_template.py --smoke                            # CPU check, small shapes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from render import build_template  # noqa: E402
+from render.envs import CLASSIC, CRAFTAX, get_format  # noqa: E402
+from render.sample_states import sample_states  # noqa: E402
+
+ENVS = (CRAFTAX, CLASSIC)
+FORMATS = ("compact", "full")
+
+
+def timed(fn, *args, iters: int) -> float:
+    """Median seconds of fn(*args) after one warm-up call (which includes compilation)."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def env_step_time(env_name: str, num_envs: int, iters: int) -> tuple[float, str]:
+    """Seconds of one batched env step as the trainer runs it (optimistic resets)."""
+    try:
+        from rl.envs import BatchedEnv
+    except ImportError:  # rl not there: a plain vmapped step
+        BatchedEnv = None
+    key = jax.random.PRNGKey(0)
+    if BatchedEnv is not None:
+        env = BatchedEnv(env_name, num_envs)
+        _, state = jax.jit(env.reset)(key)
+        step = jax.jit(lambda k, s: env.step(k, s, jnp.zeros((num_envs,), jnp.int32))[1])
+        return timed(step, key, state, iters=iters), "rl.envs.BatchedEnv.step (optimistic resets)"
+    from render.sample_states import _env
+
+    env, params = _env(env_name)
+    states = sample_states(env_name, num_envs, 0, steps=1)
+    step = jax.jit(jax.vmap(lambda k, s: env.step(k, s, 0, params)[1]))
+    return timed(step, jax.random.split(key, num_envs), states, iters=iters), "vmapped env.step (rl.envs missing)"
+
+
+def length_stats(tpl, chunks) -> dict:
+    lens = np.concatenate([np.asarray(jax.jit(jax.vmap(tpl))(c)[1]) for c in chunks])
+    return {
+        "states": int(lens.size), "mean": float(lens.mean()), "p99": float(np.percentile(lens, 99)),
+        "max": int(lens.max()), "max_len": tpl.max_len, "prefix": len(tpl.prefix_ids),
+    }
+
+
+def informative_tiles(env_name: str, chunks) -> dict:
+    """How many tiles the compact format would list without its K cap (to choose K)."""
+    if env_name == CRAFTAX:
+        from render.formats_craftax import COMPACT_BACKGROUND, COMPACT_MAX_TILES, NO_MOB, local_tiles
+
+        def count(s):
+            t = local_tiles(s)
+            bg = jnp.zeros(64, bool).at[jnp.array([b.value for b in COMPACT_BACKGROUND])].set(True)
+            return jnp.sum(t["lit"] & ((t["mob"] < NO_MOB) | (t["item"] > 0) | ~bg[t["block"]]))
+    else:
+        from render.formats_classic import COMPACT_BACKGROUND, COMPACT_MAX_TILES, NO_MOB, local_tiles
+
+        def count(s):
+            t = local_tiles(s)
+            bg = jnp.zeros(64, bool).at[jnp.array([b.value for b in COMPACT_BACKGROUND])].set(True)
+            return jnp.sum((t["mob"] < NO_MOB) | ~bg[t["block"]])
+
+    n = np.concatenate([np.asarray(jax.jit(jax.vmap(count))(c)) for c in chunks])
+    return {
+        "K": COMPACT_MAX_TILES, "mean": float(n.mean()), "p50": float(np.percentile(n, 50)),
+        "p99": float(np.percentile(n, 99)), "max": int(n.max()),
+        "fraction_fitting_K": float((n <= COMPACT_MAX_TILES).mean()),
+    }
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-envs", type=int, default=1024)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--stat-states", type=int, default=512, help="states per seed for length stats (4 seeds)")
+    parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=ENVS)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")
+    parser.add_argument("--out", type=Path, help="write the results as JSON")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.num_envs, args.iters, args.stat_states = 32, 2, 32
+
+    from jaxllm import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    device = jax.devices()[0]
+    results = {
+        "device": f"{device.platform}: {device.device_kind}", "host": platform.node(),
+        "date": time.strftime("%Y-%m-%d"), "num_envs": args.num_envs, "smoke": args.smoke, "envs": {},
+    }
+    for env_name in args.envs:
+        step_s, step_kind = env_step_time(env_name, args.num_envs, args.iters)
+        states = sample_states(env_name, args.num_envs, 100)
+        chunks = [sample_states(env_name, args.stat_states, seed) for seed in range(4)]
+        env_res = {"env_step_s": step_s, "env_step": step_kind, "formats": {},
+                   "informative_tiles": informative_tiles(env_name, chunks)}
+        for fmt in FORMATS:
+            tpl = build_template(tokenizer, env_name, fmt)
+            t = timed(jax.jit(jax.vmap(tpl)), states, iters=args.iters)
+            env_res["formats"][fmt] = {
+                "template_s": t, "ratio_to_env_step": t / step_s, "tokens": length_stats(tpl, chunks),
+            }
+        results["envs"][env_name] = env_res
+
+    print(f"\ndevice {results['device']}, {args.num_envs} states per call, median of {args.iters}")
+    print(f"{'env':28} {'format':8} {'template ms':>11} {'env step ms':>11} {'ratio':>7} "
+          f"{'mean tok':>8} {'p99':>6} {'max':>5} {'max_len':>7} {'prefix':>6}")
+    for env_name, env_res in results["envs"].items():
+        for fmt, r in env_res["formats"].items():
+            tk = r["tokens"]
+            print(f"{env_name:28} {fmt:8} {r['template_s'] * 1e3:11.3f} {env_res['env_step_s'] * 1e3:11.3f} "
+                  f"{r['ratio_to_env_step']:7.2%} {tk['mean']:8.1f} {tk['p99']:6.0f} {tk['max']:5d} "
+                  f"{tk['max_len']:7d} {tk['prefix']:6d}")
+        it = env_res["informative_tiles"]
+        print(f"{env_name:28} informative tiles: mean {it['mean']:.1f}, p50 {it['p50']:.0f}, p99 {it['p99']:.0f}, "
+              f"max {it['max']}; K={it['K']} fits {it['fraction_fitting_K']:.2%} (env step: {env_res['env_step']})")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""End-to-end `python -m rl.train` (in process): run dir files, resume equality, bad input."""
+import json
+import math
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from rl.config import PRESETS, TrainConfig, load_config
+from rl.rundir import Checkpoints
+from rl.train import main
+from rl.trainer import Trainer
+
+BASE = ["--preset", "test", "--encoder", "none", "--total-timesteps", str(8 * 8 * 4), "--checkpoint-every", "2",
+        "--quiet"]
+WALL_CLOCK = {"sps", "seconds", "llm_time_share", "first_call_includes_compile"}
+
+
+def _final_state(run_dir):
+    cfg = load_config(run_dir / "config.json")
+    target = Trainer(cfg).init_state()
+    ckpt = Checkpoints(run_dir)
+    step = ckpt.latest_step()
+    state = ckpt.restore(target, step)
+    ckpt.close()
+    return step, state
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("rl") / "full"
+    assert main(BASE + ["--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def test_run_dir_files_are_sane(full_run):
+    cfg = load_config(full_run / "config.json")
+    assert cfg.encoder == "none" and cfg.num_updates == 4 and cfg.run_dir == str(full_run)
+    rows = _metrics(full_run)
+    assert [r["update"] for r in rows] == [1, 2, 3, 4]
+    assert [r["timestep"] for r in rows] == [64, 128, 192, 256]
+    for r in rows:
+        assert r["sps"] > 0 and math.isfinite(r["total_loss"]) and 0 < r["entropy"] <= math.log(17) + 1e-5
+        assert set(r["achievements"]) >= {"collect_wood", "eat_cow"}
+        assert "episode_return" in r and "episode_length" in r
+    step, state = _final_state(full_run)
+    assert step == 4 and int(state.update) == 4
+    assert sorted(int(p.name) for p in (full_run / "checkpoints").iterdir() if p.name.isdigit()) == [2, 4]
+
+
+def test_resume_after_kill_equals_uninterrupted(full_run, tmp_path):
+    run_dir = tmp_path / "killed"
+    # Stop after 3 updates (checkpoint at 2 and, because it stops, at 3), then delete checkpoint 3: this is
+    # a run killed after update 3 was logged but before it was checkpointed.
+    assert main(BASE + ["--run-dir", str(run_dir), "--max-updates", "3"]) == 0
+    assert len(_metrics(run_dir)) == 3
+    import shutil
+
+    shutil.rmtree(run_dir / "checkpoints" / "3")
+    assert main(["--resume", str(run_dir), "--quiet"]) == 0
+
+    step_a, a = _final_state(full_run)
+    step_b, b = _final_state(run_dir)
+    assert step_a == step_b == 4
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    rows_a, rows_b = _metrics(full_run), _metrics(run_dir)
+    assert [r["update"] for r in rows_b] == [1, 2, 3, 4]
+    strip = lambda r: {k: v for k, v in r.items() if k not in WALL_CLOCK}
+    assert [strip(r) for r in rows_a] == [strip(r) for r in rows_b]
+
+
+def test_resume_of_finished_run_exits_zero(full_run, capsys):
+    assert main(["--resume", str(full_run)]) == 0
+    assert "already finished" in capsys.readouterr().out
+
+
+def test_run_dir_with_other_config_is_refused(full_run, capsys):
+    assert main(BASE + ["--run-dir", str(full_run), "--seed", "7"]) == 1
+    err = capsys.readouterr().err
+    assert "another run's config" in err and "seed" in err
+
+
+def test_resume_refuses_extra_flags(full_run, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--resume", str(full_run), "--seed", "3"])
+    assert e.value.code == 2 and "--seed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value", [("--env", "Craftax-Nope-v1"), ("--encoder", "bert"),
+                                        ("--obs-format", "poetry")])
+def test_unknown_choice_lists_choices(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "invalid choice" in err and value in err
+
+
+def test_underscore_spelling_accepted(tmp_path):
+    from rl.train import build_parser, resolve_config
+
+    cfg = resolve_config(build_parser().parse_args(["--num_envs", "16", "--skip_n", "4", "--encoder", "inscan"]))
+    assert cfg.num_envs == 16 and cfg.skip_n == 4
+
+
+def test_skip_n_not_dividing_num_steps_is_an_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--encoder", "inscan", "--num-steps", "64", "--skip-n", "3"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--skip-n 3 must divide --num-steps 64" in err
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    """A NaN loss at update 3 (injected into the real update's metrics): stop, keep checkpoint 2."""
+    calls = []
+    real_step = Trainer.step
+
+    def step(self, runner, llm_args=(None, None)):
+        runner, metrics = real_step(self, runner, llm_args)
+        calls.append(1)
+        if len(calls) == 3:
+            metrics = dict(metrics, total_loss=np.float32("nan"))
+        return runner, metrics
+
+    monkeypatch.setattr(Trainer, "step", step)
+    run_dir = tmp_path / "nan"
+    assert main(BASE + ["--run-dir", str(run_dir)]) == 1
+    assert "loss is nan at update 3" in capsys.readouterr().err
+    ckpt = Checkpoints(run_dir)
+    assert ckpt.latest_step() == 2  # the last good state, never the NaN one
+    ckpt.close()
+    assert [r["update"] for r in _metrics(run_dir)] == [1, 2]
+
+
+def test_unreachable_vllm_url_fails_fast_naming_it(tmp_path, capsys):
+    url = "http://127.0.0.1:9"  # discard port: nothing listens there
+    t0 = time.monotonic()
+    rc = main(BASE + ["--encoder", "vllm", "--env", "Craftax-Symbolic-v1", "--vllm-url", url,
+                      "--vllm-timeout", "5", "--run-dir", str(tmp_path / "v")])
+    assert rc == 1 and time.monotonic() - t0 < 60
+    assert url in capsys.readouterr().err
