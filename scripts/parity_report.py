@@ -17,9 +17,11 @@ This module is also the library of the parity suite (tests/parity/) and of scrip
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -309,6 +311,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="torch device for HF (default: cuda if available)")
+    parser.add_argument("--ckpt-dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="dtype of the random checkpoint written for a preset --model")
+    parser.add_argument("--workdir", default=None, help="where to write that checkpoint (default: a temp dir)")
     parser.add_argument("--vllm-url", default=None, help="also compare against this vLLM-compatible server")
     parser.add_argument("--smoke", action="store_true", help="2 prompts from reset states (fast CPU check)")
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
@@ -334,8 +339,13 @@ def main(argv: list[str] | None = None) -> dict:
     if not ckpt.is_dir():
         if args.model not in PRESETS:
             raise SystemExit(f"--model {args.model!r} is neither a checkpoint directory nor a preset {sorted(PRESETS)}")
-        tmp = tempfile.TemporaryDirectory(prefix="parity-ckpt-")
-        ckpt = write_random_checkpoint(tmp.name, PRESETS[args.model], dtype="float32", seed=args.seed, device=device)
+        if args.workdir is None:
+            tmp = tempfile.TemporaryDirectory(prefix="parity-ckpt-")
+        started = time.perf_counter()
+        ckpt = write_random_checkpoint(args.workdir or tmp.name, PRESETS[args.model], dtype=args.ckpt_dtype,
+                                       seed=args.seed, device=device)
+        print(f"wrote a random {args.model} checkpoint ({args.ckpt_dtype}) to {ckpt} in "
+              f"{time.perf_counter() - started:.0f} s", flush=True)
     config = Qwen3Config.from_json(ckpt / "config.json")
     tokenizer = load_tokenizer(ckpt if (ckpt / "tokenizer.json").exists() else None)
     prompts = craftax_prompts(tokenizer, args.num_prompts, env_name=args.env, fmt=args.fmt, seed=args.seed,
@@ -348,19 +358,29 @@ def main(argv: list[str] | None = None) -> dict:
     columns: dict[str, IndexStats] = {}
     flax_final: dict[str, np.ndarray] = {}
     for dtype in dtypes:
+        started = time.perf_counter()
         run_hf = hf_hidden_states(ckpt, dtype, device)
         hf[dtype] = collect_hidden_states(run_hf, whole, args.batch_size)
-        del run_hf
+        del run_hf  # free the torch model before JAX loads its copy
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
         model = load_model(ckpt, dtype=dtype)
         flax = collect_hidden_states(flax_hidden_states(model), whole, args.batch_size)
         columns[f"flax vs HF {dtype}"] = compare_hidden_states(flax, hf[dtype])
         flax_final[dtype] = np.stack([p[-1][-1] for p in flax])
         del model, flax
+        gc.collect()
+        print(f"{dtype}: HF and Flax done in {time.perf_counter() - started:.0f} s", flush=True)
     if "float32" in hf and "bfloat16" in hf:
         columns["HF bf16 vs HF f32"] = compare_hidden_states(hf["bfloat16"], hf["float32"])
     print(format_table(columns))
     result: dict[str, Any] = {name: {"max_rel": s.max_rel.tolist(), "min_cos": s.min_cos.tolist()}
                               for name, s in columns.items()}
+    result["table"] = format_table(columns)
+    result["setup"] = {"model": args.model, "env": args.env, "fmt": args.fmt, "num_prompts": len(whole),
+                       "prompt_tokens": [min(map(len, whole)), max(map(len, whole))], "device": device,
+                       "hf_device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"}
 
     if args.vllm_url:
         from jaxllm.vllm import VLLMClient

@@ -103,3 +103,11 @@ def test_server_going_away_gives_a_clear_error_within_the_timeout(server):
             pytest.raises(VLLMError, match="no HTTP response.*server running"):
         client.embed([[1, 2, 3]])
     assert time.monotonic() - start < 3.5
+
+
+def test_unloadable_model_exits_with_a_clear_message():
+    result = subprocess.run([sys.executable, "-m", "jaxllm.serve", "--model", "no-such-checkpoint", "--port",
+                             str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode != 0
+    assert "cannot load --model 'no-such-checkpoint'" in result.stderr and "Traceback" not in result.stderr

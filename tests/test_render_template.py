@@ -110,7 +110,7 @@ def test_template_inside_scan_and_shard_map(templates, state_chunks, rendered):
     """The trainer calls the template under jit, vmapped, inside lax.scan and per device in shard_map."""
     tpl = templates[(CLASSIC, "compact")]
     chunk = jax.tree_util.tree_map(lambda x: x[:8].reshape((2, 4) + x.shape[1:]), state_chunks[CLASSIC][0])
-    mesh = jax.make_mesh((1,), ("d",))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
     spec = jax.sharding.PartitionSpec("d")
 
     @jax.jit
@@ -181,7 +181,7 @@ def test_compact_lists_informative_tiles_nearest_first(rendered, state_chunks):
     background = {"grass", "sand", "path", "fire_grass", "ice_grass"}
     for text_full, text_compact in zip(full[:600], compact[:600]):
         expected = []
-        for line in text_full.split("Map:\n", 1)[1].split("\n\nInventory:")[0].splitlines():
+        for line in text_full.split("<|im_start|>user\nMap:\n", 1)[1].split("\n\nInventory:")[0].splitlines():
             coords, thing = line.split(": ", 1)
             col, row = (int(v) for v in coords.split(", "))
             parts = thing.split(" on ")
@@ -189,7 +189,8 @@ def test_compact_lists_informative_tiles_nearest_first(rendered, state_chunks):
                 continue
             expected.append((row * row + col * col, row, col))
         expected.sort()
-        listed = re.findall(r"^(-?\d+), (-?\d+): ", text_compact.split("Inventory:")[0], re.M)
+        obs = text_compact.split("<|im_start|>user\n", 1)[1]
+        listed = re.findall(r"^(-?\d+), (-?\d+): ", obs.split("Inventory:")[0], re.M)
         listed = [(int(r), int(c)) for r, c in listed]
         assert listed == [(r, c) for _, r, c in expected][:COMPACT_MAX_TILES]
 

@@ -1,5 +1,6 @@
 """In-scan LLM hidden states: equal to the encoder called outside the scan; reset envs never keep a stale one."""
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +11,7 @@ from rl.config import PRESETS, TrainConfig
 from rl.encoders import load_llm
 from rl.trainer import Trainer
 
-ENV = "Craftax-Symbolic-v1"
+ENV = "Craftax-Classic-Symbolic-v1"
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def setup():
     runner = trainer.init_state(llm.jit_args)
     # Env 0 starts with zero health: it dies on its first step, so a reset happens inside a window.
     es = runner.env_state
-    health = es.env_state.player_health.at[0].set(0.0)
+    health = es.env_state.player_health.at[0].set(jnp.zeros((), es.env_state.player_health.dtype))
     es = es._replace(env_state=es.env_state.replace(player_health=health))
     runner = runner._replace(env_state=es, hidden=trainer.encode_states(*llm.jit_args, es.env_state))
     rollout = jax.jit(lambda r, args: trainer.rollout(r.params, r.env_state, r.obs, r.hidden, r.rng, args,
@@ -69,3 +70,21 @@ def test_hidden_held_within_window_and_zeroed_after_reset(setup):
     assert zeroed >= cfg.skip_n - 1  # env 0 acted with a zeroed vector until its window ended
     # ... and got a fresh, non-zero vector of its new episode at the next window.
     assert not np.all(hidden[cfg.skip_n, 0] == 0)
+
+
+def test_readme_main_command_with_test_preset(tmp_path):
+    """The README's `python -m rl.train --encoder=inscan --preset cpu`, shrunk to the test preset."""
+    from rl.eval import evaluate
+    from rl.train import main
+
+    run_dir = tmp_path / "inscan"
+    assert main(["--encoder=inscan", "--preset", "test", "--run-dir", str(run_dir), "--quiet"]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2, 3]
+    assert all(np.isfinite(r["total_loss"]) and 0 <= r["hidden_zero_frac"] <= 1 for r in rows)
+    assert rows[0]["llm_time_share"] is None and 0 < rows[1]["llm_time_share"] <= 1
+
+    results = evaluate(run_dir, num_episodes=4, max_steps=8)
+    assert set(results) == {"real", "zeros", "noise", "other"}
+    for r in results.values():
+        assert r["episodes"] == 4 and np.isfinite(r["return_mean"])

@@ -140,7 +140,20 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys, monkeyp
 def test_unreachable_vllm_url_fails_fast_naming_it(tmp_path, capsys):
     url = "http://127.0.0.1:9"  # discard port: nothing listens there
     t0 = time.monotonic()
-    rc = main(BASE + ["--encoder", "vllm", "--env", "Craftax-Symbolic-v1", "--vllm-url", url,
+    rc = main(BASE + ["--encoder", "vllm", "--vllm-url", url,
                       "--vllm-timeout", "5", "--run-dir", str(tmp_path / "v")])
     assert rc == 1 and time.monotonic() - t0 < 60
     assert url in capsys.readouterr().err
+
+
+def test_eval_and_plot(full_run, capsys):
+    from rl.eval import main as eval_main
+    from rl.plot import main as plot_main
+
+    assert eval_main([str(full_run), "--episodes", "4", "--max-steps", "16"]) == 0
+    results = json.loads((full_run / "eval.json").read_text())
+    assert set(results) == {"real"} and results["real"]["episodes"] == 4
+    assert results["real"]["length_mean"] <= 16
+    out = full_run / "curves.png"
+    assert plot_main([str(full_run), str(full_run), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,162 @@
+"""`python -m rl.eval DIR`: play episodes with a run's latest checkpoint; return and achievement rates.
+
+Every env plays exactly one episode from a fresh world (no resets, so short episodes are not
+over-counted); actions are sampled from the policy, as in training. For policies that read an LLM
+hidden state, the same episodes (same seeds) are also played with ablated hidden states:
+    real    the hidden states the policy was trained with (refreshed every skip_n steps)
+    zeros   all-zero vectors
+    noise   Gaussian noise with the per-feature mean and std of the real vectors of the same states
+    other   the real model on the same states, behind another system prompt
+If the returns with `zeros`/`noise` match `real`, the policy does not use the LLM. A `vllm` run is
+evaluated with the in-scan encoder of the same `--model` (it must be loadable locally).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl.config import load_config
+from rl.rundir import Checkpoints
+
+MODES = ("real", "zeros", "noise", "other")
+OTHER_PROMPT = "You are a helpful assistant. Describe what you see."
+
+
+def _hidden_fn(mode: str, encode, template):
+    """(llm_params, cache, raw_states, key) -> hidden [B, D] for one ablation mode."""
+
+    def real(params, cache, states):
+        return encode(params, cache, states)
+
+    def fn(params, cache, states, key):
+        if mode in ("real", "other"):
+            return real(params, cache, states)
+        h = real(params, cache, states)
+        if mode == "zeros":
+            return jnp.zeros_like(h)
+        mean, std = h.mean(0, keepdims=True), h.std(0, keepdims=True)
+        return mean + std * jax.random.normal(key, h.shape, h.dtype)
+
+    return fn
+
+
+def play(trainer, params, num_episodes: int, seed: int, max_steps: int, hidden_fn=None, llm_args=(None, None)):
+    """Play one episode in each of `num_episodes` envs; returns numpy returns, lengths, achievements."""
+    env, cfg = trainer.env.raw_env, trainer.cfg
+    env_params = trainer.env.env_params
+    window = cfg.skip_n if hidden_fn is not None else min(64, max_steps)
+    key = jax.random.PRNGKey(seed)
+    k_reset, key = jax.random.split(key)
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_reset, num_episodes), env_params)
+    n = num_episodes
+    carry = dict(state=state, obs=obs, key=key, alive=jnp.ones(n, bool), ret=jnp.zeros(n), length=jnp.zeros(n, jnp.int32),
+                 ach=jnp.zeros((n, len(trainer.env.achievement_names)), bool))
+
+    def step(hidden, c, _):
+        key, k_act, k_env = jax.random.split(c["key"], 3)
+        pi, _ = trainer.apply(params, c["obs"], hidden)
+        action = pi.sample(seed=k_act)
+        obs, state, reward, done, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            jax.random.split(k_env, n), c["state"], action, env_params)
+        alive = c["alive"]
+        ach = jnp.where((alive & done)[:, None], state.achievements.astype(bool), c["ach"])
+        return dict(state=state, obs=obs, key=key, alive=alive & ~done, ret=c["ret"] + reward * alive,
+                    length=c["length"] + alive, ach=ach), None
+
+    @jax.jit
+    def run_window(c, llm_params, cache):
+        hidden = None
+        if hidden_fn is not None:
+            key, k = jax.random.split(c["key"])
+            hidden = hidden_fn(llm_params, cache, c["state"], k)
+            c = dict(c, key=key)
+        c, _ = jax.lax.scan(lambda c, x: step(hidden, c, x), c, None, window)
+        return c
+
+    steps = 0
+    while steps < max_steps and bool(carry["alive"].any()):
+        carry = run_window(carry, *llm_args)
+        steps += window
+    c = jax.device_get(carry)
+    return dict(returns=c["ret"], lengths=c["length"], achievements=c["ach"], unfinished=int(c["alive"].sum()))
+
+
+def summarise(result: dict, names) -> dict[str, Any]:
+    r = result["returns"]
+    return {"episodes": len(r), "return_mean": float(r.mean()),
+            "return_stderr": float(r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else 0.0,
+            "length_mean": float(result["lengths"].mean()), "unfinished": result["unfinished"],
+            "achievements": {n: float(x) for n, x in zip(names, result["achievements"].mean(0))}}
+
+
+def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps: int = 10_000,
+             modes=MODES) -> dict[str, dict]:
+    """Evaluate the latest checkpoint of `run_dir` (all ablation modes for LLM policies)."""
+    import dataclasses
+
+    from rl.trainer import Trainer
+
+    cfg = load_config(Path(run_dir) / "config.json")
+    llm = None
+    if cfg.uses_llm:
+        from rl.encoders import load_llm
+
+        cfg = dataclasses.replace(cfg, encoder="inscan")
+        llm = load_llm(cfg)
+    trainer = Trainer(cfg, llm)
+    llm_args = llm.jit_args if llm else (None, None)
+    ckpt = Checkpoints(run_dir)
+    step = ckpt.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint to evaluate")
+    runner = ckpt.restore(trainer.init_state(llm_args), step)
+    ckpt.close()
+    names = trainer.env.achievement_names
+    results = {}
+    if llm is None:
+        results["real"] = summarise(play(trainer, runner.params, num_episodes, seed, max_steps), names)
+        return results
+    from rl.encoders import make_inscan_encoder
+
+    for mode in modes:
+        setup = load_llm(cfg, system_prompt=OTHER_PROMPT) if mode == "other" else llm
+        enc = make_inscan_encoder(setup.template, setup.model.config, layer=cfg.llm_layer, pooling=cfg.pooling)
+        fn = _hidden_fn(mode, enc, setup.template)
+        results[mode] = summarise(play(trainer, runner.params, num_episodes, seed, max_steps, fn, setup.jit_args),
+                                  names)
+    return results
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rl.eval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--episodes", type=int, default=32)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--max-steps", "--max_steps", type=int, default=10_000, dest="max_steps")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    args = p.parse_args(argv)
+    try:
+        results = evaluate(args.run_dir, args.episodes, args.seed, args.max_steps, args.modes)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{'hidden':8s} {'episodes':>8s} {'return':>14s} {'length':>8s}  top achievements")
+    for mode, r in results.items():
+        top = sorted(r["achievements"].items(), key=lambda kv: -kv[1])[:4]
+        ach = ", ".join(f"{k} {v:.0%}" for k, v in top)
+        print(f"{mode:8s} {r['episodes']:8d} {r['return_mean']:8.2f} ± {r['return_stderr']:4.2f} "
+              f"{r['length_mean']:8.1f}  {ach}" + (f"  ({r['unfinished']} unfinished)" if r["unfinished"] else ""))
+    (args.run_dir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

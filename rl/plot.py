@@ -1,0 +1,79 @@
+"""`python -m rl.plot DIR [DIR...] [--out FILE.png]`: learning curves of one or more runs.
+
+Three panels against env steps: episode return, mean achievement rate (over all achievements), and
+SPS. Curves are smoothed with a moving average over `--smooth` updates (updates where no episode
+ended are skipped).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from rl.rundir import MetricsLog
+
+
+def load_curves(run_dir: Path) -> dict[str, np.ndarray]:
+    rows = MetricsLog(Path(run_dir) / "metrics.jsonl").read()
+    if not rows:
+        raise FileNotFoundError(f"{run_dir}/metrics.jsonl is missing or empty")
+    get = lambda k: np.array([np.nan if r.get(k) is None else r[k] for r in rows], float)
+    ach = np.array([np.nanmean([np.nan if v is None else v for v in r["achievements"].values()])
+                    if r.get("achievements") else np.nan for r in rows], float)
+    return {"timestep": get("timestep"), "episode_return": get("episode_return"), "achievement_rate": ach,
+            "sps": get("sps")}
+
+
+def _smooth(x: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    keep = np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if k > 1 and len(y) >= k:
+        y = np.convolve(y, np.ones(k) / k, mode="valid")
+        x = x[k - 1:]
+    return x, y
+
+
+def plot_runs(run_dirs, out: Path, smooth: int = 10, labels=None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    panels = [("episode_return", "episode return"), ("achievement_rate", "mean achievement rate"), ("sps", "SPS")]
+    for i, run_dir in enumerate(run_dirs):
+        curves = load_curves(run_dir)
+        label = labels[i] if labels else Path(run_dir).name
+        for ax, (key, title) in zip(axes, panels):
+            x, y = _smooth(curves["timestep"], curves[key], 1 if key == "sps" else smooth)
+            ax.plot(x, y, label=label)
+            ax.set_title(title)
+            ax.set_xlabel("env steps")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rl.plot", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dirs", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="PNG path (default: FIRST_DIR/curves.png)")
+    p.add_argument("--smooth", type=int, default=10)
+    args = p.parse_args(argv)
+    try:
+        out = plot_runs(args.run_dirs, args.out or args.run_dirs[0] / "curves.png", args.smooth)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
