@@ -54,7 +54,8 @@ def play(trainer, params, num_episodes: int, seed: int, max_steps: int, hidden_f
     window = cfg.skip_n if hidden_fn is not None else min(64, max_steps)
     key = jax.random.PRNGKey(seed)
     k_reset, key = jax.random.split(key)
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_reset, num_episodes), env_params)
+    obs, state = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(jax.random.split(k_reset, num_episodes),
+                                                                 env_params)
     n = num_episodes
     carry = dict(state=state, obs=obs, key=key, alive=jnp.ones(n, bool), ret=jnp.zeros(n), length=jnp.zeros(n, jnp.int32),
                  ach=jnp.zeros((n, len(trainer.env.achievement_names)), bool))

@@ -30,8 +30,8 @@ def _format(*sections) -> Format:
         ((Const("Inventory:"), Const("\nWood")), "\nWood"),
         # two newlines merge.
         ((Const("a line\n"), Choice(("", "\nnext"))), "\nnext"),
-        # a number's label ending in a space before digits is fine, but "=" + a letter merges.
-        ((Number(2, label=" food="), Const("\n"), Const(" facing="), Choice(("left", "up"))), "left"),
+        # a word cut in the middle: "Health" + "y" is one pre-token.
+        ((Number(2, label=" food="), Const("\nHealth"), Choice(("y", "ier"))), "y"),
         # after an optional (possibly empty) piece, the previous piece meets the next one.
         ((Const("Status:"), Choice(("", " sleeping")), Const("\n")), "\n"),
     ],
