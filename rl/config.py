@@ -92,10 +92,10 @@ class TrainConfig:
                 f"num_envs x num_steps = {self.batch_size} does not split into --num-minibatches "
                 f"{self.num_minibatches}; pick a divisor")
         if self.uses_llm and self.num_steps % self.skip_n:
+            fit = -(-self.num_steps // self.skip_n) * self.skip_n
             raise ValueError(
-                f"--skip-n {self.skip_n} must divide --num-steps {self.num_steps} (the LLM refreshes every "
-                f"env at the start of each skip_n-step window of a rollout); e.g. use --num-steps "
-                f"{max(self.skip_n, self.num_steps // self.skip_n * self.skip_n or self.skip_n)}")
+                f"--skip-n {self.skip_n} must divide --num-steps {self.num_steps} (the LLM re-encodes every env "
+                f"once per skip_n-step window, and a rollout holds whole windows); e.g. --num-steps {fit}")
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -123,8 +123,8 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 # Named presets: a few fields overriding the defaults. Explicit flags override a preset.
 PRESETS: dict[str, dict[str, Any]] = {
     # The README's main command on a 2-core CPU: Classic, small batch, small network, tiny LLM.
-    "cpu": dict(env="Craftax-Classic-Symbolic-v1", num_envs=32, num_steps=32, total_timesteps=32 * 32 * 12,
-                num_minibatches=4, update_epochs=2, width=128, skip_n=8, checkpoint_every=4, lr=5e-4),
+    "cpu": dict(env="Craftax-Classic-Symbolic-v1", num_envs=32, num_steps=32, total_timesteps=32 * 32 * 50,
+                num_minibatches=4, update_epochs=2, width=128, skip_n=8, checkpoint_every=10, lr=5e-4),
     # The tests' runs: seconds, not minutes.
     "test": dict(env="Craftax-Classic-Symbolic-v1", num_envs=8, num_steps=8, total_timesteps=8 * 8 * 3,
                  num_minibatches=2, update_epochs=1, width=32, skip_n=4, checkpoint_every=1),

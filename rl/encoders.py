@@ -37,12 +37,14 @@ def build_template(tokenizer, env_name: str, fmt: str, system_prompt: str | None
     return _build(tokenizer, env_name, fmt=fmt, system_prompt=system_prompt)
 
 
-def load_llm(cfg, *, with_model: bool = True, system_prompt: str | None = "__cfg__") -> LLMSetup:
-    """Load the model, tokenizer and template of `cfg`; compute the prompt head's KV cache once."""
+def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMSetup:
+    """Load the model, tokenizer and template of `cfg`; compute the prompt head's KV cache once.
+
+    `system_prompt` overrides `cfg.system_prompt` (used by rl.eval's other-prompt ablation).
+    """
     from jaxllm import load_model, load_tokenizer
 
-    if system_prompt == "__cfg__":
-        system_prompt = cfg.system_prompt
+    system_prompt = cfg.system_prompt if system_prompt is None else system_prompt
     tokenizer = load_tokenizer(cfg.model)
     template = build_template(tokenizer, cfg.env, cfg.obs_format, system_prompt)
     if not with_model:

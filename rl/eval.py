@@ -6,7 +6,8 @@ hidden state, the same episodes (same seeds) are also played with ablated hidden
     real    the hidden states the policy was trained with (refreshed every skip_n steps)
     zeros   all-zero vectors
     noise   Gaussian noise with the per-feature mean and std of the real vectors of the same states
-    other   the real model on the same states, behind another system prompt
+    shuffled  real vectors, but of another env's state (rolled by one over the batch)
+    other_prompt  the real model on the same states, behind another system prompt (a second compile)
 If the returns with `zeros`/`noise` match `real`, the policy does not use the LLM. A `vllm` run is
 evaluated with the in-scan encoder of the same `--model` (it must be loadable locally).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,68 +27,63 @@ import numpy as np
 from rl.config import load_config
 from rl.rundir import Checkpoints
 
-MODES = ("real", "zeros", "noise", "other")
+MODES = ("real", "zeros", "noise", "shuffled", "other_prompt")
 OTHER_PROMPT = "You are a helpful assistant. Describe what you see."
 
 
-def _hidden_fn(mode: str, encode, template):
-    """(llm_params, cache, raw_states, key) -> hidden [B, D] for one ablation mode."""
-
-    def real(params, cache, states):
-        return encode(params, cache, states)
-
-    def fn(params, cache, states, key):
-        if mode in ("real", "other"):
-            return real(params, cache, states)
-        h = real(params, cache, states)
-        if mode == "zeros":
-            return jnp.zeros_like(h)
-        mean, std = h.mean(0, keepdims=True), h.std(0, keepdims=True)
-        return mean + std * jax.random.normal(key, h.shape, h.dtype)
-
-    return fn
+def ablate(h: jax.Array, mode: jax.Array, key: jax.Array) -> jax.Array:
+    """Hidden states [B, D] for ablation `mode` (traced int: index into MODES; other_prompt acts as real)."""
+    noise = h.mean(0, keepdims=True) + h.std(0, keepdims=True) * jax.random.normal(key, h.shape, h.dtype)
+    options = jnp.stack([h, jnp.zeros_like(h), noise, jnp.roll(h, 1, axis=0), h])
+    return options[mode]
 
 
-def play(trainer, params, num_episodes: int, seed: int, max_steps: int, hidden_fn=None, llm_args=(None, None)):
-    """Play one episode in each of `num_episodes` envs; returns numpy returns, lengths, achievements."""
-    env, cfg = trainer.env.raw_env, trainer.cfg
-    env_params = trainer.env.env_params
-    window = cfg.skip_n if hidden_fn is not None else min(64, max_steps)
-    key = jax.random.PRNGKey(seed)
-    k_reset, key = jax.random.split(key)
-    obs, state = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(jax.random.split(k_reset, num_episodes),
-                                                                 env_params)
+def make_player(trainer, num_episodes: int, encode=None):
+    """Jitted episode player: play(params, seed, max_steps, mode, llm_args) -> numpy results.
+
+    Every env plays one episode; `encode` (llm_params, cache, raw_states) -> h refreshes the hidden
+    state every skip_n steps, and `mode` picks the ablation applied to it (one compile for all modes).
+    """
+    env, cfg, env_params = trainer.env.raw_env, trainer.cfg, trainer.env.env_params
     n = num_episodes
-    carry = dict(state=state, obs=obs, key=key, alive=jnp.ones(n, bool), ret=jnp.zeros(n), length=jnp.zeros(n, jnp.int32),
-                 ach=jnp.zeros((n, len(trainer.env.achievement_names)), bool))
+    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
 
     def step(hidden, c, _):
         key, k_act, k_env = jax.random.split(c["key"], 3)
-        pi, _ = trainer.apply(params, c["obs"], hidden)
+        pi, _ = trainer.apply(c["params"], c["obs"], hidden)
         action = pi.sample(seed=k_act)
         obs, state, reward, done, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
             jax.random.split(k_env, n), c["state"], action, env_params)
         alive = c["alive"]
         ach = jnp.where((alive & done)[:, None], state.achievements.astype(bool), c["ach"])
-        return dict(state=state, obs=obs, key=key, alive=alive & ~done, ret=c["ret"] + reward * alive,
+        return dict(c, state=state, obs=obs, key=key, alive=alive & ~done, ret=c["ret"] + reward * alive,
                     length=c["length"] + alive, ach=ach), None
 
-    @jax.jit
-    def run_window(c, llm_params, cache):
+    @partial(jax.jit, static_argnames="window")
+    def run_window(c, mode, llm_params, cache, window):
         hidden = None
-        if hidden_fn is not None:
+        if encode is not None:
             key, k = jax.random.split(c["key"])
-            hidden = hidden_fn(llm_params, cache, c["state"], k)
+            hidden = ablate(encode(llm_params, cache, c["state"]), mode, k)
             c = dict(c, key=key)
         c, _ = jax.lax.scan(lambda c, x: step(hidden, c, x), c, None, window)
         return c
 
-    steps = 0
-    while steps < max_steps and bool(carry["alive"].any()):
-        carry = run_window(carry, *llm_args)
-        steps += window
-    c = jax.device_get(carry)
-    return dict(returns=c["ret"], lengths=c["length"], achievements=c["ach"], unfinished=int(c["alive"].sum()))
+    def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=(None, None)):
+        window = cfg.skip_n if encode is not None else min(64, max_steps)
+        key = jax.random.PRNGKey(seed)
+        k_reset, key = jax.random.split(key)
+        obs, state = reset(jax.random.split(k_reset, n), env_params)
+        c = dict(params=params, state=state, obs=obs, key=key, alive=jnp.ones(n, bool), ret=jnp.zeros(n),
+                 length=jnp.zeros(n, jnp.int32), ach=jnp.zeros((n, len(trainer.env.achievement_names)), bool))
+        steps = 0
+        while steps < max_steps and bool(c["alive"].any()):
+            c = run_window(c, jnp.int32(mode), *llm_args, window=window)
+            steps += window
+        c = jax.device_get(c)
+        return dict(returns=c["ret"], lengths=c["length"], achievements=c["ach"], unfinished=int(c["alive"].sum()))
+
+    return play
 
 
 def summarise(result: dict, names) -> dict[str, Any]:
@@ -120,19 +117,21 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
     runner = ckpt.restore(trainer.init_state(llm_args), step)
     ckpt.close()
     names = trainer.env.achievement_names
-    results = {}
     if llm is None:
-        results["real"] = summarise(play(trainer, runner.params, num_episodes, seed, max_steps), names)
-        return results
+        return {"real": summarise(make_player(trainer, num_episodes)(runner.params, seed, max_steps), names)}
     from rl.encoders import make_inscan_encoder
 
-    for mode in modes:
-        setup = load_llm(cfg, system_prompt=OTHER_PROMPT) if mode == "other" else llm
+    results = {}
+    for setup in (llm, load_llm(cfg, system_prompt=OTHER_PROMPT) if "other_prompt" in modes else None):
+        if setup is None:
+            continue
         enc = make_inscan_encoder(setup.template, setup.model.config, layer=cfg.llm_layer, pooling=cfg.pooling)
-        fn = _hidden_fn(mode, enc, setup.template)
-        results[mode] = summarise(play(trainer, runner.params, num_episodes, seed, max_steps, fn, setup.jit_args),
-                                  names)
-    return results
+        play = make_player(trainer, num_episodes, enc)
+        for mode in modes:
+            if (mode == "other_prompt") == (setup is not llm):
+                results[mode] = summarise(play(runner.params, seed, max_steps, MODES.index(mode), setup.jit_args),
+                                          names)
+    return {m: results[m] for m in modes}
 
 
 def main(argv=None) -> int:

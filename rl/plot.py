@@ -20,10 +20,14 @@ def load_curves(run_dir: Path) -> dict[str, np.ndarray]:
     if not rows:
         raise FileNotFoundError(f"{run_dir}/metrics.jsonl is missing or empty")
     get = lambda k: np.array([np.nan if r.get(k) is None else r[k] for r in rows], float)
-    ach = np.array([np.nanmean([np.nan if v is None else v for v in r["achievements"].values()])
-                    if r.get("achievements") else np.nan for r in rows], float)
+    ach = np.array([_mean_or_nan((r.get("achievements") or {}).values()) for r in rows], float)
     return {"timestep": get("timestep"), "episode_return": get("episode_return"), "achievement_rate": ach,
             "sps": get("sps")}
+
+
+def _mean_or_nan(values) -> float:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else float("nan")
 
 
 def _smooth(x: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

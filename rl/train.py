@@ -192,6 +192,8 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from jaxllm.vllm import VLLMError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -215,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(str(e))
             train(cfg, getattr(args, "run_dir", None), max_updates=getattr(args, "max_updates", None),
                   time_limit=getattr(args, "time_limit", None), quiet="quiet" in args)
-    except (RunDirError, TrainingDiverged, ConnectionError, FileNotFoundError) as e:
+    except (RunDirError, TrainingDiverged, ConnectionError, FileNotFoundError, ValueError, VLLMError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -1,0 +1,126 @@
+"""Trainer speed (issue 4 Speed section): steady-state SPS of `none` and `inscan`, LLM time share, compile time.
+
+    python scripts/bench_train.py --out bench_train.json                 # GPU: every config (split with --only)
+    python scripts/bench_train.py --only none-1024 inscan-128-k8         # a subset
+    python scripts/bench_train.py --smoke                                # CPU check at tiny shapes
+
+For each config: the first update is timed (compile + run), then `--updates` updates are timed with
+block_until_ready (SPS = env steps / seconds). For `inscan` the batched encoder call of the same envs is timed
+alone; S_llm = prompts/s of that call; the bound is 1 / (1/SPS_none + 1/(skip_n * S_llm)), with SPS_none measured
+in this run for the same env and env count (run the matching `none-*` config in the same call). The LLM is the
+Qwen3-4B shape with random bf16 weights (`--model qwen3-4b`), initialised on the device.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jax  # noqa: E402
+
+from rl.config import TrainConfig  # noqa: E402
+from rl.trainer import Trainer  # noqa: E402
+
+SYM = "Craftax-Symbolic-v1"
+CONFIGS = {
+    "none-1024": dict(encoder="none", num_envs=1024),
+    "none-128-autoreset": dict(encoder="none", num_envs=128, reset_ratio=1),
+    "none-128": dict(encoder="none", num_envs=128),
+    "inscan-128-k1": dict(encoder="inscan", num_envs=128, skip_n=1),
+    "inscan-128-k8": dict(encoder="inscan", num_envs=128, skip_n=8),
+    "inscan-128-k32": dict(encoder="inscan", num_envs=128, skip_n=32),
+    "inscan-128-k128": dict(encoder="inscan", num_envs=128, skip_n=128, num_steps=128),
+    "inscan-1024-k32": dict(encoder="inscan", num_envs=1024, skip_n=32),
+    "inscan-1024-k128": dict(encoder="inscan", num_envs=1024, skip_n=128, num_steps=128),
+    "inscan-128-k8-full": dict(encoder="inscan", num_envs=128, skip_n=8, obs_format="full"),
+}
+SMOKE = dict(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1, width=32)
+
+
+def bench_one(name: str, overrides: dict, args) -> dict:
+    from rl.encoders import load_llm
+
+    cfg = TrainConfig(**dict(dict(env=args.env, model=args.model, llm_dtype=args.llm_dtype), **overrides))
+    if args.smoke:
+        cfg = dataclasses.replace(cfg, **SMOKE, skip_n=min(cfg.skip_n, 4),
+                                  reset_ratio=min(cfg.reset_ratio, 8))
+    cfg = dataclasses.replace(cfg, total_timesteps=cfg.batch_size * 1000)
+    llm = load_llm(cfg) if cfg.encoder == "inscan" else None
+    args_llm = llm.jit_args if llm else (None, None)
+    trainer = Trainer(cfg, llm)
+    runner = trainer.init_state(args_llm)
+    jax.block_until_ready(runner)
+    t0 = time.perf_counter()
+    runner, _ = trainer.update(runner, args_llm)
+    jax.block_until_ready(runner)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(args.updates):
+        runner, m = trainer.update(runner, args_llm)
+    jax.block_until_ready(runner)
+    seconds = (time.perf_counter() - t0) / args.updates
+    row = dict(config=name, env=cfg.env, encoder=cfg.encoder, num_envs=cfg.num_envs, num_steps=cfg.num_steps,
+               skip_n=cfg.skip_n, obs_format=cfg.obs_format, model=cfg.model if llm else None,
+               first_update_s=first, update_s=seconds, sps=cfg.batch_size / seconds)
+    if llm is not None:
+        enc = trainer.encode_states
+        jax.block_until_ready(enc(*args_llm, runner.env_state.env_state))
+        t0 = time.perf_counter()
+        for _ in range(3):
+            out = enc(*args_llm, runner.env_state.env_state)
+        jax.block_until_ready(out)
+        call = (time.perf_counter() - t0) / 3
+        row.update(prompt_rest_len=llm.template.max_len, prefix_len=len(llm.template.prefix_ids),
+                   llm_prompts_per_s=cfg.num_envs / call,
+                   llm_time_share=min(1.0, call * cfg.num_steps / cfg.skip_n / seconds))
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="+", choices=sorted(CONFIGS), default=None)
+    p.add_argument("--env", default=SYM)
+    p.add_argument("--model", default=None, help="default: qwen3-4b (tiny with --smoke)")
+    p.add_argument("--llm-dtype", default="bfloat16")
+    p.add_argument("--updates", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes and the tiny model, for a CPU check")
+    p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    args.model = args.model or ("tiny" if args.smoke else "qwen3-4b")
+    if args.smoke:
+        args.llm_dtype = "float32"
+    names = args.only or list(CONFIGS)
+    rows = []
+    for name in names:
+        row = bench_one(name, CONFIGS[name], args)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"),
+                                                rows=rows), indent=2))
+    none_sps = {(r["env"], r["num_envs"]): r["sps"] for r in rows if r["config"] in ("none-1024", "none-128")}
+    print(f"\ndevice: {jax.devices()[0]}")
+    print(f"{'config':22s} {'SPS':>10s} {'1st update s':>12s} {'LLM share':>9s} {'prompts/s':>10s} {'bound':>9s} {'ratio':>6s}")
+    for r in rows:
+        bound = ratio = None
+        base = none_sps.get((r["env"], r["num_envs"]))
+        if r["encoder"] == "inscan" and base:
+            bound = 1 / (1 / base + 1 / (r["skip_n"] * r["llm_prompts_per_s"]))
+            ratio = r["sps"] / bound
+            r.update(bound_sps=bound, ratio_to_bound=ratio)
+        f = lambda x, fmt: format(x, fmt) if x is not None else "-"
+        print(f"{r['config']:22s} {r['sps']:10,.0f} {r['first_update_s']:12.1f} {f(r.get('llm_time_share'), '9.2f')} "
+              f"{f(r.get('llm_prompts_per_s'), '10,.0f')} {f(bound, '9,.0f')} {f(ratio, '6.2f')}")
+    if args.out:
+        args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"), rows=rows),
+                                       indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

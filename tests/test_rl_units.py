@@ -1,0 +1,107 @@
+"""Units of the trainer: env wrapper vs craftax itself, GAE vs a plain loop, network fusion, PPO loss."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl.envs import BatchedEnv
+from rl.networks import ActorCritic, ActorCriticAug
+from rl.ppo import PPOHyper, Transition, gae, ppo_loss
+
+CLASSIC = "Craftax-Classic-Symbolic-v1"
+
+
+@pytest.fixture(scope="module")
+def stepped():
+    env = BatchedEnv(CLASSIC, num_envs=8, reset_ratio=4)  # pool of 2 fresh worlds per step
+    obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    es = state.env_state
+    health = es.player_health.at[jnp.array([0, 2, 5])].set(0)  # these three die on this step
+    state = state._replace(env_state=es.replace(player_health=health),
+                           episode_return=jnp.arange(8, dtype=jnp.float32), episode_length=jnp.full(8, 3, jnp.int32))
+    action = jnp.arange(8, dtype=jnp.int32) % env.num_actions
+    key = jax.random.PRNGKey(1)
+    out = jax.jit(env.step)(key, state, action)
+    return env, state, action, key, out
+
+
+def test_env_step_matches_craftax_and_resets_done_envs(stepped):
+    env, state, action, key, (obs, new, reward, done, info) = stepped
+    raw, params = env.raw_env, env.env_params
+    k_step, k_reset = jax.random.split(key)
+    ref_obs, ref_state, ref_reward, ref_done, _ = jax.vmap(raw.step, in_axes=(0, 0, 0, None))(
+        jax.random.split(k_step, 8), state.env_state, action, params)
+    pool_obs, pool_state = jax.vmap(raw.reset, in_axes=(0, None))(jax.random.split(k_reset, 2), params)
+    done = np.asarray(done)
+    assert done.tolist() == np.asarray(ref_done).tolist() and done[[0, 2, 5]].all() and done.sum() == 3
+    np.testing.assert_array_equal(reward, ref_reward)
+    live = ~done
+    np.testing.assert_array_equal(np.asarray(obs)[live], np.asarray(ref_obs)[live])
+    np.testing.assert_array_equal(np.asarray(new.env_state.map)[live], np.asarray(ref_state.map)[live])
+    # done envs 0, 2, 5 take pool worlds 0, 1, 0 (k-th done env -> world k % pool_size)
+    for env_i, world in ((0, 0), (2, 1), (5, 0)):
+        np.testing.assert_array_equal(np.asarray(obs)[env_i], np.asarray(pool_obs)[world])
+        np.testing.assert_array_equal(np.asarray(new.env_state.map)[env_i], np.asarray(pool_state.map)[world])
+    # episode statistics: finished episodes report return/length and restart from 0
+    ret = np.arange(8) + np.asarray(reward)
+    np.testing.assert_allclose(np.asarray(info.episode_return), np.where(done, ret, 0), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(info.episode_length), np.where(done, 4, 0))
+    np.testing.assert_allclose(np.asarray(new.episode_return), np.where(done, 0, ret), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(new.episode_length), np.where(done, 0, 4))
+    ach = np.asarray(ref_state.achievements).astype(bool) & done[:, None]
+    np.testing.assert_array_equal(np.asarray(info.achievements), ach)
+
+
+def test_unknown_env_is_refused():
+    with pytest.raises(ValueError, match="choose one of"):
+        BatchedEnv("Craftax-Nope-v1", 4)
+
+
+def test_gae_matches_plain_loop():
+    rng = np.random.default_rng(0)
+    t, b, gamma, lam = 7, 3, 0.9, 0.8
+    reward, value = rng.normal(size=(t, b)).astype(np.float32), rng.normal(size=(t, b)).astype(np.float32)
+    done = rng.random((t, b)) < 0.3
+    last = rng.normal(size=b).astype(np.float32)
+    traj = Transition(None, None, None, None, jnp.asarray(value), jnp.asarray(reward), jnp.asarray(done))
+    adv, targets = gae(traj, jnp.asarray(last), gamma, lam)
+    expect = np.zeros((t, b), np.float32)
+    next_adv, next_value = np.zeros(b), last
+    for i in reversed(range(t)):
+        nd = 1.0 - done[i]
+        delta = reward[i] + gamma * next_value * nd - value[i]
+        next_adv = delta + gamma * lam * nd * next_adv
+        expect[i], next_value = next_adv, value[i]
+    np.testing.assert_allclose(np.asarray(adv), expect, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(targets), expect + value, rtol=1e-5, atol=1e-6)
+
+
+def test_networks_shapes_init_and_fusion():
+    obs = jax.random.normal(jax.random.PRNGKey(0), (5, 20))
+    h = jax.random.normal(jax.random.PRNGKey(1), (5, 16)) * 3 + 1
+    net = ActorCritic(num_actions=7, width=32)
+    params = net.init(jax.random.PRNGKey(2), obs)
+    pi, v = net.apply(params, obs)
+    assert pi.logits.shape == (5, 7) and v.shape == (5,)
+    assert float(jnp.abs(pi.logits).max()) < 0.1  # actor head initialised with scale 0.01
+    for fusion, invariant in (("norm", True), ("raw", False)):
+        aug = ActorCriticAug(num_actions=7, width=32, fusion=fusion)
+        p = aug.init(jax.random.PRNGKey(2), obs, h)
+        (pi1, v1), (pi2, v2) = aug.apply(p, obs, h), aug.apply(p, obs, 100 * h + 5)
+        same = np.allclose(np.asarray(v1), np.asarray(v2), atol=1e-4)
+        assert same == invariant, fusion  # norm: per-vector standardisation removes scale and shift
+
+
+def test_ppo_loss_at_behaviour_policy():
+    net = ActorCritic(num_actions=4, width=16)
+    obs = jax.random.normal(jax.random.PRNGKey(0), (6, 10))
+    params = net.init(jax.random.PRNGKey(1), obs)
+    pi, value = net.apply(params, obs)
+    action = jnp.arange(6) % 4
+    batch = Transition(obs, None, action, pi.log_prob(action), value, jnp.zeros(6), jnp.zeros(6, bool))
+    adv = jnp.linspace(-1, 1, 6)
+    loss, aux = ppo_loss(params, lambda p, o, h: net.apply(p, o, h), batch, adv, value, PPOHyper())
+    assert float(aux["clip_frac"]) == 0 and abs(float(aux["approx_kl"])) < 1e-6
+    assert abs(float(aux["actor_loss"])) < 1e-6  # ratio 1 and normalised advantages with mean 0
+    assert float(aux["value_loss"]) == 0
+    np.testing.assert_allclose(float(loss), -0.01 * float(aux["entropy"]), rtol=1e-5)
