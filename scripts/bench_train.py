@@ -84,7 +84,7 @@ def bench_one(name: str, overrides: dict, args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=sorted(CONFIGS), default=None)
-    p.add_argument("--env", default=SYM)
+    p.add_argument("--env", default=None, help="default: Craftax-Symbolic-v1 (Classic with --smoke)")
     p.add_argument("--model", default=None, help="default: qwen3-4b (tiny with --smoke)")
     p.add_argument("--llm-dtype", default="bfloat16")
     p.add_argument("--updates", type=int, default=3)
@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
     args.model = args.model or ("tiny" if args.smoke else "qwen3-4b")
+    args.env = args.env or ("Craftax-Classic-Symbolic-v1" if args.smoke else SYM)
     if args.smoke:
         args.llm_dtype = "float32"
     names = args.only or list(CONFIGS)
