@@ -51,6 +51,7 @@ class TrainConfig:
     llm_dtype: str = "auto"
     system_prompt: str | None = None
     fusion: str = "norm"
+    llm_chunk: int = 64  # prompts per LLM call: sorted by length, each chunk padded only to its length bucket
     vllm_url: str = "http://127.0.0.1:8000"
     vllm_timeout: float = 30.0
     # run directory
@@ -80,7 +81,7 @@ class TrainConfig:
         _choice("llm_dtype", self.llm_dtype, LLM_DTYPES)
         _choice("fusion", self.fusion, FUSIONS)
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
-                     "skip_n", "checkpoint_every", "reset_ratio", "width", "keep_checkpoints"):
+                     "skip_n", "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.num_updates < 1:

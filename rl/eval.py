@@ -125,7 +125,8 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
     for setup in (llm, load_llm(cfg, system_prompt=OTHER_PROMPT) if "other_prompt" in modes else None):
         if setup is None:
             continue
-        enc = make_inscan_encoder(setup.template, setup.model.config, layer=cfg.llm_layer, pooling=cfg.pooling)
+        enc = make_inscan_encoder(setup.template, setup.model.config, layer=cfg.llm_layer, pooling=cfg.pooling,
+                                  chunk=cfg.llm_chunk)
         play = make_player(trainer, num_episodes, enc)
         for mode in modes:
             if (mode == "other_prompt") == (setup is not llm):

@@ -69,7 +69,7 @@ class Trainer:
             from rl.encoders import make_inscan_encoder
 
             self._encode = make_inscan_encoder(llm.template, llm.model.config, layer=cfg.llm_layer,
-                                               pooling=cfg.pooling)
+                                               pooling=cfg.pooling, chunk=cfg.llm_chunk)
         if cfg.encoder == "vllm":
             from rl.encoders import make_token_fn
 

@@ -102,7 +102,8 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", type=int, default=1024)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--stat-states", type=int, default=512, help="states per seed for length stats (4 seeds)")
+    parser.add_argument("--stat-states", type=int, default=512, help="states per seed for length stats (4 seeds); 0 skips the statistics "
+                        "(they do not depend on the device: docs/RENDER.md has them from a CPU run)")
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=ENVS)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
@@ -121,14 +122,15 @@ def main(argv=None) -> dict:
     for env_name in args.envs:
         step_s, step_kind = env_step_time(env_name, args.num_envs, args.iters)
         states = sample_states(env_name, args.num_envs, 100)
-        chunks = [sample_states(env_name, args.stat_states, seed) for seed in range(4)]
+        chunks = [sample_states(env_name, args.stat_states, seed) for seed in range(4)] if args.stat_states else []
         env_res = {"env_step_s": step_s, "env_step": step_kind, "formats": {},
-                   "informative_tiles": informative_tiles(env_name, chunks)}
+                   "informative_tiles": informative_tiles(env_name, chunks) if chunks else None}
         for fmt in FORMATS:
             tpl = build_template(tokenizer, env_name, fmt)
             t = timed(jax.jit(jax.vmap(tpl)), states, iters=args.iters)
             env_res["formats"][fmt] = {
-                "template_s": t, "ratio_to_env_step": t / step_s, "tokens": length_stats(tpl, chunks),
+                "template_s": t, "ratio_to_env_step": t / step_s,
+                "tokens": length_stats(tpl, chunks) if chunks else None,
             }
         results["envs"][env_name] = env_res
 
@@ -137,11 +139,13 @@ def main(argv=None) -> dict:
           f"{'mean tok':>8} {'p99':>6} {'max':>5} {'max_len':>7} {'prefix':>6}")
     for env_name, env_res in results["envs"].items():
         for fmt, r in env_res["formats"].items():
-            tk = r["tokens"]
+            tk = r["tokens"] or dict(mean=float("nan"), p99=float("nan"), max=-1, max_len=-1, prefix=-1)
             print(f"{env_name:28} {fmt:8} {r['template_s'] * 1e3:11.3f} {env_res['env_step_s'] * 1e3:11.3f} "
                   f"{r['ratio_to_env_step']:7.2%} {tk['mean']:8.1f} {tk['p99']:6.0f} {tk['max']:5d} "
                   f"{tk['max_len']:7d} {tk['prefix']:6d}")
         it = env_res["informative_tiles"]
+        if it is None:
+            continue
         print(f"{env_name:28} informative tiles: mean {it['mean']:.1f}, p50 {it['p50']:.0f}, p99 {it['p99']:.0f}, "
               f"max {it['max']}; K={it['K']} fits {it['fraction_fitting_K']:.2%} (env step: {env_res['env_step']})")
     if args.out:

@@ -113,3 +113,32 @@ def test_split_prefix_attention_matches_masked_attention(setup, pooling):
     np.testing.assert_allclose(split, masked, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="attention implementation must be one of"):
         run(params, CONFIG, ids[0], lengths[0], prefix=cache, attention_impl="flash")
+
+
+def test_length_buckets_are_static_increasing_and_end_at_max_len():
+    from jaxllm import length_buckets
+
+    assert length_buckets(1138) == (192, 256, 384, 512, 768, 1138)
+    assert length_buckets(40) == (40,)
+    for t in (100, 454, 2588):
+        b = length_buckets(t)
+        assert b[-1] == t and list(b) == sorted(set(b)) and all(x % 64 == 0 for x in b[:-1])
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_encode_bucketed_equals_encode(pooling):
+    """Sorting, chunking and cutting the padding to a bucket must not change any vector (rows come back in order)."""
+    from jaxllm import encode_bucketed
+
+    params = init_params(CONFIG, jnp.float32, 0)
+    rng = np.random.default_rng(1)
+    cache = jax.jit(prefill, static_argnums=1)(params, CONFIG, jnp.asarray(rng.integers(0, 256, size=7), jnp.int32))
+    batch, t = 12, 40
+    ids = jnp.asarray(rng.integers(0, 256, size=(batch, t)), jnp.int32)
+    # Mixed lengths so that chunks land in different buckets (including the empty rest and the full length).
+    lengths = jnp.asarray([3, 40, 0, 17, 9, 25, 1, 31, 12, 5, 38, 20], jnp.int32)
+    want = jax.jit(encode, static_argnames=("config", "layer", "pooling"))(
+        params, CONFIG, ids, lengths, layer=-1, pooling=pooling, prefix=cache)
+    got = jax.jit(encode_bucketed, static_argnames=("config", "layer", "pooling", "chunk", "buckets"))(
+        params, CONFIG, ids, lengths, layer=-1, pooling=pooling, prefix=cache, chunk=4, buckets=(8, 16, 24))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
