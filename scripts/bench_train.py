@@ -78,6 +78,9 @@ def bench_one(name: str, overrides: dict, args) -> dict:
         row.update(prompt_rest_len=llm.template.max_len, prefix_len=len(llm.template.prefix_ids),
                    llm_prompts_per_s=cfg.num_envs / call,
                    llm_time_share=min(1.0, call * cfg.num_steps / cfg.skip_n / seconds))
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:  # cumulative over the configs run so far in this process (an upper bound)
+        row["peak_device_gib_so_far"] = stats["peak_bytes_in_use"] / 2**30
     return row
 
 
