@@ -42,6 +42,9 @@ class TrainConfig:
     vf_coef: float = 0.5
     reset_ratio: int = 16
     width: int = 512
+    # data parallelism (docs/MULTIGPU.md): devices the env batch is split over; 0 = all visible devices.
+    # train() writes the resolved count into config.json, so a resume uses the same count.
+    devices: int = 0
     # LLM encoder (inscan / vllm)
     skip_n: int = 1
     model: str = "tiny"
@@ -84,6 +87,12 @@ class TrainConfig:
                      "skip_n", "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.devices < 0:
+            raise ValueError(f"--devices must be >= 0 (0 = all visible devices), got {self.devices}")
+        if self.devices > 1:
+            from rl.sharding import check_divisible
+
+            check_divisible(self.num_envs, self.reset_ratio, self.devices)
         if self.num_updates < 1:
             raise ValueError(
                 f"--total-timesteps {self.total_timesteps} is smaller than one update "

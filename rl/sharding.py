@@ -1,0 +1,102 @@
+"""Data parallelism over devices: a 1-D mesh whose one axis splits the env batch.
+
+Everything per-env (env state, obs, LLM hidden state, and through XLA's sharding propagation the
+rollout's transitions) is split along the env axis; network params, optimizer state, PRNG key and
+the LLM params / prefix cache are replicated. The jitted trainer functions are unchanged: with their
+inputs and outputs placed by `NamedSharding`, XLA (GSPMD) partitions the envs, the rollout and the
+PPO minibatch gradients per device and inserts the all-reduces itself. Because jit's meaning does not
+depend on how its inputs are sharded (and JAX's threefry PRNG is partitionable), a run on N devices
+equals a one-device run of the same global batch up to float reassociation.
+
+Multi-host: set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID and call
+`maybe_initialize_distributed()` before touching any device; the mesh then spans every process's
+devices (docs/MULTIGPU.md).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+ENV_AXIS = "envs"
+DISTRIBUTED_ENV_VARS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+def maybe_initialize_distributed(environ: dict[str, str] | None = None) -> bool:
+    """Call `jax.distributed.initialize` when the multi-host env vars are set; True if it did.
+
+    All three of DISTRIBUTED_ENV_VARS must be set (or none); a partial set is an error.
+    """
+    environ = os.environ if environ is None else environ
+    present = [v for v in DISTRIBUTED_ENV_VARS if environ.get(v)]
+    if not present:
+        return False
+    missing = [v for v in DISTRIBUTED_ENV_VARS if v not in present]
+    if missing:
+        raise ValueError(f"multi-host launch needs all of {', '.join(DISTRIBUTED_ENV_VARS)}; "
+                         f"{', '.join(missing)} not set (see docs/MULTIGPU.md)")
+    try:
+        num, pid = int(environ["JAX_NUM_PROCESSES"]), int(environ["JAX_PROCESS_ID"])
+    except ValueError:
+        raise ValueError("JAX_NUM_PROCESSES and JAX_PROCESS_ID must be integers") from None
+    if not 0 <= pid < num:
+        raise ValueError(f"JAX_PROCESS_ID {pid} must be in [0, JAX_NUM_PROCESSES={num})")
+    jax.distributed.initialize(coordinator_address=environ["JAX_COORDINATOR_ADDRESS"], num_processes=num,
+                               process_id=pid)
+    return True
+
+
+def resolve_device_count(requested: int) -> int:
+    """`--devices` -> how many devices to use (0 = all visible); a clear error if too many."""
+    visible = jax.device_count()
+    if requested < 0:
+        raise ValueError(f"--devices must be >= 0 (0 = all {visible} visible devices), got {requested}")
+    if requested > visible:
+        hint = ("" if jax.default_backend() != "cpu" else
+                "; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N fakes N devices")
+        raise ValueError(f"--devices {requested} but only {visible} {jax.default_backend()} device(s) are "
+                         f"visible; pass --devices {visible} or fewer (0 = all){hint}")
+    return requested or visible
+
+
+def check_divisible(num_envs: int, reset_ratio: int, devices: int) -> None:
+    """The env batch (and the optimistic-reset pool) must split evenly over the devices."""
+    if num_envs % devices:
+        lo = num_envs // devices * devices or devices
+        raise ValueError(f"--num-envs {num_envs} does not split over {devices} devices; pick a multiple of "
+                         f"{devices} (e.g. --num-envs {lo}) or change --devices")
+    pool = max(1, num_envs // reset_ratio)
+    if devices > 1 and pool % devices:
+        raise ValueError(f"the optimistic-reset pool (num_envs / reset_ratio = {pool} fresh worlds per step) does "
+                         f"not split over {devices} devices; pick --reset-ratio so that num_envs / reset_ratio is a "
+                         f"multiple of {devices}")
+
+
+def make_mesh(devices: int) -> Mesh:
+    """A 1-D mesh over the first `devices` devices (all processes' devices, in jax.devices() order)."""
+    return Mesh(np.asarray(jax.devices()[:devices]), (ENV_AXIS,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def env_sharded(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(ENV_AXIS))
+
+
+def runner_shardings(runner: Any, mesh: Mesh) -> Any:
+    """A sharding tree matching a `rl.trainer.RunnerState`: per-env fields split, the rest replicated."""
+    rep, env = replicated(mesh), env_sharded(mesh)
+    per_env = {"env_state", "obs", "hidden"}
+    fields = {name: jax.tree.map(lambda _: env if name in per_env else rep, value)
+              for name, value in runner._asdict().items()}
+    return type(runner)(**fields)
+
+
+def place(tree: Any, shardings: Any) -> Any:
+    """`jax.device_put` a pytree onto a matching tree of shardings (or one sharding for all leaves)."""
+    return jax.device_put(tree, shardings)
