@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from craftax.craftax_classic.constants import OBS_DIM, Action, BlockType
 
-from render.layout import Choice, Const, Format, Layout, Number, Section, present_key
-from render.rows import RowBuilder
+from render.layout import Choice, Const, Format, Layout, Number, Section
+from render.rows import RowBuilder, compact_format
 from render.view import (
     compact_rows,
     count,
@@ -127,30 +127,18 @@ def _compact_format() -> Format:
     st.value(Choice(("", " sleeping")), lambda s: _bool(s.is_sleeping))
     st.text("\n")
 
-    layout = Layout((
-        Section("header", (Const("Map:\n"),)),
-        map_section,
-        Section("items_label", (Const("Inventory:"),)),
-        inv.section(),
-        st.section(),
-    ))
     background = np.zeros(len(BlockType), dtype=bool)
     background[[b.value for b in COMPACT_BACKGROUND]] = True
 
-    def values(state):
+    def map_rows(state):
         t = local_tiles(state)
         has_mob = t["mob"] < NO_MOB
         thing = jnp.where(has_mob, t["mob"], NO_MOB + t["block"])
         informative = has_mob | ~jnp.asarray(background)[t["block"]]
         tiles, present, _ = compact_rows(informative, NEAREST, k)
-        rows = jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1)
-        zero = jnp.zeros((1, 1), jnp.int32)
-        return {
-            "header": zero, "map": rows, present_key("map"): present, "items_label": zero,
-            "items": inv.values(state), "status": st.values(state),
-        }
+        return jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1), present
 
-    return Format(ENV_NAME, "compact", layout, values)
+    return compact_format(ENV_NAME, map_section, inv, st, map_rows)
 
 
 def _inventory_empty(s):

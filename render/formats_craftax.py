@@ -12,8 +12,8 @@ from craftax.craftax.constants import (
 )
 from craftax.craftax.util.game_logic_utils import is_boss_vulnerable
 
-from render.layout import Choice, Const, Format, Layout, Number, Section, present_key
-from render.rows import RowBuilder
+from render.layout import Choice, Const, Format, Layout, Number, Section
+from render.rows import RowBuilder, compact_format
 from render.view import (
     compact_rows,
     count,
@@ -253,31 +253,19 @@ def _compact_format() -> Format:
     st.value(Choice(("", " boss vulnerable")), lambda s: _bool(is_boss_vulnerable(s)))
     st.text("\n")
 
-    layout = Layout((
-        Section("header", (Const("Map:\n"),)),
-        map_section,
-        Section("items_label", (Const("Inventory:"),)),
-        inv.section(),
-        st.section(),
-    ))
     background = np.zeros(len(BlockType), dtype=bool)
     background[[b.value for b in COMPACT_BACKGROUND]] = True
 
-    def values(state):
+    def map_rows(state):
         t = local_tiles(state)
         thing = jnp.where(
             t["mob"] < NO_MOB, t["mob"], jnp.where(t["item"] > 0, item_base + t["item"], block_base + t["block"])
         )
         informative = t["lit"] & ((t["mob"] < NO_MOB) | (t["item"] > 0) | ~jnp.asarray(background)[t["block"]])
         tiles, present, _ = compact_rows(informative, NEAREST, k)
-        rows = jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1)
-        zero = jnp.zeros((1, 1), jnp.int32)
-        return {
-            "header": zero, "map": rows, present_key("map"): present, "items_label": zero,
-            "items": inv.values(state), "status": st.values(state),
-        }
+        return jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1), present
 
-    return Format(ENV_NAME, "compact", layout, values)
+    return compact_format(ENV_NAME, map_section, inv, st, map_rows)
 
 
 def _inventory_empty(s):

@@ -5,7 +5,7 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-from render.layout import Column, Const, Section
+from render.layout import Column, Const, Format, Layout, Section, present_key
 
 
 class RowBuilder:
@@ -34,3 +34,28 @@ class RowBuilder:
         """int32 [1, columns]: the column values of `state` (0 for constants)."""
         vals = [jnp.zeros((), jnp.int32) if g is None else jnp.asarray(g(state), jnp.int32) for g in self._getters]
         return jnp.stack(vals)[None, :]
+
+
+def compact_format(env_name: str, map_section: Section, inventory: RowBuilder, status: RowBuilder,
+                   map_rows: Callable) -> Format:
+    """The `compact` format shared by both envs: `Map:`, the selected tiles, `Inventory:` and a status row.
+
+    map_rows(state) -> (int32 [K, 3] tile rows for `map_section`, number of rows present).
+    """
+    layout = Layout((
+        Section("header", (Const("Map:\n"),)),
+        map_section,
+        Section("items_label", (Const("Inventory:"),)),
+        inventory.section(),
+        status.section(),
+    ))
+
+    def values(state):
+        rows, present = map_rows(state)
+        zero = jnp.zeros((1, 1), jnp.int32)
+        return {
+            "header": zero, "map": rows, present_key("map"): present, "items_label": zero,
+            "items": inventory.values(state), "status": status.values(state),
+        }
+
+    return Format(env_name, "compact", layout, values)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from render.layout import Choice, Layout, Number, present_key
+from render.layout import Choice, Layout, present_key
 
 
 def _column_strings(column, values: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +89,7 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.devices < 0:
             raise ValueError(f"--devices must be >= 0 (0 = all visible devices), got {self.devices}")
-        if self.devices > 1:
-            from rl.sharding import check_divisible
-
-            check_divisible(self.num_envs, self.reset_ratio, self.devices)
+        # whether num_envs splits over the devices is checked once the count is resolved (rl.sharding)
         if self.num_updates < 1:
             raise ValueError(
                 f"--total-timesteps {self.total_timesteps} is smaller than one update "

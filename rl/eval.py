@@ -101,7 +101,8 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
 
     from rl.trainer import Trainer
 
-    cfg = load_config(Path(run_dir) / "config.json")
+    # evaluation plays on one device whatever the run trained on (orbax reshards the checkpoint on restore)
+    cfg = dataclasses.replace(load_config(Path(run_dir) / "config.json"), devices=1)
     llm = None
     if cfg.uses_llm:
         from rl.encoders import load_llm

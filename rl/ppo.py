@@ -5,7 +5,7 @@ All functions are pure and jittable; the network is passed as its `apply` functi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -4,6 +4,7 @@ Examples:
     python -m rl.train --encoder=inscan --preset cpu            # a few minutes on a laptop CPU
     python -m rl.train --encoder none --env Craftax-Classic-Symbolic-v1 --total-timesteps 30000000
     python -m rl.train --resume checkpoints/<run>               # continue a stopped run
+    python -m rl.train --devices 4 --num-envs 512               # env batch split over 4 GPUs (docs/MULTIGPU.md)
 """
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import jax
 import numpy as np
 
 from rl.config import (ENCODERS, LLM_DTYPES, OBS_FORMATS, POOLINGS, PRESETS, TrainConfig, load_config)
 from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
+from rl.sharding import check_divisible, maybe_initialize_distributed, resolve_device_count
 
 CHOICES = {"env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "pooling": POOLINGS,
            "llm_dtype": LLM_DTYPES, "fusion": FUSIONS}
@@ -111,7 +112,7 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
 
     cfg.validate()
     run_dir = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
-    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir), devices=_device_count(cfg, resume))
     if cfg.encoder == "vllm":  # fail fast, before touching the run directory
         from rl.encoders import check_vllm_reachable
 
@@ -137,8 +138,8 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
         from rl.encoders import load_llm
 
         llm = load_llm(cfg)
-    llm_args = llm.jit_args if llm is not None else (None, None)
     trainer = Trainer(cfg, llm, vllm)
+    llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else (None, None))
     runner = trainer.init_state(llm_args)
     if start:
         runner = ckpt.restore(runner, start)
@@ -191,6 +192,19 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
     return run_dir
 
 
+def _device_count(cfg: TrainConfig, resume: bool) -> int:
+    """The resolved --devices (written to config.json); a resume must find the run's device count."""
+    try:
+        n = resolve_device_count(cfg.devices)
+    except ValueError as e:
+        if resume:
+            raise ValueError(f"this run was trained on {cfg.devices} devices (config.json) and resumes only on "
+                             f"{cfg.devices}: {e}") from None
+        raise
+    check_divisible(cfg.num_envs, cfg.reset_ratio, n)
+    return n
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from jaxllm.vllm import VLLMError
 
@@ -198,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     try:
+        maybe_initialize_distributed()  # multi-host launch when JAX_COORDINATOR_ADDRESS etc. are set
         if "resume" in args:
             extra = sorted(k for k in vars(args) if k in fields | {"preset"} and k != "vllm_url")
             if extra:

@@ -13,13 +13,15 @@ re-encoded. A new episode never sees its predecessor's vector, and the LLM cost 
 batched call per window (no extra small-batch calls). With skip_n=1 no action is ever taken with a
 zeroed vector.
 
-The env batch axis is the only data axis, and the LLM params and prefix cache are explicit
-arguments of every jitted function, so the trainer can be sharded over devices without changes.
+Several devices (`cfg.devices`, docs/MULTIGPU.md): the jitted functions are the same; the runner
+state's per-env fields are placed split over a 1-D device mesh and everything else replicated
+(`rl.sharding`), and XLA partitions the rollout and the PPO gradients itself. The result equals a
+one-device run of the same global batch up to float reassociation.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +31,8 @@ from rl.config import TrainConfig
 from rl.envs import BatchedEnv, EnvBatchState, StepInfo
 from rl.networks import make_network
 from rl.ppo import PPOHyper, Transition, make_optimizer, ppo_update
+from rl.sharding import (check_divisible, env_sharded, make_mesh, replicated, resolve_device_count,
+                         runner_shardings)
 
 
 class RunnerState(NamedTuple):
@@ -47,12 +51,16 @@ class Trainer:
     """Builds the env, network, optimizer and jitted update of a `TrainConfig`.
 
     `llm` is an `rl.encoders.LLMSetup` for `inscan` / `vllm` (None for `none`). For `vllm` pass
-    `vllm_encoder` (an `rl.encoders.VLLMEncoder`).
+    `vllm_encoder` (an `rl.encoders.VLLMEncoder`). The env batch is split over `cfg.devices` devices
+    (0 = all visible): `self.mesh`; pass LLM arguments through `place_llm_args` once.
     """
 
     def __init__(self, cfg: TrainConfig, llm=None, vllm_encoder=None):
         cfg.validate()
         self.cfg = cfg
+        self.num_devices = resolve_device_count(cfg.devices)
+        check_divisible(cfg.num_envs, cfg.reset_ratio, self.num_devices)
+        self.mesh = make_mesh(self.num_devices)
         self.env = BatchedEnv(cfg.env, cfg.num_envs, cfg.reset_ratio)
         self.network = make_network(self.env.num_actions, augmented=cfg.uses_llm, fusion=cfg.fusion,
                                     width=cfg.width)
@@ -83,20 +91,29 @@ class Trainer:
     def apply(self, params, obs, hidden):
         return self.network.apply(params, obs, hidden)
 
+    def place_llm_args(self, llm_args):
+        """The LLM params and prefix cache, replicated over the mesh (a no-op for `(None, None)`)."""
+        return jax.device_put(llm_args, replicated(self.mesh))
+
+    def place(self, runner: RunnerState) -> RunnerState:
+        """`runner` with its per-env fields split over the mesh and the rest replicated."""
+        return jax.device_put(runner, runner_shardings(runner, self.mesh))
+
     def init_state(self, llm_args=(None, None)) -> RunnerState:
-        """Initial params, optimizer state, envs and (for LLM encoders) the first hidden states."""
+        """Initial params, optimizer state, envs and (for LLM encoders) the first hidden states,
+        placed on the mesh. The values do not depend on the device count."""
         key = jax.random.PRNGKey(self.cfg.seed)
         key, k_net, k_env = jax.random.split(key, 3)
-        obs, env_state = jax.jit(self.env.reset)(k_env)
+        obs, env_state = jax.jit(self.env.reset, out_shardings=env_sharded(self.mesh))(k_env)
         hidden = None
         if self.cfg.encoder == "inscan":
-            hidden = self.encode_states(*llm_args, env_state.env_state)
+            hidden = self.encode_states(*self.place_llm_args(llm_args), env_state.env_state)
         elif self.cfg.encoder == "vllm":
-            hidden = jnp.asarray(self._vllm_hidden(env_state))
-        dummy_h = None if hidden is None else hidden[:1]
-        params = self.network.init(k_net, obs[:1], dummy_h)
+            hidden = self._vllm_hidden(env_state)
+        dummy_h = None if hidden is None else jax.device_get(hidden[:1])
+        params = self.network.init(k_net, jax.device_get(obs[:1]), dummy_h)
         opt_state = self.optimizer.init(params)
-        return RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32))
+        return self.place(RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32)))
 
     # rollout ----------------------------------------------------------------------------------
     def _act(self, params, carry, _):
@@ -151,6 +168,9 @@ class Trainer:
         if traj.hidden is not None:
             metrics["hidden_zero_frac"] = jnp.mean(jnp.all(traj.hidden == 0, axis=-1))
         new = RunnerState(params, opt_state, env_state, obs, hidden, key, runner.update + 1)
+        # keep the carried state's placement fixed from update to update (per-env split, rest replicated)
+        new = jax.lax.with_sharding_constraint(new, runner_shardings(new, self.mesh))
+        metrics = jax.lax.with_sharding_constraint(metrics, replicated(self.mesh))
         return new, metrics
 
     def _update(self, runner: RunnerState, llm_args):
@@ -173,15 +193,16 @@ class Trainer:
             carry, out = self._window(runner.params, carry, self.cfg.skip_n)
             chunks.append(out[:2])
             env_state, obs, _, k = carry
-            carry = (env_state, obs, jnp.asarray(self._vllm_hidden(env_state)), k)
+            carry = (env_state, obs, self._vllm_hidden(env_state), k)
         traj, info = jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *chunks)
         env_state, obs, hidden, _ = carry
         runner, metrics = self._finish(runner, (env_state, obs, hidden, key), k_ppo, traj, info)
         return runner, jax.device_get(metrics)
 
-    def _vllm_hidden(self, env_state: EnvBatchState) -> np.ndarray:
+    def _vllm_hidden(self, env_state: EnvBatchState) -> jax.Array:
+        """Hidden states from the server, placed split over the mesh like every per-env array."""
         ids, lengths = jax.device_get(self._tokens(env_state.env_state))
-        return self.vllm(np.asarray(ids), np.asarray(lengths))
+        return jax.device_put(self.vllm(np.asarray(ids), np.asarray(lengths)), env_sharded(self.mesh))
 
     def time_llm_share(self, runner: RunnerState, llm_args, update_seconds: float) -> float:
         """Estimated share of an update's time spent in the in-scan LLM: one timed batched encode

@@ -27,7 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from render import build_template  # noqa: E402
-from render.envs import CLASSIC, CRAFTAX, get_format  # noqa: E402
+from render.envs import CLASSIC, CRAFTAX  # noqa: E402
 from render.sample_states import sample_states  # noqa: E402
 
 ENVS = (CRAFTAX, CLASSIC)

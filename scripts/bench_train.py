@@ -45,7 +45,8 @@ SMOKE = dict(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1, width=
 def bench_one(name: str, overrides: dict, args) -> dict:
     from rl.encoders import load_llm
 
-    cfg = TrainConfig(**dict(dict(env=args.env, model=args.model, llm_dtype=args.llm_dtype), **overrides))
+    cfg = TrainConfig(**dict(dict(env=args.env, model=args.model, llm_dtype=args.llm_dtype, devices=args.devices),
+                             **overrides))
     if args.smoke:
         cfg = dataclasses.replace(cfg, **SMOKE, skip_n=min(cfg.skip_n, 4),
                                   reset_ratio=min(cfg.reset_ratio, 8))
@@ -53,6 +54,7 @@ def bench_one(name: str, overrides: dict, args) -> dict:
     llm = load_llm(cfg) if cfg.encoder == "inscan" else None
     args_llm = llm.jit_args if llm else (None, None)
     trainer = Trainer(cfg, llm)
+    args_llm = trainer.place_llm_args(args_llm)  # replicated over the trainer's device mesh
     runner = trainer.init_state(args_llm)
     jax.block_until_ready(runner)
     t0 = time.perf_counter()
@@ -91,6 +93,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="default: qwen3-4b (tiny with --smoke)")
     p.add_argument("--llm-dtype", default="bfloat16")
     p.add_argument("--updates", type=int, default=3)
+    p.add_argument("--devices", type=int, default=1,
+                   help="devices to spread the envs over (default 1: the single-GPU numbers; 0 = all visible)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes and the tiny model, for a CPU check")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)

@@ -1,5 +1,4 @@
 """In-scan LLM hidden states: equal to the encoder called outside the scan; reset envs never keep a stale one."""
-import dataclasses
 import json
 
 import jax

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from rl.config import PRESETS, TrainConfig, load_config
+from rl.config import load_config
 from rl.rundir import Checkpoints
 from rl.train import main
 from rl.trainer import Trainer

@@ -1,0 +1,226 @@
+"""Data-parallel training over several devices (fake CPU devices in subprocesses).
+
+Two worker subprocesses run in parallel (this test process keeps its single device):
+  * "equality" (4 fake devices): a tiny Classic `none` run on 4 devices vs the same global batch on 1
+    device (same seed); an `inscan` tiny-Qwen run on 2 vs 1 device; the bad-input errors of Trainer.
+  * "resume" (2 fake devices): `python -m rl.train --devices 2` stopped after 2 of 3 updates and resumed,
+    checked against the 1-device run of the "equality" worker; the checkpoint is restored sharded.
+Run this file as a script (`python tests/test_rl_multidevice.py WORKER OUT_DIR`) to run one worker.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# The "none" run: 8 envs x 8 steps, 3 updates; reset_ratio 2 so the reset pool (4 worlds) splits over 4 devices.
+NONE_RUN = dict(encoder="none", total_timesteps=8 * 8 * 3, reset_ratio=2)
+INSCAN_RUN = dict(encoder="inscan", num_envs=4, num_steps=8, skip_n=4, reset_ratio=2, total_timesteps=4 * 8 * 1)
+# Float reassociation of the gradient all-reduce and of sums over the env axis: a few ulps per update.
+RTOL, ATOL = 1e-4, 1e-6
+
+
+# ---------------------------------------------------------------------------------------------------------
+# workers (run in subprocesses with XLA_FLAGS=--xla_force_host_platform_device_count=N)
+def _config(devices: int, **fields):
+    from rl.config import PRESETS, TrainConfig
+
+    return TrainConfig(**dict(PRESETS["test"], devices=devices, **fields))
+
+
+def _train(cfg, llm=None):
+    """Run all updates of `cfg` in process; returns (final runner, metrics per update)."""
+    from rl.trainer import Trainer
+
+    trainer = Trainer(cfg, llm)
+    llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else (None, None))
+    runner = trainer.init_state(llm_args)
+    metrics = []
+    for _ in range(cfg.num_updates):
+        runner, m = trainer.step(runner, llm_args)
+        metrics.append({k: np.asarray(v).tolist() for k, v in m.items()})
+    return trainer, runner, metrics
+
+
+def _save(out: Path, name: str, runner, metrics, **extra) -> None:
+    import jax
+
+    leaves = {f"p{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(jax.device_get(runner.params)))}
+    np.savez(out / f"{name}_params.npz", **leaves)
+    (out / f"{name}.json").write_text(json.dumps(dict(metrics=metrics, **extra)))
+
+
+def _error_of(fn) -> str | None:
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def worker_equality(out: Path) -> None:
+    import jax
+
+    from rl.trainer import Trainer
+
+    assert jax.device_count() == 4
+    for devices in (1, 4):
+        trainer, runner, metrics = _train(_config(devices, **NONE_RUN))
+        _save(out, f"none_{devices}", runner, metrics, obs_devices=len(runner.obs.sharding.device_set),
+              obs_shard_rows=[s.data.shape[0] for s in runner.obs.addressable_shards])
+    errors = {
+        "too_many": _error_of(lambda: Trainer(_config(8, **NONE_RUN))),
+        "envs_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, num_envs=6, total_timesteps=6 * 8)))),
+        "pool_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, reset_ratio=4)))),  # pool of 2
+    }
+    (out / "errors.json").write_text(json.dumps(errors))
+
+    from rl.encoders import load_llm
+
+    llm = None
+    for devices in (1, 2):
+        cfg = _config(devices, **INSCAN_RUN)
+        llm = llm or load_llm(cfg)
+        _, runner, metrics = _train(cfg, llm)
+        _save(out, f"inscan_{devices}", runner, metrics, hidden=np.asarray(runner.hidden).tolist())
+
+
+def worker_resume(out: Path) -> None:
+    import jax
+
+    from rl.config import load_config
+    from rl.rundir import Checkpoints
+    from rl.train import main
+    from rl.trainer import Trainer
+
+    assert jax.device_count() == 2
+    run_dir = out / "run2"
+    flags = ["--preset", "test", "--devices", "2", "--quiet", "--checkpoint-every", "1"]
+    flags += [f"--{k.replace('_', '-')}={v}" for k, v in NONE_RUN.items()]
+    assert main(flags + ["--run-dir", str(run_dir), "--max-updates", "2"]) == 0
+    assert main(["--resume", str(run_dir), "--quiet"]) == 0
+    cfg = load_config(run_dir / "config.json")
+    trainer = Trainer(cfg)
+    ckpt = Checkpoints(run_dir)
+    runner = ckpt.restore(trainer.init_state(), ckpt.latest_step())
+    ckpt.close()
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    _save(out, "resumed_2", runner, metrics, config_devices=cfg.devices, update=int(runner.update),
+          obs_devices=len(runner.obs.sharding.device_set),
+          env_state_devices=len(jax.tree.leaves(runner.env_state)[0].sharding.device_set))
+
+
+WORKERS = {"equality": (worker_equality, 4), "resume": (worker_resume, 2)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tests (main process, one device)
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Run both workers at once; returns the folder with their outputs."""
+    out = tmp_path_factory.mktemp("multidevice")
+    procs = {}
+    for name, (_, devices) in WORKERS.items():
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                   JAX_PLATFORMS="cpu")
+        procs[name] = subprocess.Popen([sys.executable, __file__, name, str(out)], env=env, cwd=out,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for name, proc in procs.items():
+        log, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"worker {name} failed:\n{log[-6000:]}"
+    return out
+
+
+def _load(out: Path, name: str):
+    params = np.load(out / f"{name}_params.npz")
+    return [params[f"p{i}"] for i in range(len(params.files))], json.loads((out / f"{name}.json").read_text())
+
+
+def _numbers(v):
+    """A metric as numbers: metrics.jsonl writes achievements as a dict and NaN as null."""
+    v = list(v.values()) if isinstance(v, dict) else v
+    return np.nan if v is None else v
+
+
+def _assert_same_run(out: Path, a: str, b: str, skip=("sps", "seconds", "llm_time_share",
+                                                          "first_call_includes_compile", "update", "timestep")):
+    pa, ma = _load(out, a)
+    pb, mb = _load(out, b)
+    assert len(pa) == len(pb)
+    for x, y in zip(pa, pb):
+        np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL)
+    assert len(ma["metrics"]) == len(mb["metrics"])
+    for ra, rb in zip(ma["metrics"], mb["metrics"]):
+        keys = [k for k in ra if k not in skip]
+        assert keys and set(keys) <= set(rb)
+        for k in keys:
+            x, y = (np.asarray(_numbers(r[k]), float) for r in (ra, rb))
+            np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL, equal_nan=True, err_msg=k)
+    return ma, mb
+
+
+def test_four_devices_equal_one_device(results):
+    m1, m4 = _assert_same_run(results, "none_1", "none_4")
+    assert m4["obs_devices"] == 4 and m4["obs_shard_rows"] == [2, 2, 2, 2]  # really split: 8 envs, 2 per device
+    assert m1["obs_devices"] == 1
+
+
+def test_inscan_two_devices_equal_one_device(results):
+    _, m2 = _assert_same_run(results, "inscan_1", "inscan_2")
+    _, m1 = _load(results, "inscan_1")
+    np.testing.assert_allclose(np.asarray(m1["hidden"]), np.asarray(m2["hidden"]), rtol=1e-4, atol=1e-4)
+
+
+def test_resumed_two_device_run_equals_one_device_run(results):
+    _, m2 = _assert_same_run(results, "none_1", "resumed_2")
+    assert m2["config_devices"] == 2 and m2["update"] == 3
+    assert m2["obs_devices"] == 2 and m2["env_state_devices"] == 2  # orbax restored the arrays sharded
+
+
+def test_bad_device_counts_give_clear_errors(results):
+    errors = json.loads((results / "errors.json").read_text())
+    assert "--devices 8 but only 4 cpu device(s) are visible" in errors["too_many"]
+    assert "--num-envs 6 does not split over 4 devices" in errors["envs_split"]
+    assert "optimistic-reset pool" in errors["pool_split"] and "--reset-ratio" in errors["pool_split"]
+
+
+def test_resume_on_fewer_devices_is_refused(results, capsys):
+    from rl.train import main
+
+    assert main(["--resume", str(results / "run2"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "trained on 2 devices" in err and "only 1 cpu device(s) are visible" in err
+
+
+def test_device_checks_without_devices():
+    """The pure checks, and the multi-host env-var parsing (no initialisation happens on bad input)."""
+    from rl.sharding import check_divisible, maybe_initialize_distributed
+
+    check_divisible(1024, 16, 4)
+    with pytest.raises(ValueError, match="--num-envs 10 does not split over 4 devices"):
+        check_divisible(10, 1, 4)
+    with pytest.raises(ValueError, match="reset-ratio"):
+        check_divisible(64, 32, 4)
+    assert maybe_initialize_distributed({}) is False
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES, JAX_PROCESS_ID not set"):
+        maybe_initialize_distributed({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
+    with pytest.raises(ValueError, match="JAX_PROCESS_ID 2 must be in"):
+        maybe_initialize_distributed({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2",
+                                      "JAX_PROCESS_ID": "2"})
+
+
+if __name__ == "__main__":
+    worker, out_dir = sys.argv[1], Path(sys.argv[2])
+    import jax
+
+    cache = os.environ.get("JAX_TEST_CACHE_DIR", ROOT / ".jax_cache")  # as tests/conftest.py does
+    jax.config.update("jax_compilation_cache_dir", str(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    WORKERS[worker][0](out_dir)
