@@ -165,11 +165,6 @@ def normalize_layer_index(layer: int, config: Qwen3Config) -> int:
     return layer % (n + 1)
 
 
-def take_layers(tree: Any, n: int) -> Any:
-    """The first n entries along the leading (layer) axis of every leaf."""
-    return jax.tree.map(lambda a: a[:n], tree)
-
-
 def embed(params: Params, ids: jax.Array) -> jax.Array:
     """Token embeddings [B, T, D] in the params' dtype."""
     return jnp.take(params["embed_tokens"], ids, axis=0)
@@ -188,18 +183,17 @@ def forward(params: Params, config: Qwen3Config, ids: jax.Array, *, layer: int =
     h = embed(params, ids)
     t = ids.shape[1]
     cos, sin = rope_cos_sin(position_offset + jnp.arange(t), config.head_dim, config.rope_theta, h.dtype)
-    layers = take_layers(params["layers"], k_idx)
-    prefix = None if prefix_k is None else take_layers((prefix_k, prefix_v), k_idx)
-
-    def body(h, xs):
-        lp, pkv = xs
-        pk, pv = (None, None) if pkv is None else pkv
+    def body(h, i):
+        # Index the full layer stacks inside the loop (a dynamic slice per layer) rather than slicing the first
+        # k_idx layers up front, which would copy the weights of the layers used (gigabytes for Qwen3-4B).
+        lp = jax.tree.map(lambda a: a[i], params["layers"])
+        pk, pv = (None, None) if prefix_k is None else (prefix_k[i], prefix_v[i])
         h, kv = decoder_layer(h, lp, cos, sin, config, pk, pv, attention_impl)
         return h, (h if collect else None, kv if collect_kv else None)
 
     outputs = (None, None)
     if k_idx > 0:
-        h, outputs = lax.scan(body, h, (layers, prefix))
+        h, outputs = lax.scan(body, h, jnp.arange(k_idx))
     if k_idx == config.num_hidden_layers:
         h = rms_norm(h, params["norm"], config.rms_norm_eps)
     return h, outputs
