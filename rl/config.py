@@ -9,6 +9,7 @@ from typing import Any
 
 from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
+from rl.ppo import SHUFFLES
 
 ENCODERS = ("none", "inscan", "vllm")
 OBS_FORMATS = ("compact", "full")
@@ -35,6 +36,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     update_epochs: int = 4
     num_minibatches: int = 8
+    # minibatch shuffle: "global" = reference (all T*B samples); "per_env" = each env's time steps, keeps the
+    # PPO update data-parallel over devices (rl.ppo.ppo_update, docs/MULTIGPU.md)
+    shuffle: str = "global"
     gamma: float = 0.99
     gae_lambda: float = 0.8
     clip_eps: float = 0.2
@@ -83,6 +87,7 @@ class TrainConfig:
         _choice("pooling", self.pooling, POOLINGS)
         _choice("llm_dtype", self.llm_dtype, LLM_DTYPES)
         _choice("fusion", self.fusion, FUSIONS)
+        _choice("shuffle", self.shuffle, SHUFFLES)
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
                      "skip_n", "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk"):
             if getattr(self, name) < 1:
@@ -98,6 +103,11 @@ class TrainConfig:
             raise ValueError(
                 f"num_envs x num_steps = {self.batch_size} does not split into --num-minibatches "
                 f"{self.num_minibatches}; pick a divisor")
+        if self.shuffle == "per_env" and self.num_steps % self.num_minibatches:
+            raise ValueError(
+                f"--shuffle per_env splits each env's --num-steps {self.num_steps} time steps into "
+                f"--num-minibatches {self.num_minibatches} equal parts; pick num_steps a multiple of "
+                f"num_minibatches (or --shuffle global)")
         if self.uses_llm and self.num_steps % self.skip_n:
             fit = -(-self.num_steps // self.skip_n) * self.skip_n
             raise ValueError(

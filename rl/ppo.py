@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+SHUFFLES = ("global", "per_env")  # how an epoch splits the rollout into minibatches (see `ppo_update`)
+
 
 class Transition(NamedTuple):
     """One env step of the whole batch (a rollout stacks these on a leading time axis)."""
@@ -35,6 +37,7 @@ class PPOHyper:
     vf_coef: float = 0.5
     update_epochs: int = 4
     num_minibatches: int = 8
+    shuffle: str = "global"  # "global" (reference) or "per_env" (data-parallel over envs); see ppo_update
 
 
 def make_optimizer(lr: float, total_steps: int, *, anneal: bool = True, max_grad_norm: float = 1.0,
@@ -84,19 +87,61 @@ def ppo_loss(params, apply_fn: Callable, batch: Transition, adv: jax.Array, targ
     return total, aux
 
 
+def per_env_time_index(key: jax.Array, num_steps: int, num_envs: int) -> jax.Array:
+    """int32 [T, B]: column b is a permutation of env b's time steps, keyed by fold_in(key, b).
+
+    b is the global env index, so the index (and hence training) does not depend on how the envs are
+    split over devices.
+    """
+    keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(num_envs))
+    return jax.vmap(lambda k: jax.random.permutation(k, num_steps), out_axes=1)(keys)
+
+
+def _global_minibatches(data, key: jax.Array, num_minibatches: int):
+    """Reference shuffle: one permutation of all T*B samples -> leaves [M, T*B/M, ...]."""
+    flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), data)
+    perm = jax.random.permutation(key, flat[2].shape[0])
+    return jax.tree.map(lambda x: x[perm].reshape((num_minibatches, -1) + x.shape[1:]), flat)
+
+
+def _per_env_minibatches(data, key: jax.Array, num_minibatches: int):
+    """Per-env shuffle: permute each env's time steps; minibatch m takes time slots
+    [m*T/M, (m+1)*T/M) of every env -> leaves [M, T/M, B, ...] (the env axis stays where it is)."""
+    num_steps, num_envs = data[2].shape
+    index = per_env_time_index(key, num_steps, num_envs)
+
+    def split(x):
+        shuffled = jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=0)
+        return shuffled.reshape((num_minibatches, num_steps // num_minibatches) + x.shape[1:])
+
+    return jax.tree.map(split, data)
+
+
 def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply_fn: Callable,
                traj: Transition, last_value: jax.Array, key: jax.Array, hp: PPOHyper):
     """`update_epochs` x `num_minibatches` PPO steps on one rollout [T, B].
 
-    Samples are flattened over (time, env) and shuffled each epoch, as in the reference.
+    `hp.shuffle` picks how each epoch forms minibatches:
+      * "global" (the reference): samples are flattened over (time, env) and permuted together. With the
+        env axis split over devices this permutation mixes every device's samples, so XLA all-gathers the
+        whole rollout and computes each minibatch replicated: the update is not data-parallel.
+      * "per_env": each env's time steps are permuted (key folded with the global env index) and
+        minibatch m takes the same number of time slots from every env ([T/M, B] samples). The gather runs
+        along the unsplit time axis, so each device keeps its own envs and only the loss scalars and the
+        gradients are all-reduced. Needs T % M == 0. Same algorithm, other minibatch composition.
     Returns (params, opt_state, metrics averaged over all minibatch steps).
     """
     adv, targets = gae(traj, last_value, hp.gamma, hp.gae_lambda)
-    flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])
-    data = (jax.tree.map(flat, traj), flat(adv), flat(targets))
-    n = traj.reward.size
-    if n % hp.num_minibatches:
-        raise ValueError(f"batch of {n} samples does not split into {hp.num_minibatches} minibatches")
+    num_steps, num_envs = traj.reward.shape
+    if hp.shuffle not in SHUFFLES:
+        raise ValueError(f"shuffle {hp.shuffle!r} is not one of: {', '.join(SHUFFLES)}")
+    if hp.shuffle == "per_env" and num_steps % hp.num_minibatches:
+        raise ValueError(f"shuffle per_env splits each env's {num_steps} steps into {hp.num_minibatches} "
+                         "minibatches: num_steps must be a multiple of num_minibatches")
+    if num_steps * num_envs % hp.num_minibatches:
+        raise ValueError(f"batch of {num_steps * num_envs} samples does not split into {hp.num_minibatches} "
+                         "minibatches")
+    make_minibatches = _per_env_minibatches if hp.shuffle == "per_env" else _global_minibatches
     grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
 
     def minibatch_step(carry, mb):
@@ -108,9 +153,7 @@ def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply
         return (params, opt_state), dict(aux, total_loss=loss)
 
     def epoch(carry, k):
-        perm = jax.random.permutation(k, n)
-        shuffled = jax.tree.map(lambda x: x[perm].reshape((hp.num_minibatches, -1) + x.shape[1:]), data)
-        return jax.lax.scan(minibatch_step, carry, shuffled)
+        return jax.lax.scan(minibatch_step, carry, make_minibatches((traj, adv, targets), k, hp.num_minibatches))
 
     (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state),
                                                 jax.random.split(key, hp.update_epochs))

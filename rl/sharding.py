@@ -3,8 +3,9 @@
 Everything per-env (env state, obs, LLM hidden state, and through XLA's sharding propagation the
 rollout's transitions) is split along the env axis; network params, optimizer state, PRNG key and
 the LLM params / prefix cache are replicated. The jitted trainer functions are unchanged: with their
-inputs and outputs placed by `NamedSharding`, XLA (GSPMD) partitions the envs, the rollout and the
-PPO minibatch gradients per device and inserts the all-reduces itself. Because jit's meaning does not
+inputs and outputs placed by `NamedSharding`, XLA (GSPMD) partitions the envs, the rollout and (with
+`shuffle="per_env"`; the reference shuffle all-gathers the rollout) the PPO minibatch gradients per device
+and inserts the all-reduces itself. Because jit's meaning does not
 depend on how its inputs are sharded (and JAX's threefry PRNG is partitionable), a run on N devices
 equals a one-device run of the same global batch up to float reassociation.
 

@@ -21,11 +21,13 @@ import numpy as np
 from rl.config import (ENCODERS, LLM_DTYPES, OBS_FORMATS, POOLINGS, PRESETS, TrainConfig, load_config)
 from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
+from rl.ppo import SHUFFLES
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
 from rl.sharding import check_divisible, maybe_initialize_distributed, resolve_device_count
 
 CHOICES = {"env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "pooling": POOLINGS,
-           "llm_dtype": LLM_DTYPES, "fusion": FUSIONS}
+           "llm_dtype": LLM_DTYPES, "fusion": FUSIONS,
+           "shuffle": SHUFFLES}
 
 
 class TrainingDiverged(RuntimeError):

@@ -65,7 +65,7 @@ class Trainer:
         self.network = make_network(self.env.num_actions, augmented=cfg.uses_llm, fusion=cfg.fusion,
                                     width=cfg.width)
         self.hp = PPOHyper(cfg.gamma, cfg.gae_lambda, cfg.clip_eps, cfg.ent_coef, cfg.vf_coef,
-                           cfg.update_epochs, cfg.num_minibatches)
+                           cfg.update_epochs, cfg.num_minibatches, cfg.shuffle)
         self.optimizer = make_optimizer(cfg.lr, cfg.num_updates * cfg.update_epochs * cfg.num_minibatches,
                                         anneal=cfg.anneal_lr, max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps)
         self.llm = llm

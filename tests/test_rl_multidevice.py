@@ -2,7 +2,8 @@
 
 Two worker subprocesses run in parallel (this test process keeps its single device):
   * "equality" (4 fake devices): a tiny Classic `none` run on 4 devices vs the same global batch on 1
-    device (same seed); an `inscan` tiny-Qwen run on 2 vs 1 device; the bad-input errors of Trainer.
+    device (same seed); an `inscan` tiny-Qwen run on 2 vs 1 device; the bad-input errors of Trainer;
+    `ppo_update` alone on synthetic data with each `shuffle`, 4 devices vs 1, and its compiled collectives.
   * "resume" (2 fake devices): `python -m rl.train --devices 2` stopped after 2 of 3 updates and resumed,
     checked against the 1-device run of the "equality" worker; the checkpoint is restored sharded.
 Run this file as a script (`python tests/test_rl_multidevice.py WORKER OUT_DIR`) to run one worker.
@@ -24,6 +25,8 @@ NONE_RUN = dict(encoder="none", total_timesteps=8 * 8 * 3, reset_ratio=2)
 INSCAN_RUN = dict(encoder="inscan", num_envs=4, num_steps=8, skip_n=4, reset_ratio=2, total_timesteps=4 * 8 * 1)
 # Float reassociation of the gradient all-reduce and of sums over the env axis: a few ulps per update.
 RTOL, ATOL = 1e-4, 1e-6
+# The synthetic PPO update: T x B samples with an obs feature size seen nowhere else in its HLO.
+PPO_T, PPO_B, PPO_OBS = 8, 8, 37
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -48,10 +51,10 @@ def _train(cfg, llm=None):
     return trainer, runner, metrics
 
 
-def _save(out: Path, name: str, runner, metrics, **extra) -> None:
+def _save(out: Path, name: str, params, metrics, **extra) -> None:
     import jax
 
-    leaves = {f"p{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(jax.device_get(runner.params)))}
+    leaves = {f"p{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(jax.device_get(params)))}
     np.savez(out / f"{name}_params.npz", **leaves)
     (out / f"{name}.json").write_text(json.dumps(dict(metrics=metrics, **extra)))
 
@@ -64,15 +67,58 @@ def _error_of(fn) -> str | None:
     return None
 
 
+def _ppo_update_on_devices(out: Path) -> None:
+    """`ppo_update` (tiny MLP, synthetic rollout split over the env axis) for each shuffle on 1 and 4
+    devices: params, and the shapes of the compiled 4-device update's all-gathers."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from rl.networks import ActorCritic
+    from rl.ppo import SHUFFLES, PPOHyper, Transition, make_optimizer, ppo_update
+    from rl.sharding import ENV_AXIS, make_mesh, replicated
+
+    k = jax.random.split(jax.random.PRNGKey(0), 7)
+    shape, actions = (PPO_T, PPO_B), 5
+    traj = Transition(jax.random.normal(k[0], shape + (PPO_OBS,)), None, jax.random.randint(k[1], shape, 0, actions),
+                      -jnp.log(actions) + 0.1 * jax.random.normal(k[2], shape), jax.random.normal(k[3], shape),
+                      jax.random.normal(k[4], shape), jax.random.uniform(k[5], shape) < 0.2)
+    last_value = jax.random.normal(k[6], (PPO_B,))
+    net = ActorCritic(num_actions=actions, width=16)
+    params = net.init(jax.random.PRNGKey(1), jnp.zeros((1, PPO_OBS)))
+    optimizer = make_optimizer(1e-3, 100)
+    gathers = {}
+    for shuffle in SHUFFLES:
+        hp = PPOHyper(update_epochs=2, num_minibatches=4, shuffle=shuffle)
+        update = jax.jit(lambda p, s, tr, lv, key: ppo_update(p, s, optimizer, net.apply, tr, lv, key, hp))
+        for devices in (1, 4):
+            mesh = make_mesh(devices)
+            rep = replicated(mesh)
+            shardings = (rep, rep, NamedSharding(mesh, P(None, ENV_AXIS)), NamedSharding(mesh, P(ENV_AXIS)), rep)
+            args = jax.device_put((params, optimizer.init(params), traj, last_value, jax.random.PRNGKey(2)), shardings)
+            compiled = update.lower(*args).compile()
+            new_params, _, metrics = compiled(*args)
+            _save(out, f"ppo_{shuffle}_{devices}", new_params,
+                  [{name: np.asarray(v).tolist() for name, v in metrics.items()}])
+            if devices > 1:  # e.g. "%all-gather.6 = f32[8,8,37]{2,0,1} all-gather(%copy), ..."
+                hlo = compiled.as_text()
+                gathers[shuffle] = re.findall(r"= \w+\[([\d,]*)\]\S* all-gather(?:-start)?\(", hlo)
+                gathers[shuffle + "_all_reduces"] = len(re.findall(r" all-reduce(?:-start)?\(", hlo))
+    (out / "ppo_gathers.json").write_text(json.dumps(gathers))
+
+
 def worker_equality(out: Path) -> None:
     import jax
 
     from rl.trainer import Trainer
 
     assert jax.device_count() == 4
+    _ppo_update_on_devices(out)
     for devices in (1, 4):
         trainer, runner, metrics = _train(_config(devices, **NONE_RUN))
-        _save(out, f"none_{devices}", runner, metrics, obs_devices=len(runner.obs.sharding.device_set),
+        _save(out, f"none_{devices}", runner.params, metrics, obs_devices=len(runner.obs.sharding.device_set),
               obs_shard_rows=[s.data.shape[0] for s in runner.obs.addressable_shards])
     errors = {
         "too_many": _error_of(lambda: Trainer(_config(8, **NONE_RUN))),
@@ -88,7 +134,7 @@ def worker_equality(out: Path) -> None:
         cfg = _config(devices, **INSCAN_RUN)
         llm = llm or load_llm(cfg)
         _, runner, metrics = _train(cfg, llm)
-        _save(out, f"inscan_{devices}", runner, metrics, hidden=np.asarray(runner.hidden).tolist())
+        _save(out, f"inscan_{devices}", runner.params, metrics, hidden=np.asarray(runner.hidden).tolist())
 
 
 def worker_resume(out: Path) -> None:
@@ -111,7 +157,7 @@ def worker_resume(out: Path) -> None:
     runner = ckpt.restore(trainer.init_state(), ckpt.latest_step())
     ckpt.close()
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    _save(out, "resumed_2", runner, metrics, config_devices=cfg.devices, update=int(runner.update),
+    _save(out, "resumed_2", runner.params, metrics, config_devices=cfg.devices, update=int(runner.update),
           obs_devices=len(runner.obs.sharding.device_set),
           env_state_devices=len(jax.tree.leaves(runner.env_state)[0].sharding.device_set))
 
@@ -176,6 +222,24 @@ def test_inscan_two_devices_equal_one_device(results):
     _, m2 = _assert_same_run(results, "inscan_1", "inscan_2")
     _, m1 = _load(results, "inscan_1")
     np.testing.assert_allclose(np.asarray(m1["hidden"]), np.asarray(m2["hidden"]), rtol=1e-4, atol=1e-4)
+
+
+def test_ppo_update_four_devices_equal_one_device(results):
+    for shuffle in ("global", "per_env"):
+        _assert_same_run(results, f"ppo_{shuffle}_1", f"ppo_{shuffle}_4")
+    p_global, _ = _load(results, "ppo_global_1")
+    p_per_env, _ = _load(results, "ppo_per_env_1")
+    assert not all(np.allclose(x, y) for x, y in zip(p_global, p_per_env))  # the option really changes minibatches
+
+
+def test_per_env_shuffle_keeps_the_rollout_split(results):
+    """The compiled 4-device update: the global shuffle all-gathers the rollout obs [T, B, O]; per_env gathers
+    nothing of obs size (only gradients and loss scalars are all-reduced)."""
+    gathers = json.loads((results / "ppo_gathers.json").read_text())
+    has_obs = lambda dims: str(PPO_OBS) in dims.split(",")
+    assert any(has_obs(d) for d in gathers["global"]), gathers["global"]
+    assert not any(has_obs(d) for d in gathers["per_env"]), gathers["per_env"]
+    assert gathers["per_env_all_reduces"] > 0
 
 
 def test_resumed_two_device_run_equals_one_device_run(results):

@@ -157,3 +157,44 @@ def test_eval_and_plot(full_run, capsys):
     out = full_run / "curves.png"
     assert plot_main([str(full_run), str(full_run), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
+    """A real kill: a `python -m rl.train` process is SIGKILLed as soon as its first checkpoint is on disk (possibly
+    while it writes the next one), resumed in process, and must end exactly like an uninterrupted run."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    args = ["--preset", "test", "--encoder", "none", "--total-timesteps", str(8 * 8 * 24), "--checkpoint-every", "2",
+            "--quiet"]
+    ref = tmp_path / "ref"
+    assert main(args + ["--run-dir", str(ref)]) == 0  # also fills the compilation cache for the subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(repo), JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+    killed = tmp_path / "killed"
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rl.train", *args, "--run-dir", str(killed)], cwd=repo,
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    ckpts = killed / "checkpoints"
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        if ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()):
+            break
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    assert ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()), (
+        f"the run never wrote a checkpoint (exit code {proc.returncode}):\n{log.read_text()[-3000:]}")
+
+    assert main(["--resume", str(killed), "--quiet"]) == 0
+    (step_a, a), (step_b, b) = _final_state(ref), _final_state(killed)
+    assert step_a == step_b == 24
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    strip = lambda r: {k: v for k, v in r.items() if k not in WALL_CLOCK}
+    assert [strip(r) for r in _metrics(ref)] == [strip(r) for r in _metrics(killed)]

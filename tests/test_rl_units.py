@@ -105,3 +105,41 @@ def test_ppo_loss_at_behaviour_policy():
     assert abs(float(aux["actor_loss"])) < 1e-6  # ratio 1 and normalised advantages with mean 0
     assert float(aux["value_loss"]) == 0
     np.testing.assert_allclose(float(loss), -0.01 * float(aux["entropy"]), rtol=1e-5)
+
+
+def test_per_env_minibatches_take_each_envs_permuted_time_slots():
+    from rl.ppo import _per_env_minibatches, per_env_time_index
+
+    t, b, m = 8, 3, 4
+    key = jax.random.PRNGKey(3)
+    index = np.asarray(per_env_time_index(key, t, b))
+    for env in range(b):  # column b: env b's own permutation, keyed by the global env index
+        np.testing.assert_array_equal(index[:, env], jax.random.permutation(jax.random.fold_in(key, env), t))
+    assert not all((index[:, 0] == index[:, e]).all() for e in range(1, b))
+    time_env = jnp.arange(t)[:, None] * 10 + jnp.arange(b)  # sample (time s, env e) holds 10 s + e
+    obs = jnp.stack([time_env, -time_env], -1).astype(jnp.float32)  # [T, B, 2]
+    traj = Transition(obs, None, time_env, None, None, None, None)
+    mb_traj, mb_adv, _ = _per_env_minibatches((traj, time_env, time_env), key, m)
+    expect = index.reshape(m, t // m, b) * 10 + np.arange(b)  # minibatch i: slots [i T/M, (i+1) T/M) of every env
+    np.testing.assert_array_equal(mb_adv, expect)
+    np.testing.assert_array_equal(mb_traj.action, expect)
+    np.testing.assert_array_equal(mb_traj.obs[..., 1], -expect)
+
+
+def test_per_env_shuffle_needs_num_steps_divisible_by_num_minibatches():
+    from rl.config import PRESETS, TrainConfig
+    from rl.ppo import make_optimizer, ppo_update
+    from rl.trainer import Trainer
+
+    fields = dict(PRESETS["test"], num_envs=8, num_steps=6, num_minibatches=4, total_timesteps=8 * 6)
+    TrainConfig(**fields).validate()  # the global shuffle only needs num_envs x num_steps to split
+    with pytest.raises(ValueError, match="--shuffle per_env .* --num-steps 6 .* --num-minibatches 4"):
+        TrainConfig(**fields, shuffle="per_env").validate()
+    with pytest.raises(ValueError, match="--shuffle 'random' is not one of: global, per_env"):
+        TrainConfig(shuffle="random").validate()
+    assert Trainer(TrainConfig(**PRESETS["test"], shuffle="per_env")).hp.shuffle == "per_env"
+    zeros = jnp.zeros((6, 2))
+    traj = Transition(jnp.zeros((6, 2, 3)), None, zeros.astype(jnp.int32), zeros, zeros, zeros, zeros.astype(bool))
+    with pytest.raises(ValueError, match="shuffle per_env splits each env's 6 steps into 4 minibatches"):
+        ppo_update(None, None, make_optimizer(1e-3, 1), None, traj, jnp.zeros(2), jax.random.PRNGKey(0),
+                   PPOHyper(num_minibatches=4, shuffle="per_env"))
