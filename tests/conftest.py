@@ -4,11 +4,62 @@ Session-scoped fixtures that several test files use live here; fixtures used by 
 file stay in that file.
 """
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
+import pytest
 
 _CACHE_DIR = Path(os.environ.get("JAX_TEST_CACHE_DIR", Path(__file__).resolve().parent.parent / ".jax_cache"))
 jax.config.update("jax_compilation_cache_dir", str(_CACHE_DIR))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def free_port():
+    """A function returning a currently free loopback TCP port."""
+    return _free_port
+
+
+@pytest.fixture(scope="session")
+def start_tiny_server():
+    """Factory: start `python -m jaxllm.serve --model tiny --dtype float32 [extra args]` on a free loopback port,
+    wait until /health answers, and return (url, process). Every server it started is stopped at session end."""
+    from jaxllm.vllm import VLLMClient, VLLMError
+
+    repo = Path(__file__).resolve().parent.parent
+    procs = []
+
+    def start(*extra_args: str) -> tuple[str, subprocess.Popen]:
+        port = _free_port()
+        env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               "JAX_COMPILATION_CACHE_DIR": str(_CACHE_DIR)}
+        proc = subprocess.Popen([sys.executable, "-m", "jaxllm.serve", "--model", "tiny", "--dtype", "float32",
+                                 "--port", str(port), *extra_args], cwd=repo, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        client = VLLMClient(url, timeout=5)
+        try:
+            client.wait_until_ready(wait_s=240, poll_s=0.2)
+        except VLLMError:
+            proc.kill()
+            pytest.fail(f"jaxllm.serve did not become ready:\n{proc.communicate()[1][-3000:]}")
+        finally:
+            client.close()
+        return url, proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,29 +22,9 @@ from jaxllm.vllm import VLLMClient, VLLMError
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_TEST_CACHE_DIR", str(REPO / ".jax_cache"))}
-    proc = subprocess.Popen([sys.executable, "-m", "jaxllm.serve", "--model", "tiny", "--dtype", "float32",
-                             "--port", str(port)], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        VLLMClient(url, timeout=2).wait_until_ready(wait_s=120, poll_s=0.2)
-    except VLLMError:
-        proc.kill()
-        pytest.fail(f"server did not become ready:\n{proc.communicate()[1]}")
-    yield url, proc
-    if proc.poll() is None:
-        proc.terminate()
-        proc.wait(timeout=30)
+def server(start_tiny_server):
+    return start_tiny_server()
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +84,7 @@ def test_server_going_away_gives_a_clear_error_within_the_timeout(server):
     assert time.monotonic() - start < 3.5
 
 
-def test_unloadable_model_exits_with_a_clear_message():
+def test_unloadable_model_exits_with_a_clear_message(free_port):
     result = subprocess.run([sys.executable, "-m", "jaxllm.serve", "--model", "no-such-checkpoint", "--port",
                              str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -1,8 +1,5 @@
 """`--encoder vllm` end to end against the project's own vLLM-API server (`python -m jaxllm.serve`)."""
 import json
-import socket
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -14,33 +11,10 @@ from rl.train import main
 from rl.trainer import Trainer
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server_url():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "jaxllm.serve", "--model", "tiny", "--dtype", "float32",
-                             "--port", str(port), "--max-batch", "8"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    from jaxllm.vllm import VLLMClient, VLLMError
-
-    try:
-        client = VLLMClient(url, timeout=5)
-        try:
-            client.wait_until_ready(wait_s=240)
-        except VLLMError:
-            proc.kill()
-            pytest.fail(f"jaxllm.serve did not start: {proc.stderr.read().decode()[-2000:]}")
-        client.close()
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def server_url(start_tiny_server):
+    url, _ = start_tiny_server("--max-batch", "8")
+    return url
 
 
 def test_vllm_hidden_states_match_inscan_encoder(server_url):
