@@ -7,6 +7,7 @@
 Runs (1,024 envs, reference hyperparameters, LR annealed over each run's whole budget):
     none-classic-30M-s{0,1}, none-symbolic-10M-s{0,1}: plain PPO vs the reference curve (REFERENCE §2)
     none-classic-10M-s0, inscan-classic-10M-s0 (tiny model, normalised fusion), inscan-raw-classic-10M-s0
+    none-perenv-classic-10M-s0, none-perenv-symbolic-10M-s{0,1}: `--shuffle per_env` vs the reference shuffle
 Each run is a normal run directory under --out (resumed with the trainer's own --resume logic); the script
 trains the first unfinished run until --time-budget seconds are spent, checkpoints, and exits. When every run
 is finished it writes the PNGs and summary.json (mean return at 10/25/50/75/100% of each run).
@@ -37,11 +38,18 @@ RUNS = {
     "inscan-classic-10M-s0": dict(env=CLASSIC, total_timesteps=10_000_000, seed=0, encoder="inscan", skip_n=1),
     "inscan-raw-classic-10M-s0": dict(env=CLASSIC, total_timesteps=10_000_000, seed=0, encoder="inscan", skip_n=1,
                                       fusion="raw"),
+    # the device-local minibatch shuffle (issue 6) against the reference shuffle's runs above
+    "none-perenv-classic-10M-s0": dict(env=CLASSIC, total_timesteps=10_000_000, seed=0, shuffle="per_env"),
+    "none-perenv-symbolic-10M-s0": dict(env=SYM, total_timesteps=10_000_000, seed=0, shuffle="per_env"),
+    "none-perenv-symbolic-10M-s1": dict(env=SYM, total_timesteps=10_000_000, seed=1, shuffle="per_env"),
 }
 FIGURES = {
     "classic_30M.png": ["none-classic-30M-s0", "none-classic-30M-s1"],
     "symbolic_10M.png": ["none-symbolic-10M-s0", "none-symbolic-10M-s1"],
     "classic_10M_llm.png": ["none-classic-10M-s0", "inscan-classic-10M-s0", "inscan-raw-classic-10M-s0"],
+    "shuffle_classic_10M.png": ["none-classic-10M-s0", "none-perenv-classic-10M-s0"],
+    "shuffle_symbolic_10M.png": ["none-symbolic-10M-s0", "none-symbolic-10M-s1", "none-perenv-symbolic-10M-s0",
+                                 "none-perenv-symbolic-10M-s1"],
 }
 SMOKE = dict(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1, width=32, total_timesteps=8 * 8 * 4,
              checkpoint_every=2)
