@@ -65,14 +65,19 @@ def _jsonable(x: Any) -> Any:
 
 
 class MetricsLog:
-    """Append-only metrics.jsonl: one JSON object per update, flushed at once so it can be tailed."""
+    """Append-only metrics.jsonl: one JSON object per update, flushed at once so it can be tailed.
 
-    def __init__(self, path: Path):
+    `writable=False` (every process but the main one of a multi-process run) makes `append` and
+    `truncate_after` do nothing, so that one process writes the file.
+    """
+
+    def __init__(self, path: Path, writable: bool = True):
         self.path = Path(path)
+        self.writable = writable
 
     def truncate_after(self, update: int) -> None:
         """Drop lines of updates > `update` (written after the checkpoint a resume restarts from)."""
-        if not self.path.exists():
+        if not self.writable or not self.path.exists():
             return
         kept = [line for line in self.read() if line["update"] <= update]
         tmp = self.path.with_suffix(".jsonl.tmp")
@@ -80,6 +85,8 @@ class MetricsLog:
         os.replace(tmp, self.path)
 
     def append(self, record: dict[str, Any]) -> None:
+        if not self.writable:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(_jsonable(record)) + "\n")
             f.flush()
@@ -98,7 +105,11 @@ class MetricsLog:
 
 
 class Checkpoints:
-    """Orbax CheckpointManager over DIR/checkpoints; steps are update counts."""
+    """Orbax CheckpointManager over DIR/checkpoints; steps are update counts.
+
+    With several processes every process must create it and call `save` / `restore` with the same
+    steps (orbax writes each process's shards into the one shared directory and synchronises itself).
+    """
 
     def __init__(self, run_dir: Path, keep: int = 2):
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)

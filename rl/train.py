@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 
 from rl.config import (ENCODERS, LLM_DTYPES, OBS_FORMATS, POOLINGS, PRESETS, TrainConfig, load_config)
@@ -23,7 +25,8 @@ from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
-from rl.sharding import check_divisible, maybe_initialize_distributed, resolve_device_count
+from rl.sharding import (agree_with_main_process, check_divisible, check_same_on_all_processes, is_main_process,
+                         maybe_initialize_distributed, resolve_device_count)
 
 CHOICES = {"env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "pooling": POOLINGS,
            "llm_dtype": LLM_DTYPES, "fusion": FUSIONS,
@@ -109,22 +112,34 @@ def _record(cfg: TrainConfig, names: Sequence[str], update: int, m: dict, second
 
 def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
           time_limit: float | None = None, quiet: bool = False) -> Path:
-    """Run (or continue) a training run; returns its run directory. Raises TrainingDiverged on NaN."""
+    """Run (or continue) a training run; returns its run directory. Raises TrainingDiverged on NaN.
+
+    With several processes (`rl.sharding.maybe_initialize_distributed`) every process calls this with the
+    same arguments; only process 0 writes config.json and metrics.jsonl and prints, all write checkpoints.
+    """
     from rl.trainer import Trainer
 
     cfg.validate()
+    main_process = is_main_process()
+    quiet = quiet or not main_process
+    if run_dir is None and not cfg.run_dir and jax.process_count() > 1:
+        raise ValueError(f"with {jax.process_count()} processes pass --run-dir (one directory that every process "
+                         f"can reach, e.g. on a shared file system)")
     run_dir = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir), devices=_device_count(cfg, resume))
+    shared = {k: v for k, v in cfg.to_json().items() if k != "vllm_url"}  # each host may use its own server
+    check_same_on_all_processes(json.dumps(shared, sort_keys=True), "config (flags or config.json)")
     if cfg.encoder == "vllm":  # fail fast, before touching the run directory
         from rl.encoders import check_vllm_reachable
 
         check_vllm_reachable(cfg.vllm_url, cfg.vllm_timeout)
-    open_run_dir(cfg, run_dir, resume=resume)
+    _open_run_dir_on_main_process(cfg, run_dir, resume)
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
-    log = MetricsLog(run_dir / "metrics.jsonl")
+    log = MetricsLog(run_dir / "metrics.jsonl", writable=main_process)
     start = ckpt.latest_step() or 0
     if start >= cfg.num_updates:
-        print(f"{run_dir}: run already finished ({start}/{cfg.num_updates} updates); nothing to do", flush=True)
+        if main_process:
+            print(f"{run_dir}: run already finished ({start}/{cfg.num_updates} updates); nothing to do", flush=True)
         ckpt.close()
         return run_dir
     if not resume and start == 0 and log.read():
@@ -145,7 +160,8 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
     runner = trainer.init_state(llm_args)
     if start:
         runner = ckpt.restore(runner, start)
-        print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
+        if main_process:
+            print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
     log.truncate_after(start)
 
     t_start = time.perf_counter()
@@ -177,14 +193,16 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
             _status(cfg, rec, quiet)
             done_here += 1
             finished = update + 1 == cfg.num_updates
-            stop = (max_updates is not None and done_here >= max_updates) or (
-                time_limit is not None and time.perf_counter() - t_start >= time_limit)
+            stop = max_updates is not None and done_here >= max_updates
+            if time_limit is not None:  # clocks differ between processes: process 0 decides for all
+                stop = agree_with_main_process(stop or time.perf_counter() - t_start >= time_limit)
             if finished or stop or (update + 1) % cfg.checkpoint_every == 0:
                 ckpt.save(update + 1, runner)
                 saved_at = update + 1
             if stop and not finished:
-                print(f"\nstopped at update {update + 1}/{cfg.num_updates}; continue with --resume {run_dir}",
-                      file=sys.stderr, flush=True)
+                if main_process:
+                    print(f"\nstopped at update {update + 1}/{cfg.num_updates}; continue with --resume {run_dir}",
+                          file=sys.stderr, flush=True)
                 break
         else:
             if not quiet:
@@ -192,6 +210,18 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
     finally:
         ckpt.close()
     return run_dir
+
+
+def _open_run_dir_on_main_process(cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
+    """`open_run_dir` in process 0 only; every process raises if it refused (a collective)."""
+    error = None
+    if is_main_process():
+        try:
+            open_run_dir(cfg, run_dir, resume=resume)
+        except RunDirError as e:
+            error = e
+    if not agree_with_main_process(error is None):
+        raise error or RunDirError(f"process 0 refused the run directory {run_dir} (its log says why)")
 
 
 def _device_count(cfg: TrainConfig, resume: bool) -> int:

@@ -31,8 +31,8 @@ from rl.config import TrainConfig
 from rl.envs import BatchedEnv, EnvBatchState, StepInfo
 from rl.networks import make_network
 from rl.ppo import PPOHyper, Transition, make_optimizer, ppo_update
-from rl.sharding import (check_divisible, env_sharded, make_mesh, replicated, resolve_device_count,
-                         runner_shardings)
+from rl.sharding import (check_divisible, env_sharded, from_process_local_rows, make_mesh, process_local_rows,
+                         replicated, resolve_device_count, runner_shardings)
 
 
 class RunnerState(NamedTuple):
@@ -81,7 +81,7 @@ class Trainer:
         if cfg.encoder == "vllm":
             from rl.encoders import make_token_fn
 
-            self._tokens = make_token_fn(llm.template)
+            self._tokens = jax.jit(make_token_fn(llm.template), out_shardings=env_sharded(self.mesh))
         self.update = jax.jit(self._update)
         self.encode_states = jax.jit(self._encode) if self._encode is not None else None
         self._window = jax.jit(self._run_window, static_argnames=("length", "keep_states"))
@@ -110,8 +110,9 @@ class Trainer:
             hidden = self.encode_states(*self.place_llm_args(llm_args), env_state.env_state)
         elif self.cfg.encoder == "vllm":
             hidden = self._vllm_hidden(env_state)
-        dummy_h = None if hidden is None else jax.device_get(hidden[:1])
-        params = self.network.init(k_net, jax.device_get(obs[:1]), dummy_h)
+        # init reads only shapes; zeros (not obs[:1]) since with several processes obs is not all on this host
+        dummy_h = None if hidden is None else jnp.zeros((1,) + hidden.shape[1:], hidden.dtype)
+        params = self.network.init(k_net, jnp.zeros((1,) + obs.shape[1:], obs.dtype), dummy_h)
         opt_state = self.optimizer.init(params)
         return self.place(RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32)))
 
@@ -200,9 +201,10 @@ class Trainer:
         return runner, jax.device_get(metrics)
 
     def _vllm_hidden(self, env_state: EnvBatchState) -> jax.Array:
-        """Hidden states from the server, placed split over the mesh like every per-env array."""
-        ids, lengths = jax.device_get(self._tokens(env_state.env_state))
-        return jax.device_put(self.vllm(np.asarray(ids), np.asarray(lengths)), env_sharded(self.mesh))
+        """Hidden states from the server, placed split over the mesh like every per-env array.
+        Each process sends only its own envs' prompts (all of them when there is one process)."""
+        ids, lengths = (process_local_rows(x) for x in self._tokens(env_state.env_state))
+        return from_process_local_rows(self.vllm(ids, lengths), self.mesh, self.cfg.num_envs)
 
     def time_llm_share(self, runner: RunnerState, llm_args, update_seconds: float) -> float:
         """Estimated share of an update's time spent in the in-scan LLM: one timed batched encode

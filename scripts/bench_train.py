@@ -24,11 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 
 from rl.config import TrainConfig  # noqa: E402
+from rl.sharding import resolve_device_count  # noqa: E402
 from rl.trainer import Trainer  # noqa: E402
 
 SYM = "Craftax-Symbolic-v1"
 CONFIGS = {
     "none-1024": dict(encoder="none", num_envs=1024),
+    "none-1024-per-env": dict(encoder="none", num_envs=1024, shuffle="per_env"),
     "none-128-autoreset": dict(encoder="none", num_envs=128, reset_ratio=1),
     "none-128": dict(encoder="none", num_envs=128),
     "inscan-128-k1": dict(encoder="inscan", num_envs=128, skip_n=1),
@@ -42,33 +44,53 @@ CONFIGS = {
 SMOKE = dict(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1, width=32)
 
 
-def bench_one(name: str, overrides: dict, args) -> dict:
+_LLM_CACHE: dict = {}
+
+
+def _llm_for(cfg: TrainConfig):
+    """The in-scan LLM of `cfg`, loaded once per (model, dtype, env, format, layer, pooling, prompt) in this process."""
     from rl.encoders import load_llm
 
+    key = (cfg.model, cfg.llm_dtype, cfg.env, cfg.obs_format, cfg.llm_layer, cfg.pooling, cfg.system_prompt)
+    if key not in _LLM_CACHE:
+        _LLM_CACHE[key] = load_llm(cfg)
+    return _LLM_CACHE[key]
+
+
+def prepare(name: str, overrides: dict, args) -> dict:
+    """Build the trainer of one config and run its first update (compile + run, timed)."""
     cfg = TrainConfig(**dict(dict(env=args.env, model=args.model, llm_dtype=args.llm_dtype, devices=args.devices),
                              **overrides))
     if args.smoke:
         cfg = dataclasses.replace(cfg, **SMOKE, skip_n=min(cfg.skip_n, 4),
                                   reset_ratio=min(cfg.reset_ratio, 8))
+    if args.per_device:  # the config's env count is per device
+        cfg = dataclasses.replace(cfg, num_envs=cfg.num_envs * resolve_device_count(cfg.devices))
     cfg = dataclasses.replace(cfg, total_timesteps=cfg.batch_size * 1000)
-    llm = load_llm(cfg) if cfg.encoder == "inscan" else None
-    args_llm = llm.jit_args if llm else (None, None)
+    llm = _llm_for(cfg) if cfg.encoder == "inscan" else None
     trainer = Trainer(cfg, llm)
-    args_llm = trainer.place_llm_args(args_llm)  # replicated over the trainer's device mesh
+    args_llm = trainer.place_llm_args(llm.jit_args if llm else (None, None))  # replicated over the mesh
     runner = trainer.init_state(args_llm)
     jax.block_until_ready(runner)
     t0 = time.perf_counter()
     runner, _ = trainer.update(runner, args_llm)
     jax.block_until_ready(runner)
-    first = time.perf_counter() - t0
+    return dict(name=name, cfg=cfg, llm=llm, trainer=trainer, args_llm=args_llm, runner=runner,
+                first=time.perf_counter() - t0)
+
+
+def measure(prep: dict, args) -> dict:
+    """Steady-state SPS of a prepared config over `args.updates` updates (and its LLM call alone)."""
+    cfg, llm, trainer, args_llm, runner = (prep[k] for k in ("cfg", "llm", "trainer", "args_llm", "runner"))
     t0 = time.perf_counter()
     for _ in range(args.updates):
         runner, m = trainer.update(runner, args_llm)
     jax.block_until_ready(runner)
     seconds = (time.perf_counter() - t0) / args.updates
-    row = dict(config=name, env=cfg.env, encoder=cfg.encoder, num_envs=cfg.num_envs, num_steps=cfg.num_steps,
+    row = dict(config=prep["name"], env=cfg.env, encoder=cfg.encoder, num_envs=cfg.num_envs, num_steps=cfg.num_steps,
                skip_n=cfg.skip_n, obs_format=cfg.obs_format, model=cfg.model if llm else None,
-               first_update_s=first, update_s=seconds, sps=cfg.batch_size / seconds)
+               devices=trainer.num_devices,
+               first_update_s=prep["first"], update_s=seconds, sps=cfg.batch_size / seconds)
     if llm is not None:
         enc = trainer.encode_states
         jax.block_until_ready(enc(*args_llm, runner.env_state.env_state))
@@ -83,7 +105,15 @@ def bench_one(name: str, overrides: dict, args) -> dict:
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:  # cumulative over the configs run so far in this process (an upper bound)
         row["peak_device_gib_so_far"] = stats["peak_bytes_in_use"] / 2**30
+    prep["runner"] = runner
     return row
+
+
+def wait_for_turn(sync_dir: Path, rank: int, world: int) -> None:
+    """Barrier over `world` processes (everyone compiled), then wait until ranks < `rank` finished timing."""
+    (sync_dir / f"ready.{rank}").touch()
+    while len(list(sync_dir.glob("ready.*"))) < world or (rank > 0 and not (sync_dir / f"done.{rank - 1}").exists()):
+        time.sleep(0.2)
 
 
 def main(argv=None) -> int:
@@ -95,6 +125,12 @@ def main(argv=None) -> int:
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--devices", type=int, default=1,
                    help="devices to spread the envs over (default 1: the single-GPU numbers; 0 = all visible)")
+    p.add_argument("--per-device", action="store_true", help="a config's env count is per device (scaling runs)")
+    p.add_argument("--sync-dir", type=Path, default=None,
+                   help="with --sync-rank/--sync-world: compile in parallel with other bench processes, then time "
+                        "one process after another in rank order (scripts/bench_scaling.py uses this)")
+    p.add_argument("--sync-rank", type=int, default=0)
+    p.add_argument("--sync-world", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="tiny shapes and the tiny model, for a CPU check")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
@@ -104,8 +140,15 @@ def main(argv=None) -> int:
         args.llm_dtype = "float32"
     names = args.only or list(CONFIGS)
     rows = []
-    for name in names:
-        row = bench_one(name, CONFIGS[name], args)
+    if args.sync_dir:  # compile everything first, then time in turn
+        preps = [prepare(name, CONFIGS[name], args) for name in names]
+        wait_for_turn(args.sync_dir, args.sync_rank, args.sync_world)
+        rows = [measure(prep, args) for prep in preps]
+        (args.sync_dir / f"done.{args.sync_rank}").touch()
+        for row in rows:
+            print(json.dumps(row), flush=True)
+    for name in names if not args.sync_dir else []:
+        row = measure(prepare(name, CONFIGS[name], args), args)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.out:
@@ -113,7 +156,7 @@ def main(argv=None) -> int:
                                                 rows=rows), indent=2))
     none_sps = {(r["env"], r["num_envs"]): r["sps"] for r in rows if r["config"] in ("none-1024", "none-128")}
     print(f"\ndevice: {jax.devices()[0]}")
-    print(f"{'config':22s} {'SPS':>10s} {'1st update s':>12s} {'LLM share':>9s} {'prompts/s':>10s} {'bound':>9s} {'ratio':>6s}")
+    print(f"{'config':22s} {'GPUs':>4s} {'SPS':>10s} {'1st update s':>12s} {'LLM share':>9s} {'prompts/s':>10s} {'bound':>9s} {'ratio':>6s}")
     for r in rows:
         bound = ratio = None
         base = none_sps.get((r["env"], r["num_envs"]))
@@ -122,7 +165,7 @@ def main(argv=None) -> int:
             ratio = r["sps"] / bound
             r.update(bound_sps=bound, ratio_to_bound=ratio)
         f = lambda x, fmt: format(x, fmt) if x is not None else "-"
-        print(f"{r['config']:22s} {r['sps']:10,.0f} {r['first_update_s']:12.1f} {f(r.get('llm_time_share'), '9.2f')} "
+        print(f"{r['config']:22s} {r['devices']:4d} {r['sps']:10,.0f} {r['first_update_s']:12.1f} {f(r.get('llm_time_share'), '9.2f')} "
               f"{f(r.get('llm_prompts_per_s'), '10,.0f')} {f(bound, '9,.0f')} {f(ratio, '6.2f')}")
     if args.out:
         args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"), rows=rows),
