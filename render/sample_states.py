@@ -168,3 +168,37 @@ def sample_states(env_name: str, n: int, seed: int, steps: int = 48):
     """A batch of `n` raw EnvStates of `env_name` (leading axis n): first half random play, second
     half edited for coverage (see module docstring). Deterministic in `seed`."""
     return _sampler(env_name, n, steps)(jax.random.PRNGKey(seed))
+
+
+@functools.lru_cache(maxsize=None)
+def _typical_sampler(env_name: str, n: int, max_steps: int):
+    env, _ = _env(env_name)
+    params = env.default_params  # no god mode: the player stays where random play takes it (mostly floor 0)
+    num_actions = env.action_space(params).n
+
+    def one(key):
+        k_reset, k_keep, k_run = jax.random.split(key, 3)
+        _, state = env.reset(k_reset, params)
+        keep_at = jax.random.randint(k_keep, (), 0, max_steps)
+
+        def step(carry, inp):
+            state, kept = carry
+            t, k = inp
+            k_act, k_step, k_new = jax.random.split(k, 3)
+            _, state, _, done, _ = env.step(k_step, state, jax.random.randint(k_act, (), 0, num_actions), params)
+            _, fresh = env.reset(k_new, params)
+            state = jax.tree_util.tree_map(lambda a, b: jnp.where(done, b, a), state, fresh)
+            kept = jax.tree_util.tree_map(lambda a, b: jnp.where(t == keep_at, a, b), state, kept)
+            return (state, kept), None
+
+        (_, kept), _ = jax.lax.scan(step, (state, state), (jnp.arange(max_steps), jax.random.split(k_run, max_steps)))
+        return kept
+
+    return jax.jit(jax.vmap(one))
+
+
+def typical_states(env_name: str, n: int, seed: int, max_steps: int = 500):
+    """`n` states of plain random play from reset (default env params, no edits; a dead player restarts), each
+    taken after a random number of steps in [1, max_steps]: what an early PPO agent sees, for the typical-state
+    token statistics (`sample_states` is the deliberately hard set)."""
+    return _typical_sampler(env_name, n, max_steps)(jax.random.split(jax.random.PRNGKey(seed), n))

@@ -116,139 +116,78 @@ def check_boundaries(tokenizer, layout: Layout, head: str) -> int:
     return len(keys)
 
 
-# ------------------------------------------------------------------------------------------ plan
+# ---------------------------------------------------------------------------------------- columns
 
-@dataclass(frozen=True, eq=False)
-class _Plan:
-    """Every (section, row, column) slot of a layout in text order, split into two vectorised groups.
+@dataclass(frozen=True)
+class _ChoiceTokens:
+    ids: np.ndarray  # int32 [n, width], padded
+    lens: np.ndarray  # int32 [n]
 
-    Choice slots look their tokens up in one table of all choice strings; number slots compute digit
-    tokens with integer arithmetic. Run time is then a handful of whole-array operations whatever the
-    number of columns (a per-column loop would launch hundreds of tiny GPU kernels).
-    """
+    @property
+    def width(self) -> int:
+        return self.ids.shape[1]
 
-    num_slots: int
-    present_of_slot: np.ndarray  # int32 [S]: index into the flat present vector (0 = always present)
-    # choice group
-    choice_slot: np.ndarray  # int32 [C]: slot index of each choice slot
-    choice_base: np.ndarray  # int32 [C]: first row of the slot's strings in `table_ids`
-    choice_count: np.ndarray  # int32 [C]: number of strings of the slot's column
-    table_ids: np.ndarray  # int32 [N, W]: all choice strings, padded
-    table_lens: np.ndarray  # int32 [N]
-    # number group
-    number_slot: np.ndarray  # int32 [M]
-    number_optional: np.ndarray  # bool [M]: value -1 shows nothing
-    number_decimals: np.ndarray  # int32 [M]
-    label_ids: np.ndarray  # int32 [M, L]: the label tokens, padded
-    label_lens: np.ndarray  # int32 [M]
-    int_digits: int  # the most integer digits of any number column
-    max_decimals: int
+    def __call__(self, v):
+        ids = jnp.asarray(self.ids)[v]
+        rel = jnp.broadcast_to(jnp.arange(self.width, dtype=jnp.int32), ids.shape)
+        return ids, rel, jnp.asarray(self.lens)[v]
+
+
+@dataclass(frozen=True)
+class _NumberTokens:
+    number: Number
     digit_ids: np.ndarray  # int32 [10]
     dot_id: int
-    order: np.ndarray  # int32 [S]: position of slot s in concat(choice group, number group)
+    label_ids: tuple[int, ...]  # tokens of number.label
+
+    @property
+    def width(self) -> int:
+        n = self.number
+        return len(self.label_ids) + n.int_digits + (1 + n.decimals if n.decimals else 0)
+
+    def __call__(self, v):
+        n = self.number
+        empty = v < 0
+        v = jnp.maximum(v, 0)
+        scale = 10**n.decimals
+        whole, frac = v // scale, v % scale
+        ndig = jnp.ones_like(whole) + sum((whole >= 10**k).astype(jnp.int32) for k in range(1, n.int_digits))
+        i = jnp.arange(n.int_digits, dtype=jnp.int32)
+        pow10 = jnp.asarray([10**e for e in range(n.int_digits)], jnp.int32)
+        exponent = jnp.clip(ndig[:, None] - 1 - i[None, :], 0, n.int_digits - 1)
+        digits = (whole[:, None] // pow10[exponent]) % 10
+        ids = [jnp.asarray(self.digit_ids)[digits]]
+        rel = [jnp.broadcast_to(i, digits.shape)]
+        length = ndig
+        if n.decimals:
+            j = jnp.arange(n.decimals, dtype=jnp.int32)
+            fdig = (frac[:, None] // jnp.asarray([10 ** (n.decimals - 1 - k) for k in range(n.decimals)])) % 10
+            ids += [jnp.full((v.shape[0], 1), self.dot_id, jnp.int32), jnp.asarray(self.digit_ids)[fdig]]
+            rel += [ndig[:, None], ndig[:, None] + 1 + j[None, :]]
+            length = ndig + 1 + n.decimals
+        ids, rel = jnp.concatenate(ids, axis=1), jnp.concatenate(rel, axis=1)
+        if self.label_ids:
+            nl = len(self.label_ids)
+            label = jnp.broadcast_to(jnp.asarray(self.label_ids, jnp.int32), (v.shape[0], nl))
+            ids = jnp.concatenate([label, ids], axis=1)
+            rel = jnp.concatenate([jnp.broadcast_to(jnp.arange(nl, dtype=jnp.int32), label.shape), rel + nl], axis=1)
+            length = length + nl
+        return ids, rel, jnp.where(empty, 0, length)
 
 
-def _plan(tokenizer, layout: Layout, pad_id: int) -> tuple[_Plan, int]:
-    """Pre-tokenize every column of `layout`; returns the plan and max_len (the longest possible text)."""
+def _compile_column(tokenizer, column, pad_id: int):
+    if isinstance(column, Choice):
+        encoded = _encode(tokenizer, list(column.strings))
+        width = max(1, max(len(e) for e in encoded))
+        ids = np.full((len(encoded), width), pad_id, np.int32)
+        for k, e in enumerate(encoded):
+            ids[k, : len(e)] = e
+        return _ChoiceTokens(ids, np.array([len(e) for e in encoded], np.int32))
     digits = _encode(tokenizer, [str(d) for d in range(10)] + ["."])
     if any(len(d) != 1 for d in digits):
         raise UnsafeBoundaryError("this tokenizer does not give every digit and '.' a single token")
-    texts: list[str] = []  # the table: each Choice column's strings once, contiguous
-    column_base: dict[tuple[int, int], int] = {}  # (section, column) -> its first table row
-    choice, number, present_of_slot = [], [], []
-    present_base = 1  # flat present vector: [always-present, section rows...]
-    for si, section in enumerate(layout.sections):
-        for row in range(section.rows):
-            for ci, col in enumerate(section.columns):
-                slot = len(present_of_slot)
-                present_of_slot.append(present_base + row if section.optional_rows else 0)
-                if isinstance(col, Choice):
-                    if (si, ci) not in column_base:
-                        column_base[(si, ci)] = len(texts)
-                        texts.extend(col.strings)
-                    choice.append((slot, column_base[(si, ci)], len(col.strings)))
-                else:
-                    number.append((slot, col))
-        if section.optional_rows:
-            present_base += section.rows
-    encoded = _encode(tokenizer, texts)
-    width = max([1] + [len(e) for e in encoded])
-    table_ids = np.full((len(encoded), width), pad_id, np.int32)
-    for r, e in enumerate(encoded):
-        table_ids[r, : len(e)] = e
-    table_lens = np.array([len(e) for e in encoded], np.int32)
-
-    labels = _encode(tokenizer, [col.label for _, col in number]) if number else []
-    label_w = max([1] + [len(e) for e in labels])
-    label_ids = np.full((len(number), label_w), pad_id, np.int32)
-    for m, e in enumerate(labels):
-        label_ids[m, : len(e)] = e
-    int_digits = max([1] + [col.int_digits for _, col in number])
-    max_decimals = max([0] + [col.decimals for _, col in number])
-
-    # max_len: every slot at its widest
-    widths = [int(table_lens[base:base + n].max()) for _, base, n in choice]
-    widths += [len(lab) + col.int_digits + (1 + col.decimals if col.decimals else 0) for lab, (_, col) in
-               zip(labels, number)]
-    max_len = int(sum(widths))
-    slots = [c[0] for c in choice] + [n[0] for n in number]
-    order = np.empty(len(slots), np.int32)
-    order[np.array(slots, np.int64)] = np.arange(len(slots), dtype=np.int32)
-    plan = _Plan(
-        num_slots=len(slots), present_of_slot=np.array(present_of_slot, np.int32),
-        choice_slot=np.array([c[0] for c in choice], np.int32), choice_base=np.array([c[1] for c in choice], np.int32),
-        choice_count=np.array([c[2] for c in choice], np.int32), table_ids=table_ids, table_lens=table_lens,
-        number_slot=np.array([n[0] for n in number], np.int32),
-        number_optional=np.array([col.optional for _, col in number], bool),
-        number_decimals=np.array([col.decimals for _, col in number], np.int32),
-        label_ids=label_ids, label_lens=np.array([len(e) for e in labels], np.int32),
-        int_digits=int_digits, max_decimals=max_decimals,
-        digit_ids=np.array([d[0] for d in digits[:10]], np.int32), dot_id=digits[10][0], order=order,
-    )
-    return plan, max_len
-
-
-def _choice_tokens(plan: _Plan, values: jnp.ndarray):
-    """tokens [C, W], their offsets inside each slot [C, W], and slot lengths [C] of the choice slots."""
-    v = jnp.clip(values[plan.choice_slot], 0, plan.choice_count - 1)
-    row = jnp.asarray(plan.choice_base) + v
-    ids = jnp.asarray(plan.table_ids)[row]
-    rel = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
-    return ids, rel, jnp.asarray(plan.table_lens)[row]
-
-
-def _number_tokens(plan: _Plan, values: jnp.ndarray):
-    """tokens, offsets inside each slot and slot lengths of the number slots: label, digits, '.', decimals."""
-    v = values[plan.number_slot]
-    empty = jnp.asarray(plan.number_optional) & (v < 0)
-    v = jnp.maximum(v, 0)
-    dec = jnp.asarray(plan.number_decimals)
-    scale = jnp.asarray(10 ** plan.number_decimals.astype(np.int64), jnp.int32)
-    whole, frac = v // scale, v % scale
-    nd = plan.int_digits
-    ndig = 1 + sum((whole >= 10**k).astype(jnp.int32) for k in range(1, nd))  # no leading zeros
-    i = jnp.arange(nd, dtype=jnp.int32)
-    exponent = jnp.clip(ndig[:, None] - 1 - i[None, :], 0, nd - 1)
-    digits = (whole[:, None] // jnp.asarray([10**e for e in range(nd)], jnp.int32)[exponent]) % 10
-    lab = jnp.asarray(plan.label_lens)
-    parts_ids = [jnp.asarray(plan.label_ids), jnp.asarray(plan.digit_ids)[digits]]
-    lw = plan.label_ids.shape[1]
-    parts_rel = [
-        jnp.broadcast_to(jnp.where(jnp.arange(lw) < lab[:, None], jnp.arange(lw), -1), (v.shape[0], lw)),
-        jnp.where(i[None, :] < ndig[:, None], lab[:, None] + i[None, :], -1),
-    ]
-    length = lab + ndig
-    if plan.max_decimals:
-        k = jnp.arange(plan.max_decimals, dtype=jnp.int32)
-        pow_f = 10 ** jnp.maximum(dec[:, None] - 1 - k[None, :], 0)
-        fdig = (frac[:, None] // pow_f) % 10
-        has = dec > 0
-        parts_ids += [jnp.full((v.shape[0], 1), plan.dot_id, jnp.int32), jnp.asarray(plan.digit_ids)[fdig]]
-        parts_rel += [jnp.where(has, lab + ndig, -1)[:, None],
-                      jnp.where(k[None, :] < dec[:, None], (lab + ndig + 1)[:, None] + k[None, :], -1)]
-        length = length + jnp.where(has, 1 + dec, 0)
-    return (jnp.concatenate(parts_ids, axis=1), jnp.concatenate(parts_rel, axis=1),
-            jnp.where(empty, 0, length))
+    label = tuple(_encode(tokenizer, [column.label])[0]) if column.label else ()
+    return _NumberTokens(column, np.array([d[0] for d in digits[:10]], np.int32), digits[10][0], label)
 
 
 # --------------------------------------------------------------------------------------- template
@@ -281,7 +220,7 @@ class Template:
     prefix_ids: list[int]
     max_len: int
     pad_id: int
-    _plan: _Plan = field(repr=False)
+    _sections: tuple = field(repr=False)  # per section: (Section, tuple of compiled columns)
 
     def __call__(self, state):
         """ids int32 [max_len] (right-padded with pad_id) and length int32 for ONE unbatched state."""
@@ -291,27 +230,38 @@ class Template:
         if state.player_position.ndim != 1:
             raise ValueError("Template takes one unbatched state; use jax.vmap(tpl)(batched_state) for a batch")
         values = self.fmt.values(state)
-        plan = self._plan
-        flat_values, flat_present = [], [jnp.ones((1,), bool)]
-        for section in self.fmt.layout.sections:  # text order: sections, rows, columns
-            flat_values.append(jnp.asarray(values[section.name], jnp.int32).reshape(-1))
-            if section.optional_rows:
-                flat_present.append(jnp.asarray(values[present_key(section.name)], bool).reshape(-1))
-        flat_values.append(jnp.zeros((1,), jnp.int32))  # the chat tail
-        flat_values = jnp.concatenate(flat_values)
-        present = jnp.concatenate(flat_present)[plan.present_of_slot]
-        c_ids, c_rel, c_len = _choice_tokens(plan, flat_values)
-        n_ids, n_rel, n_len = _number_tokens(plan, flat_values)
-        lens = jnp.where(present, jnp.concatenate([c_len, n_len])[plan.order], 0)  # [S], text order
-        offsets = jnp.cumsum(lens) - lens
-        c_pos = jnp.where((c_rel < c_len[:, None]) & present[plan.choice_slot][:, None],
-                          offsets[plan.choice_slot][:, None] + c_rel, self.max_len)
-        n_pos = jnp.where((n_rel >= 0) & (n_len[:, None] > 0) & present[plan.number_slot][:, None],
-                          offsets[plan.number_slot][:, None] + n_rel, self.max_len)
+        values["chat_tail"] = jnp.zeros((1, 1), jnp.int32)
+        per_col = []  # (section index, column index, ids, rel, len)
+        lens = []
+        for section, columns in self._sections:
+            vals = values[section.name]
+            present = values.get(present_key(section.name)) if section.optional_rows else None
+            sec_lens = []
+            for c, col in enumerate(columns):
+                ids, rel, ln = col(vals[:, c])
+                if present is not None:
+                    ln = jnp.where(present, ln, 0)
+                per_col.append((ids, rel, ln))
+                sec_lens.append(ln)
+            lens.append(jnp.stack(sec_lens, axis=1).reshape(-1))  # [rows * cols], row-major = text order
+        flat_lens = jnp.concatenate(lens)
+        offsets = jnp.cumsum(flat_lens) - flat_lens
+        tokens, positions = [], []
+        base = 0
+        k = 0
+        for section, columns in self._sections:
+            ncols = len(columns)
+            for c in range(ncols):
+                ids, rel, ln = per_col[k]
+                k += 1
+                start = offsets[base + c + ncols * jnp.arange(section.rows)]
+                pos = jnp.where(rel < ln[:, None], start[:, None] + rel, self.max_len)
+                tokens.append(ids.reshape(-1))
+                positions.append(pos.reshape(-1))
+            base += section.rows * ncols
         out = jnp.full((self.max_len,), self.pad_id, jnp.int32)
-        out = out.at[jnp.concatenate([c_pos.reshape(-1), n_pos.reshape(-1)])].set(
-            jnp.concatenate([c_ids.reshape(-1), n_ids.reshape(-1)]), mode="drop")
-        return out, lens.sum().astype(jnp.int32)
+        out = out.at[jnp.concatenate(positions)].set(jnp.concatenate(tokens).astype(jnp.int32), mode="drop")
+        return out, flat_lens.sum().astype(jnp.int32)
 
     def observation_text(self, state):
         from render.envs import check_state, is_batched
@@ -336,6 +286,11 @@ def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id:
     head, tail = chat_frame(tokenizer, system)
     layout = Layout(fmt.layout.sections + (Section("chat_tail", (Const(tail),)),))
     check_boundaries(tokenizer, layout, head)
-    plan, max_len = _plan(tokenizer, layout, pad_id)
+    sections = []
+    max_len = 0
+    for section in layout.sections:
+        cols = tuple(_compile_column(tokenizer, col, pad_id) for col in section.columns)
+        sections.append((section, cols))
+        max_len += section.rows * sum(c.width for c in cols)
     prefix_ids = _encode(tokenizer, [head])[0]
-    return Template(env_name, fmt, head, tail, list(prefix_ids), max_len, pad_id, plan)
+    return Template(env_name, fmt, head, tail, list(prefix_ids), int(max_len), pad_id, tuple(sections))

@@ -36,19 +36,16 @@ def mob_codes(mob_groups, position: jnp.ndarray, rows: int, cols: int, none_code
     mob_groups: sequence of (positions [N, 2], mask [N], codes [N]). Unlike craftax's
     `render_craftax_text` (which writes 0 for dead or off-screen slots too, so they can erase a visible
     mob, and wraps negative positions), only live on-screen mobs are written. "Smallest code" matches
-    upstream's argmax over its one-hot when two mobs share a tile. Computed as one dense
-    (tiles x mobs) comparison and min, which fuses into one GPU kernel (a scatter per group would not).
+    upstream's argmax over its one-hot when two mobs share a tile.
     """
+    codes = jnp.full((rows * cols,), none_code, dtype=jnp.int32)
     centre = jnp.array([rows // 2, cols // 2], dtype=jnp.int32)
-    flats, codes = [], []
     for pos, mask, code in mob_groups:
         local = pos - position[None, :] + centre
         on_screen = jnp.all((local >= 0) & (local < jnp.array([rows, cols])), axis=-1) & mask
-        flats.append(jnp.where(on_screen, local[:, 0] * cols + local[:, 1], -1))
-        codes.append(jnp.broadcast_to(jnp.asarray(code, jnp.int32), on_screen.shape))
-    flat, code = jnp.concatenate(flats), jnp.concatenate(codes)
-    tile = jnp.arange(rows * cols, dtype=jnp.int32)
-    return jnp.min(jnp.where(flat[None, :] == tile[:, None], code[None, :], none_code), axis=1)
+        flat = jnp.where(on_screen, local[:, 0] * cols + local[:, 1], rows * cols)
+        codes = codes.at[flat].min(code.astype(jnp.int32), mode="drop")
+    return codes
 
 
 def fixed_point(x, decimals: int, int_digits: int) -> jnp.ndarray:
@@ -72,13 +69,12 @@ def compact_rows(informative: jnp.ndarray, order: np.ndarray, k: int):
     """Pick up to `k` informative tiles, nearest first.
 
     Returns (tile index per row int32 [k], present per row bool [k], number of informative tiles).
-    Stable compaction by a cumsum rank and a dense (rows x tiles) match: no sort at run time (`order`
-    is static) and no scatter, so it fuses with its neighbours on a GPU.
+    Stable compaction by cumsum + scatter (no sort at run time: `order` is static).
     """
     inf = informative[order]
-    rank = jnp.where(inf, jnp.cumsum(inf.astype(jnp.int32)) - 1, -1)
-    match = rank[None, :] == jnp.arange(k, dtype=jnp.int32)[:, None]  # [k, tiles], at most one per row
-    tiles = jnp.sum(jnp.where(match, jnp.asarray(order)[None, :], 0), axis=1)
+    rank = jnp.cumsum(inf.astype(jnp.int32)) - 1
+    slot = jnp.where(inf & (rank < k), rank, k)
+    tiles = jnp.zeros((k,), jnp.int32).at[slot].set(jnp.asarray(order), mode="drop")
     total = jnp.sum(inf.astype(jnp.int32))
     present = jnp.arange(k) < total
     return tiles, present, total

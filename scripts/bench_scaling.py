@@ -17,9 +17,28 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_all(procs, timeout: float) -> list[int]:
+    """Wait for every process; as soon as one fails (it would never signal its turn) or `timeout` seconds
+    pass, kill the rest. Returns the GPU counts of the processes that failed or were killed."""
+    start = time.monotonic()
+    while True:
+        codes = {n: proc.poll() for n, proc, _ in procs}
+        bad = [n for n, c in codes.items() if c not in (None, 0)]
+        if bad or time.monotonic() - start > timeout:
+            for n, proc, _ in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    bad.append(n)
+            return bad
+        if all(c == 0 for c in codes.values()):
+            return []
+        time.sleep(1.0)
 
 
 def main(argv=None) -> int:
@@ -30,6 +49,8 @@ def main(argv=None) -> int:
     p.add_argument("--updates", type=int, default=2)
     p.add_argument("--mem-fraction", type=float, default=None,
                    help="XLA_PYTHON_CLIENT_MEM_FRACTION per process (default 0.9 / number of processes)")
+    p.add_argument("--timeout", type=float, default=540.0, help="seconds before every process is stopped")
+    p.add_argument("--log-dir", type=Path, default=None, help="keep each process's log here")
     p.add_argument("--smoke", action="store_true", help="CPU check: fake devices, tiny shapes")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -51,16 +72,16 @@ def main(argv=None) -> int:
                 cmd.append("--smoke")
             log = open(tmp / f"gpus{n}.log", "w")
             procs.append((n, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        failed = []
-        for n, proc, log in procs:
-            if proc.wait() != 0:
-                failed.append(n)
+        failed = wait_all(procs, args.timeout)
+        for _, _, log in procs:
             log.close()
+        for n, _, _ in procs:
+            if args.log_dir:
+                args.log_dir.mkdir(parents=True, exist_ok=True)
+                (args.log_dir / f"gpus{n}.log").write_text((tmp / f"gpus{n}.log").read_text())
         if failed:
             for n in failed:
-                print(f"--- {n} GPU(s) failed; its log:\n" + (tmp / f"gpus{n}.log").read_text()[-6000:])
-            for n, proc, _ in procs:  # a failed process never signals its turn: stop the others
-                proc.kill()
+                print(f"--- {n} GPU(s) failed or timed out; its log:\n" + (tmp / f"gpus{n}.log").read_text()[-6000:])
             return 1
         results = {n: json.loads((tmp / f"gpus{n}.json").read_text()) for n in args.gpus}
 

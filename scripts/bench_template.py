@@ -4,7 +4,8 @@ For each env and format: the templates of B states (default 1,024) in one jitted
 versus one step of the same batch with the trainer's wrappers (`rl.envs.BatchedEnv`: optimistic
 resets), both in steady state (compile excluded, block_until_ready, median of --iters). Then
 token-length statistics (mean, p99, max) of the observation part over the test states
-(`render.sample_states`, seeds 0-3), and the distribution of the number of informative tiles that
+(`render.sample_states`, seeds 0-3, deliberately hard) and over typical states (`render.typical_states`:
+plain random play from reset, seeds 0-1), and the distribution of the number of informative tiles that
 the compact format's K cap is chosen from.
 
     python scripts/bench_template.py --out bench_template.json          # GPU, full size
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import sys
 import time
@@ -28,7 +30,7 @@ import numpy as np  # noqa: E402
 
 from render import build_template  # noqa: E402
 from render.envs import CLASSIC, CRAFTAX  # noqa: E402
-from render.sample_states import sample_states  # noqa: E402
+from render.sample_states import sample_states, typical_states  # noqa: E402
 
 ENVS = (CRAFTAX, CLASSIC)
 FORMATS = ("compact", "full")
@@ -43,6 +45,50 @@ def timed(fn, *args, iters: int) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+NOT_KERNELS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy-start", "copy-done")
+
+
+def kernel_count(fn, *args) -> int:
+    """Operations that launch work in the compiled program's entry computation (fusions, scatters,
+    library calls...): a proxy for GPU kernel launches, which dominate a small template's time."""
+    text = fn.lower(*args).compile().as_text()
+    entry = text[text.index("ENTRY"):]
+    entry = entry[: entry.index("\n}")]
+    ops = [re.search(r"([a-z][a-z0-9\-]*)\(", line.split("=", 1)[1]) for line in entry.splitlines()[1:] if "=" in line]
+    ops = [m.group(1) for m in ops if m]
+    return sum(op not in NOT_KERNELS for op in ops)
+
+
+def per_iteration_in_loop(body, carry, steps: int, iters: int) -> float:
+    """Seconds per iteration of `body(i, carry) -> carry` run `steps` times inside ONE jitted fori_loop: the
+    device cost as the trainer's scan pays it, without the per-call host dispatch (which, for a call of
+    ~100 state arrays, is itself ~0.1-0.2 ms and would dominate a sub-millisecond template)."""
+    run = jax.jit(lambda c: jax.lax.fori_loop(0, steps, body, c))
+    return timed(run, carry, iters=iters) / steps
+
+
+def template_in_loop(tpl, states, steps: int, iters: int) -> float:
+    """The template inside a loop; each iteration's input depends on the previous output (positions move
+    by min(ids, 0) = 0), so XLA can neither hoist it out of the loop nor drop the ids."""
+    def body(i, s):
+        ids, lens = jax.vmap(tpl)(s)
+        nudge = jnp.minimum(jnp.min(ids, axis=1), 0) + jnp.minimum(lens, 0)
+        return s.replace(player_position=s.player_position + nudge[:, None].astype(s.player_position.dtype))
+
+    return per_iteration_in_loop(body, states, steps, iters)
+
+
+def env_step_in_loop(env_name: str, num_envs: int, steps: int, iters: int) -> float:
+    """One batched env step (the trainer's wrapper, optimistic resets) inside a loop."""
+    from rl.envs import BatchedEnv
+
+    env = BatchedEnv(env_name, num_envs)
+    _, state = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    actions = jnp.zeros((num_envs,), jnp.int32)
+    body = lambda i, s: env.step(jax.random.fold_in(jax.random.PRNGKey(1), i), s, actions)[1]
+    return per_iteration_in_loop(body, state, steps, iters)
 
 
 def env_step_time(env_name: str, num_envs: int, iters: int) -> tuple[float, str]:
@@ -105,11 +151,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--stat-states", type=int, default=512, help="states per seed for length stats (4 seeds); 0 skips the statistics "
                         "(they do not depend on the device: docs/RENDER.md has them from a CPU run)")
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=ENVS)
+    parser.add_argument("--loop-steps", type=int, default=10, help="env steps per timed loop (templates: 4x)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.num_envs, args.iters, args.stat_states = 32, 2, 32
+        args.num_envs, args.iters, args.stat_states, args.loop_steps = 32, 2, 32, 2
 
     from jaxllm import load_tokenizer
 
@@ -121,28 +168,46 @@ def main(argv=None) -> dict:
     }
     for env_name in args.envs:
         step_s, step_kind = env_step_time(env_name, args.num_envs, args.iters)
+        step_loop_s = env_step_in_loop(env_name, args.num_envs, args.loop_steps, max(2, args.iters // 4))
         states = sample_states(env_name, args.num_envs, 100)
         chunks = [sample_states(env_name, args.stat_states, seed) for seed in range(4)] if args.stat_states else []
-        env_res = {"env_step_s": step_s, "env_step": step_kind, "formats": {},
+        typical = [typical_states(env_name, args.stat_states, seed) for seed in range(2)] if args.stat_states else []
+        env_res = {"env_step_s": step_s, "env_step": step_kind, "env_step_in_loop_s": step_loop_s, "formats": {},
                    "informative_tiles": informative_tiles(env_name, chunks) if chunks else None}
         for fmt in FORMATS:
             tpl = build_template(tokenizer, env_name, fmt)
-            t = timed(jax.jit(jax.vmap(tpl)), states, iters=args.iters)
+            fn = jax.jit(jax.vmap(tpl))
+            t = timed(fn, states, iters=args.iters)
             env_res["formats"][fmt] = {
-                "template_s": t, "ratio_to_env_step": t / step_s,
+                "template_s": t, "ratio_to_env_step": t / step_s, "kernels": kernel_count(fn, states),
+                "values_s": timed(jax.jit(jax.vmap(tpl.fmt.values)), states, iters=args.iters),
+                "template_in_loop_s": (tl := template_in_loop(tpl, states, 4 * args.loop_steps, max(2, args.iters // 4))),
+                "ratio_in_loop": tl / step_loop_s,
                 "tokens": length_stats(tpl, chunks) if chunks else None,
+                "tokens_typical": length_stats(tpl, typical) if typical else None,
             }
         results["envs"][env_name] = env_res
 
     print(f"\ndevice {results['device']}, {args.num_envs} states per call, median of {args.iters}")
-    print(f"{'env':28} {'format':8} {'template ms':>11} {'env step ms':>11} {'ratio':>7} "
-          f"{'mean tok':>8} {'p99':>6} {'max':>5} {'max_len':>7} {'prefix':>6}")
+    print("in one jitted loop (the trainer's view: no per-call dispatch):")
+    for env_name, env_res in results["envs"].items():
+        for fmt, r in env_res["formats"].items():
+            print(f"{env_name:28} {fmt:8} template {r['template_in_loop_s'] * 1e3:8.3f} ms  env step "
+                  f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_in_loop']:7.2%}")
+    print("one jitted call each (includes host dispatch of the state pytree):")
+    print(f"{'env':28} {'format':8} {'kernels':>7} {'template ms':>11} {'env step ms':>11} {'ratio':>7} "
+          f"{'values ms':>9} {'mean tok':>8} {'p99':>6} {'max':>5} {'max_len':>7} {'prefix':>6}")
     for env_name, env_res in results["envs"].items():
         for fmt, r in env_res["formats"].items():
             tk = r["tokens"] or dict(mean=float("nan"), p99=float("nan"), max=-1, max_len=-1, prefix=-1)
-            print(f"{env_name:28} {fmt:8} {r['template_s'] * 1e3:11.3f} {env_res['env_step_s'] * 1e3:11.3f} "
-                  f"{r['ratio_to_env_step']:7.2%} {tk['mean']:8.1f} {tk['p99']:6.0f} {tk['max']:5d} "
+            print(f"{env_name:28} {fmt:8} {r['kernels']:7d} {r['template_s'] * 1e3:11.3f} {env_res['env_step_s'] * 1e3:11.3f} "
+                  f"{r['ratio_to_env_step']:7.2%} {r['values_s'] * 1e3:9.3f} {tk['mean']:8.1f} {tk['p99']:6.0f} {tk['max']:5d} "
                   f"{tk['max_len']:7d} {tk['prefix']:6d}")
+        for fmt, r in env_res["formats"].items():
+            if r["tokens_typical"]:
+                tk = r["tokens_typical"]
+                print(f"{env_name:28} {fmt:8} typical states (random play from reset, {tk['states']}): "
+                      f"mean {tk['mean']:.1f}, p99 {tk['p99']:.0f}, max {tk['max']}")
         it = env_res["informative_tiles"]
         if it is None:
             continue
