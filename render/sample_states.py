@@ -182,23 +182,24 @@ def _typical_sampler(env_name: str, n: int, max_steps: int):
         keep_at = jax.random.randint(k_keep, (), 0, max_steps)
 
         def step(carry, inp):
-            state, kept = carry
+            state, kept, alive = carry
             t, k = inp
-            k_act, k_step, k_new = jax.random.split(k, 3)
+            k_act, k_step = jax.random.split(k)
             _, state, _, done, _ = env.step(k_step, state, jax.random.randint(k_act, (), 0, num_actions), params)
-            _, fresh = env.reset(k_new, params)
-            state = jax.tree_util.tree_map(lambda a, b: jnp.where(done, b, a), state, fresh)
-            kept = jax.tree_util.tree_map(lambda a, b: jnp.where(t == keep_at, a, b), state, kept)
-            return (state, kept), None
+            alive = alive & ~done
+            take = alive & (t <= keep_at)  # the state at keep_at, or the last one before the player died
+            kept = jax.tree_util.tree_map(lambda a, b: jnp.where(take, a, b), state, kept)
+            return (state, kept, alive), None
 
-        (_, kept), _ = jax.lax.scan(step, (state, state), (jnp.arange(max_steps), jax.random.split(k_run, max_steps)))
+        steps = (jnp.arange(max_steps), jax.random.split(k_run, max_steps))
+        (_, kept, _), _ = jax.lax.scan(step, (state, state, jnp.array(True)), steps)
         return kept
 
     return jax.jit(jax.vmap(one))
 
 
 def typical_states(env_name: str, n: int, seed: int, max_steps: int = 500):
-    """`n` states of plain random play from reset (default env params, no edits; a dead player restarts), each
-    taken after a random number of steps in [1, max_steps]: what an early PPO agent sees, for the typical-state
-    token statistics (`sample_states` is the deliberately hard set)."""
+    """`n` states of plain random play from reset (default env params, no edits), each taken after a random
+    number of steps in [1, max_steps] (or just before the player died): what an early PPO agent sees, for the
+    typical-state token statistics (`sample_states` is the deliberately hard set)."""
     return _typical_sampler(env_name, n, max_steps)(jax.random.split(jax.random.PRNGKey(seed), n))
