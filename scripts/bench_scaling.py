@@ -7,7 +7,7 @@ One `scripts/bench_train.py --per-device --devices N` process per GPU count, wit
 the first N GPUs. The processes compile at the same time (compilation is CPU work and takes most of the wall
 time), wait for each other, then time their configs one process after another, so that no timed section
 shares a GPU with another process's work. Each process may use a fraction of GPU memory (--mem-fraction).
-Speed-up = SPS on N GPUs / SPS on 1 GPU of the same config.
+Speed-up = SPS on N GPUs / SPS on the first listed GPU count (1 by default) of the same config.
 """
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ def main(argv=None) -> int:
         failed = wait_all(procs, args.timeout)
         for _, _, log in procs:
             log.close()
-        for n, _, _ in procs:
-            if args.log_dir:
-                args.log_dir.mkdir(parents=True, exist_ok=True)
+        if args.log_dir:
+            args.log_dir.mkdir(parents=True, exist_ok=True)
+            for n in args.gpus:
                 (args.log_dir / f"gpus{n}.log").write_text((tmp / f"gpus{n}.log").read_text())
         if failed:
             for n in failed:
@@ -88,10 +88,10 @@ def main(argv=None) -> int:
     base = {r["config"]: r["sps"] for r in results[args.gpus[0]]["rows"]}
     rows = []
     print(f"\ndevice: {results[args.gpus[-1]]['device']} (GPU count as listed)")
-    print(f"{'config (envs per GPU)':24s} {'GPUs':>4s} {'envs':>6s} {'SPS':>10s} {'speed-up':>8s} {'1st update s':>12s}")
+    print(f"{'config (envs per GPU)':24s} {'GPUs':>4s} {'envs':>6s} {'SPS':>10s} {f'vs {args.gpus[0]}':>8s} {'1st update s':>12s}")
     for n in args.gpus:
         for r in results[n]["rows"]:
-            r["speedup"] = r["sps"] / base[r["config"]] * args.gpus[0]
+            r["speedup"] = r["sps"] / base[r["config"]]
             rows.append(r)
     for r in sorted(rows, key=lambda r: (args.only.index(r["config"]), r["devices"])):
         print(f"{r['config']:24s} {r['devices']:4d} {r['num_envs']:6d} {r['sps']:10,.0f} {r['speedup']:8.2f} "

@@ -64,7 +64,7 @@ def kernel_count(fn, *args) -> int:
 def per_iteration_in_loop(body, carry, steps: int, iters: int) -> float:
     """Seconds per iteration of `body(i, carry) -> carry` run `steps` times inside ONE jitted fori_loop: the
     device cost as the trainer's scan pays it, without the per-call host dispatch (which, for a call of
-    ~100 state arrays, is itself ~0.1-0.2 ms and would dominate a sub-millisecond template)."""
+    ~100 state arrays, measured ~0.3 ms on an H200 and would dominate a sub-millisecond template)."""
     run = jax.jit(lambda c: jax.lax.fori_loop(0, steps, body, c))
     return timed(run, carry, iters=iters) / steps
 
@@ -80,35 +80,28 @@ def template_in_loop(tpl, states, steps: int, iters: int) -> float:
     return per_iteration_in_loop(body, states, steps, iters)
 
 
-def env_step_in_loop(env_name: str, num_envs: int, steps: int, iters: int) -> float:
-    """One batched env step (the trainer's wrapper, optimistic resets) inside a loop."""
+def batched_env_step(env_name: str, num_envs: int):
+    """The trainer's batched env step (`rl.envs.BatchedEnv`: optimistic resets) with all-zero actions,
+    as step(key, state) -> state, and a first state."""
     from rl.envs import BatchedEnv
 
     env = BatchedEnv(env_name, num_envs)
     _, state = jax.jit(env.reset)(jax.random.PRNGKey(0))
     actions = jnp.zeros((num_envs,), jnp.int32)
-    body = lambda i, s: env.step(jax.random.fold_in(jax.random.PRNGKey(1), i), s, actions)[1]
-    return per_iteration_in_loop(body, state, steps, iters)
+    return (lambda key, s: env.step(key, s, actions)[1]), state
 
 
-def env_step_time(env_name: str, num_envs: int, iters: int) -> tuple[float, str]:
-    """Seconds of one batched env step as the trainer runs it (optimistic resets)."""
-    try:
-        from rl.envs import BatchedEnv
-    except ImportError:  # rl not there: a plain vmapped step
-        BatchedEnv = None
-    key = jax.random.PRNGKey(0)
-    if BatchedEnv is not None:
-        env = BatchedEnv(env_name, num_envs)
-        _, state = jax.jit(env.reset)(key)
-        step = jax.jit(lambda k, s: env.step(k, s, jnp.zeros((num_envs,), jnp.int32))[1])
-        return timed(step, key, state, iters=iters), "rl.envs.BatchedEnv.step (optimistic resets)"
-    from render.sample_states import _env
+def env_step_in_loop(env_name: str, num_envs: int, steps: int, iters: int) -> float:
+    """One batched env step inside a loop."""
+    step, state = batched_env_step(env_name, num_envs)
+    return per_iteration_in_loop(lambda i, s: step(jax.random.fold_in(jax.random.PRNGKey(1), i), s), state, steps,
+                                 iters)
 
-    env, params = _env(env_name)
-    states = sample_states(env_name, num_envs, 0, steps=1)
-    step = jax.jit(jax.vmap(lambda k, s: env.step(k, s, 0, params)[1]))
-    return timed(step, jax.random.split(key, num_envs), states, iters=iters), "vmapped env.step (rl.envs missing)"
+
+def env_step_time(env_name: str, num_envs: int, iters: int) -> float:
+    """Seconds of one batched env step in its own jitted call."""
+    step, state = batched_env_step(env_name, num_envs)
+    return timed(jax.jit(step), jax.random.PRNGKey(0), state, iters=iters)
 
 
 def length_stats(tpl, chunks) -> dict:
@@ -167,12 +160,12 @@ def main(argv=None) -> dict:
         "date": time.strftime("%Y-%m-%d"), "num_envs": args.num_envs, "smoke": args.smoke, "envs": {},
     }
     for env_name in args.envs:
-        step_s, step_kind = env_step_time(env_name, args.num_envs, args.iters)
+        step_s = env_step_time(env_name, args.num_envs, args.iters)
         step_loop_s = env_step_in_loop(env_name, args.num_envs, args.loop_steps, max(2, args.iters // 4))
         states = sample_states(env_name, args.num_envs, 100)
         chunks = [sample_states(env_name, args.stat_states, seed) for seed in range(4)] if args.stat_states else []
         typical = [typical_states(env_name, args.stat_states, seed) for seed in range(2)] if args.stat_states else []
-        env_res = {"env_step_s": step_s, "env_step": step_kind, "env_step_in_loop_s": step_loop_s, "formats": {},
+        env_res = {"env_step_s": step_s, "env_step": "rl.envs.BatchedEnv.step (optimistic resets)", "env_step_in_loop_s": step_loop_s, "formats": {},
                    "informative_tiles": informative_tiles(env_name, chunks) if chunks else None}
         for fmt in FORMATS:
             tpl = build_template(tokenizer, env_name, fmt)

@@ -139,6 +139,11 @@ def main(argv=None) -> int:
     if args.smoke:
         args.llm_dtype = "float32"
     names = args.only or list(CONFIGS)
+    def write(rows):  # after every config, so a run cut short keeps what it measured
+        if args.out:
+            args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"),
+                                                rows=rows), indent=2))
+
     rows = []
     if args.sync_dir:  # compile everything first, then time in turn
         preps = [prepare(name, CONFIGS[name], args) for name in names]
@@ -147,13 +152,11 @@ def main(argv=None) -> int:
         (args.sync_dir / f"done.{args.sync_rank}").touch()
         for row in rows:
             print(json.dumps(row), flush=True)
-    for name in names if not args.sync_dir else []:
-        row = measure(prepare(name, CONFIGS[name], args), args)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if args.out:
-            args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"),
-                                                rows=rows), indent=2))
+    else:
+        for name in names:
+            rows.append(measure(prepare(name, CONFIGS[name], args), args))
+            print(json.dumps(rows[-1]), flush=True)
+            write(rows)
     none_sps = {(r["env"], r["num_envs"]): r["sps"] for r in rows if r["config"] in ("none-1024", "none-128")}
     print(f"\ndevice: {jax.devices()[0]}")
     print(f"{'config':22s} {'GPUs':>4s} {'SPS':>10s} {'1st update s':>12s} {'LLM share':>9s} {'prompts/s':>10s} {'bound':>9s} {'ratio':>6s}")
@@ -167,9 +170,7 @@ def main(argv=None) -> int:
         f = lambda x, fmt: format(x, fmt) if x is not None else "-"
         print(f"{r['config']:22s} {r['devices']:4d} {r['sps']:10,.0f} {r['first_update_s']:12.1f} {f(r.get('llm_time_share'), '9.2f')} "
               f"{f(r.get('llm_prompts_per_s'), '10,.0f')} {f(bound, '9,.0f')} {f(ratio, '6.2f')}")
-    if args.out:
-        args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"), rows=rows),
-                                       indent=2))
+    write(rows)  # with the bounds
     return 0
 
 
