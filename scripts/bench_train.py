@@ -75,8 +75,9 @@ def prepare(name: str, overrides: dict, args) -> dict:
     t0 = time.perf_counter()
     runner, _ = trainer.update(runner, args_llm)
     jax.block_until_ready(runner)
-    return dict(name=name, cfg=cfg, llm=llm, trainer=trainer, args_llm=args_llm, runner=runner,
-                first=time.perf_counter() - t0)
+    first = time.perf_counter() - t0
+    print(f"{name}: {cfg.num_envs} envs on {trainer.num_devices} device(s), first update {first:.1f} s", flush=True)
+    return dict(name=name, cfg=cfg, llm=llm, trainer=trainer, args_llm=args_llm, runner=runner, first=first)
 
 
 def measure(prep: dict, args) -> dict:
