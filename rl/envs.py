@@ -2,12 +2,15 @@
 
 `BatchedEnv` steps a whole batch of craftax environments (the raw `NoAutoReset` envs, vmapped) and
 keeps per-env episode statistics. When envs finish an episode they are reset *optimistically*: each
-step generates a small pool of fresh worlds (`num_envs // reset_ratio`, 64 for 1,024 envs as in the
-reference trainer) instead of one per env, and the done envs copy worlds from that pool. World
-generation is the expensive part of a Craftax step, so this keeps the step cheap. The k-th done env
-of a step (in env order) takes pool world `k % pool_size`; two envs share a fresh world only when more
-than `pool_size` envs finish in the same step (their futures still differ: every env has its own
-step key).
+step generates a small pool of fresh worlds (one per block of `reset_ratio` consecutive envs: 64 for
+1,024 envs as in the reference trainer) instead of one per env, and a done env copies its block's world.
+World generation is the expensive part of a Craftax step, so this keeps the step cheap. Two envs share
+a fresh world only when they are in the same block and finish on the same step (their futures still
+differ: every env has its own step key).
+
+Every random key is derived from the global index of its env (or block), never from the batch
+position, so a batch split over devices (each device stepping its own envs, `env_index` giving their
+global indices) behaves exactly like the whole batch on one device.
 
 Everything here is a pure function of explicit state, works on whatever batch it is given (a
 per-device shard included) and runs under jit / lax.scan.
@@ -42,6 +45,11 @@ def make_raw_env(env_name: str):
 
 def _strong(x: jax.Array) -> jax.Array:
     return jnp.asarray(x, dtype=x.dtype)
+
+
+def _keys_for(key: jax.Array, index: jax.Array) -> jax.Array:
+    """One key per global index (`fold_in`), the same whichever batch or device the index sits in."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
 
 
 class EnvBatchState(NamedTuple):
@@ -97,29 +105,31 @@ class BatchedEnv:
 
     @property
     def pool_size(self) -> int:
-        """Fresh worlds generated per step for the envs that finish."""
-        return max(1, self.num_envs // self.reset_ratio)
+        """Fresh worlds generated per step for the envs that finish (one per block of reset_ratio envs)."""
+        return -(-self.num_envs // self.reset_ratio)
 
     # dynamics -------------------------------------------------------------------------------
-    def reset(self, key: jax.Array) -> tuple[jax.Array, EnvBatchState]:
-        """Fresh worlds for every env: (obs float32 [B, O], state)."""
-        keys = jax.random.split(key, self.num_envs)
-        obs, env_state = jax.vmap(self._env.reset, in_axes=(0, None))(keys, self._params)
+    def reset(self, key: jax.Array, env_index: jax.Array | None = None) -> tuple[jax.Array, EnvBatchState]:
+        """Fresh worlds for the envs `env_index` (default: all): (obs float32 [B, O], state)."""
+        env_index = jnp.arange(self.num_envs) if env_index is None else env_index
+        obs, env_state = jax.vmap(self._env.reset, in_axes=(0, None))(_keys_for(key, env_index), self._params)
         env_state = jax.tree.map(_strong, env_state)  # craftax leaves some fields weakly typed
-        zeros_f = jnp.zeros((self.num_envs,), jnp.float32)
-        zeros_i = jnp.zeros((self.num_envs,), jnp.int32)
+        zeros_f = jnp.zeros(env_index.shape, jnp.float32)
+        zeros_i = jnp.zeros(env_index.shape, jnp.int32)
         return obs, EnvBatchState(env_state, zeros_f, zeros_i)
 
-    def step(self, key: jax.Array, state: EnvBatchState, action: jax.Array):
-        """Step every env; done envs restart in a fresh world.
+    def step(self, key: jax.Array, state: EnvBatchState, action: jax.Array, env_index: jax.Array | None = None):
+        """Step the envs `env_index` (default: all; a contiguous run that starts a block or lies inside
+        one, e.g. one device's share); done envs restart in their block's fresh world.
 
         Returns (obs [B, O], state, reward float32 [B], done bool [B], StepInfo). `obs` and `state`
         of a done env are already those of its new episode, as with gymnax auto-reset.
         """
+        batch = action.shape[0]
+        env_index = jnp.arange(batch) if env_index is None else env_index
         k_step, k_reset = jax.random.split(key)
-        step_keys = jax.random.split(k_step, self.num_envs)
         obs, env_state, reward, done, _ = jax.vmap(self._env.step, in_axes=(0, 0, 0, None))(
-            step_keys, state.env_state, action, self._params
+            _keys_for(k_step, env_index), state.env_state, action, self._params
         )
         reward = reward.astype(jnp.float32)
         done = done.astype(bool)
@@ -131,9 +141,11 @@ class BatchedEnv:
             achievements=env_state.achievements.astype(bool) & done[:, None],
         )
 
-        pool_keys = jax.random.split(k_reset, self.pool_size)
-        pool_obs, pool_state = jax.vmap(self._env.reset, in_axes=(0, None))(pool_keys, self._params)
-        slot = (jnp.cumsum(done) - 1) % self.pool_size  # k-th done env -> pool world k % pool_size
+        block = env_index // self.reset_ratio
+        first_block = block[0]
+        worlds = first_block + jnp.arange(-(-batch // self.reset_ratio))  # the blocks of this batch
+        pool_obs, pool_state = jax.vmap(self._env.reset, in_axes=(0, None))(_keys_for(k_reset, worlds), self._params)
+        slot = block - first_block  # env -> its block's world
 
         def pick(fresh, old):
             chosen = fresh[slot]

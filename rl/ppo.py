@@ -1,6 +1,9 @@
 """PPO pieces (purejaxrl style): transitions, GAE, the clipped loss and one update over a rollout.
 
-All functions are pure and jittable; the network is passed as its `apply` function.
+All functions are pure and jittable; the network is passed as its `apply` function. Under
+`jax.shard_map` with the env axis split over devices, pass `axis_name` (and the global `env_index` of
+the local envs): losses and gradients are averaged over the devices and the update equals the
+one-device update.
 """
 from __future__ import annotations
 
@@ -63,9 +66,20 @@ def gae(traj: Transition, last_value: jax.Array, gamma: float, lam: float) -> tu
     return adv, adv + traj.value
 
 
+def batch_mean(x: jax.Array, axis_name: str | None = None) -> jax.Array:
+    """Mean over all elements; with `axis_name`, over every device's (equally sized) share too."""
+    m = jnp.mean(x)
+    return m if axis_name is None else jax.lax.pmean(m, axis_name)
+
+
 def ppo_loss(params, apply_fn: Callable, batch: Transition, adv: jax.Array, targets: jax.Array,
-             hp: PPOHyper):
-    """Clipped PPO loss on one minibatch; returns (loss, aux metrics)."""
+             hp: PPOHyper, axis_name: str | None = None):
+    """Clipped PPO loss on one minibatch; returns (loss, aux metrics).
+
+    With `axis_name` the minibatch is spread over devices: the advantages are normalised with the whole
+    minibatch's mean and std, and the loss is this device's share (average it, and its gradient, with
+    `jax.lax.pmean`; the shares are equal in size).
+    """
     pi, value = apply_fn(params, batch.obs, batch.hidden)
     log_prob = pi.log_prob(batch.action)
 
@@ -73,7 +87,8 @@ def ppo_loss(params, apply_fn: Callable, batch: Transition, adv: jax.Array, targ
     value_loss = 0.5 * jnp.maximum(jnp.square(value - targets), jnp.square(value_clipped - targets)).mean()
 
     ratio = jnp.exp(log_prob - batch.log_prob)
-    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    adv_mean = batch_mean(adv, axis_name)
+    adv = (adv - adv_mean) / (jnp.sqrt(batch_mean(jnp.square(adv - adv_mean), axis_name)) + 1e-8)
     actor_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * adv).mean()
     entropy = pi.entropy().mean()
     total = actor_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
@@ -87,28 +102,34 @@ def ppo_loss(params, apply_fn: Callable, batch: Transition, adv: jax.Array, targ
     return total, aux
 
 
-def per_env_time_index(key: jax.Array, num_steps: int, num_envs: int) -> jax.Array:
-    """int32 [T, B]: column b is a permutation of env b's time steps, keyed by fold_in(key, b).
+def per_env_time_index(key: jax.Array, num_steps: int, env_index: jax.Array) -> jax.Array:
+    """int32 [T, B]: column b is a permutation of env b's time steps, keyed by fold_in(key, env_index[b]).
 
-    b is the global env index, so the index (and hence training) does not depend on how the envs are
-    split over devices.
+    env_index holds the global env indices, so the index (and hence training) does not depend on how the
+    envs are split over devices.
     """
-    keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(num_envs))
+    keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(env_index)
     return jax.vmap(lambda k: jax.random.permutation(k, num_steps), out_axes=1)(keys)
 
 
-def _global_minibatches(data, key: jax.Array, num_minibatches: int):
-    """Reference shuffle: one permutation of all T*B samples -> leaves [M, T*B/M, ...]."""
+def _global_minibatches(data, key: jax.Array, num_minibatches: int, env_index, axis_name):
+    """Reference shuffle: one permutation of all T*B samples of the whole batch -> leaves [M, T*B/M, ...].
+    With `axis_name`, every device gathers the whole rollout and keeps its 1/N share of each minibatch."""
+    if axis_name is not None:
+        data = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True), data)
     flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), data)
-    perm = jax.random.permutation(key, flat[2].shape[0])
-    return jax.tree.map(lambda x: x[perm].reshape((num_minibatches, -1) + x.shape[1:]), flat)
+    perm = jax.random.permutation(key, flat[2].shape[0]).reshape(num_minibatches, -1)
+    if axis_name is not None:
+        share = perm.shape[1] // jax.lax.axis_size(axis_name)
+        perm = jax.lax.dynamic_slice_in_dim(perm, jax.lax.axis_index(axis_name) * share, share, axis=1)
+    return jax.tree.map(lambda x: x[perm], flat)
 
 
-def _per_env_minibatches(data, key: jax.Array, num_minibatches: int):
+def _per_env_minibatches(data, key: jax.Array, num_minibatches: int, env_index, axis_name):
     """Per-env shuffle: permute each env's time steps; minibatch m takes time slots
     [m*T/M, (m+1)*T/M) of every env -> leaves [M, T/M, B, ...] (the env axis stays where it is)."""
-    num_steps, num_envs = data[2].shape
-    index = per_env_time_index(key, num_steps, num_envs)
+    num_steps = data[2].shape[0]
+    index = per_env_time_index(key, num_steps, env_index)
 
     def split(x):
         shuffled = jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=0)
@@ -118,16 +139,21 @@ def _per_env_minibatches(data, key: jax.Array, num_minibatches: int):
 
 
 def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply_fn: Callable,
-               traj: Transition, last_value: jax.Array, key: jax.Array, hp: PPOHyper):
+               traj: Transition, last_value: jax.Array, key: jax.Array, hp: PPOHyper,
+               axis_name: str | None = None, env_index: jax.Array | None = None):
     """`update_epochs` x `num_minibatches` PPO steps on one rollout [T, B].
+
+    Under `jax.shard_map` pass `axis_name` (the mesh axis splitting the envs) and `env_index` (int [B], the
+    global indices of this device's envs): losses, advantage statistics and so the gradients are over the
+    whole batch, and params stay identical on every device.
 
     `hp.shuffle` picks how each epoch forms minibatches:
       * "global" (the reference): samples are flattened over (time, env) and permuted together. With the
-        env axis split over devices this permutation mixes every device's samples, so XLA all-gathers the
-        whole rollout and computes each minibatch replicated: the update is not data-parallel.
+        env axis split over devices this permutation mixes every device's samples: each device all-gathers
+        the rollout (one copy per update) and computes its share of every minibatch.
       * "per_env": each env's time steps are permuted (key folded with the global env index) and
         minibatch m takes the same number of time slots from every env ([T/M, B] samples). The gather runs
-        along the unsplit time axis, so each device keeps its own envs and only the loss scalars and the
+        along the time axis, so each device keeps its own envs and only the loss scalars and the
         gradients are all-reduced. Needs T % M == 0. Same algorithm, other minibatch composition.
     Returns (params, opt_state, metrics averaged over all minibatch steps).
     """
@@ -141,19 +167,23 @@ def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply
     if num_steps * num_envs % hp.num_minibatches:
         raise ValueError(f"batch of {num_steps * num_envs} samples does not split into {hp.num_minibatches} "
                          "minibatches")
+    env_index = jnp.arange(num_envs) if env_index is None else env_index
     make_minibatches = _per_env_minibatches if hp.shuffle == "per_env" else _global_minibatches
     grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
 
     def minibatch_step(carry, mb):
         params, opt_state = carry
         batch, mb_adv, mb_targets = mb
-        (loss, aux), grads = grad_fn(params, apply_fn, batch, mb_adv, mb_targets, hp)
+        (loss, aux), grads = grad_fn(params, apply_fn, batch, mb_adv, mb_targets, hp, axis_name)
+        if axis_name is not None:  # equal shares: the mean of the devices' means is the minibatch mean
+            loss, aux, grads = jax.lax.pmean((loss, aux, grads), axis_name)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return (params, opt_state), dict(aux, total_loss=loss)
 
     def epoch(carry, k):
-        return jax.lax.scan(minibatch_step, carry, make_minibatches((traj, adv, targets), k, hp.num_minibatches))
+        minibatches = make_minibatches((traj, adv, targets), k, hp.num_minibatches, env_index, axis_name)
+        return jax.lax.scan(minibatch_step, carry, minibatches)
 
     (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state),
                                                 jax.random.split(key, hp.update_epochs))

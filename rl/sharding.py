@@ -1,13 +1,12 @@
 """Data parallelism over devices: a 1-D mesh whose one axis splits the env batch.
 
-Everything per-env (env state, obs, LLM hidden state, and through XLA's sharding propagation the
-rollout's transitions) is split along the env axis; network params, optimizer state, PRNG key and
-the LLM params / prefix cache are replicated. The jitted trainer functions are unchanged: with their
-inputs and outputs placed by `NamedSharding`, XLA (GSPMD) partitions the envs, the rollout and (with
-`shuffle="per_env"`; the reference shuffle all-gathers the rollout) the PPO minibatch gradients per device
-and inserts the all-reduces itself. Because jit's meaning does not
-depend on how its inputs are sharded (and JAX's threefry PRNG is partitionable), a run on N devices
-equals a one-device run of the same global batch up to float reassociation.
+Everything per-env (env state, obs, LLM hidden state, the rollout's transitions) is split along the
+env axis; network params, optimizer state, PRNG key and the LLM params / prefix cache are replicated.
+The trainer's jitted functions are `jax.shard_map`s over this mesh (`rl.trainer`): each device runs
+its own envs with no communication, and only the PPO update talks across devices (loss means and
+gradients; the reference `shuffle="global"` also all-gathers the rollout once per update). Random keys
+come from global env indices, so a run on N devices equals a one-device run of the same global batch
+up to float reassociation.
 
 Multi-host: set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID and call
 `maybe_initialize_distributed()` before touching any device; the mesh then spans every process's
@@ -100,16 +99,17 @@ def resolve_device_count(requested: int) -> int:
 
 
 def check_divisible(num_envs: int, reset_ratio: int, devices: int) -> None:
-    """The env batch (and the optimistic-reset pool) must split evenly over the devices."""
+    """The env batch must split evenly over the devices, and so must the optimistic-reset blocks (a device
+    holds whole blocks of `reset_ratio` envs, or lies inside one block)."""
     if num_envs % devices:
         lo = num_envs // devices * devices or devices
         raise ValueError(f"--num-envs {num_envs} does not split over {devices} devices; pick a multiple of "
                          f"{devices} (e.g. --num-envs {lo}) or change --devices")
-    pool = max(1, num_envs // reset_ratio)
-    if devices > 1 and pool % devices:
-        raise ValueError(f"the optimistic-reset pool (num_envs / reset_ratio = {pool} fresh worlds per step) does "
-                         f"not split over {devices} devices; pick --reset-ratio so that num_envs / reset_ratio is a "
-                         f"multiple of {devices}")
+    local = num_envs // devices
+    if devices > 1 and local % reset_ratio and reset_ratio % local:
+        raise ValueError(f"the optimistic-reset pool (one fresh world per block of --reset-ratio {reset_ratio} envs) "
+                         f"does not split over {devices} devices of {local} envs each; pick --reset-ratio so that "
+                         f"it divides {local} (or is a multiple of it)")
 
 
 def make_mesh(devices: int) -> Mesh:
@@ -123,6 +123,15 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def env_sharded(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(ENV_AXIS))
+
+
+def runner_specs(uses_hidden: bool) -> Any:
+    """The `PartitionSpec` tree of a `rl.trainer.RunnerState` (for shard_map): per-env fields split."""
+    from rl.trainer import RunnerState
+
+    env = P(ENV_AXIS)
+    return RunnerState(params=P(), opt_state=P(), env_state=env, obs=env, hidden=env if uses_hidden else None,
+                       rng=P(), update=P())
 
 
 def runner_shardings(runner: Any, mesh: Mesh) -> Any:

@@ -13,10 +13,11 @@ re-encoded. A new episode never sees its predecessor's vector, and the LLM cost 
 batched call per window (no extra small-batch calls). With skip_n=1 no action is ever taken with a
 zeroed vector.
 
-Several devices (`cfg.devices`, docs/MULTIGPU.md): the jitted functions are the same; the runner
-state's per-env fields are placed split over a 1-D device mesh and everything else replicated
-(`rl.sharding`), and XLA partitions the rollout and the PPO gradients itself. The result equals a
-one-device run of the same global batch up to float reassociation.
+Several devices (`cfg.devices`, docs/MULTIGPU.md): every jitted function is a `jax.shard_map` over a
+1-D device mesh. The runner state's per-env fields are split over it and everything else is
+replicated (`rl.sharding`); each device steps, renders, encodes and acts for its own envs, with
+random keys derived from global env indices, and the PPO losses and gradients are averaged over all
+devices. The result equals a one-device run of the same global batch up to float reassociation.
 """
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from rl.config import TrainConfig
 from rl.envs import BatchedEnv, EnvBatchState, StepInfo
 from rl.networks import make_network
 from rl.ppo import PPOHyper, Transition, make_optimizer, ppo_update
-from rl.sharding import (check_divisible, env_sharded, from_process_local_rows, make_mesh, process_local_rows,
-                         replicated, resolve_device_count, runner_shardings)
+from rl.sharding import (ENV_AXIS, check_divisible, from_process_local_rows, make_mesh, process_local_rows,
+                         replicated, resolve_device_count, runner_shardings, runner_specs)
 
 
 class RunnerState(NamedTuple):
@@ -61,6 +62,7 @@ class Trainer:
         self.num_devices = resolve_device_count(cfg.devices)
         check_divisible(cfg.num_envs, cfg.reset_ratio, self.num_devices)
         self.mesh = make_mesh(self.num_devices)
+        self.local_envs = cfg.num_envs // self.num_devices
         self.env = BatchedEnv(cfg.env, cfg.num_envs, cfg.reset_ratio)
         self.network = make_network(self.env.num_actions, augmented=cfg.uses_llm, fusion=cfg.fusion,
                                     width=cfg.width)
@@ -78,16 +80,30 @@ class Trainer:
 
             self._encode = make_inscan_encoder(llm.template, llm.model.config, layer=cfg.llm_layer,
                                                pooling=cfg.pooling, chunk=cfg.llm_chunk)
+        specs = runner_specs(uses_hidden=cfg.uses_llm)
+        rep, env, steps = P(), P(ENV_AXIS), P(None, ENV_AXIS)
+        carry = (env, env, env if cfg.uses_llm else None, rep)  # (env_state, obs, hidden, key)
         if cfg.encoder == "vllm":
             from rl.encoders import make_token_fn
 
-            self._tokens = jax.jit(make_token_fn(llm.template), out_shardings=env_sharded(self.mesh))
-        self.update = jax.jit(self._update)
-        self.encode_states = jax.jit(self._encode) if self._encode is not None else None
-        self._window = jax.jit(self._run_window, static_argnames=("length", "keep_states"))
-        self._finish = jax.jit(self._finish_update)
+            self._tokens = self._sharded(make_token_fn(llm.template), env, (env, env))
+        self.update = self._sharded(self._update, (specs, rep), (specs, rep))
+        self.encode_states = self._sharded(self._encode, (rep, rep, env), env) if self._encode else None
+        self._reset = self._sharded(lambda key: self.env.reset(key, self._env_index()), rep, (env, env))
+        self._window = self._sharded(lambda p, c: self._run_window(p, c, cfg.skip_n), (rep, carry), (carry, steps))
+        self._finish = self._sharded(self._finish_update, (specs, carry, rep, steps, steps), (specs, rep))
 
     # setup ------------------------------------------------------------------------------------
+    def _sharded(self, fn, in_specs, out_specs):
+        """`fn` jitted as a shard_map over the env axis: per-env arguments (spec P(ENV_AXIS)) arrive as
+        this device's rows, replicated ones (P()) whole. Replication is not type-checked (craftax's own
+        scans are not written for it); every collective is explicit (`rl.ppo`, `episode_metrics`)."""
+        return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+
+    def _env_index(self) -> jax.Array:
+        """Global indices of this device's envs (inside a shard_map; all envs on one device)."""
+        return jax.lax.axis_index(ENV_AXIS) * self.local_envs + jnp.arange(self.local_envs)
+
     def apply(self, params, obs, hidden):
         return self.network.apply(params, obs, hidden)
 
@@ -104,7 +120,7 @@ class Trainer:
         placed on the mesh. The values do not depend on the device count."""
         key = jax.random.PRNGKey(self.cfg.seed)
         key, k_net, k_env = jax.random.split(key, 3)
-        obs, env_state = jax.jit(self.env.reset, out_shardings=env_sharded(self.mesh))(k_env)
+        obs, env_state = self._reset(k_env)
         hidden = None
         if self.cfg.encoder == "inscan":
             hidden = self.encode_states(*self.place_llm_args(llm_args), env_state.env_state)
@@ -117,13 +133,14 @@ class Trainer:
         return self.place(RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32)))
 
     # rollout ----------------------------------------------------------------------------------
-    def _act(self, params, carry, _):
+    def _act(self, params, carry, env_index):
         env_state, obs, hidden, key = carry
         key, k_act, k_env = jax.random.split(key, 3)
         pi, value = self.apply(params, obs, hidden)
-        action = pi.sample(seed=k_act)
+        act_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(k_act, env_index)  # per global env
+        action = jax.vmap(jax.random.categorical)(act_keys, pi.logits)
         log_prob = pi.log_prob(action)
-        next_obs, next_state, reward, done, info = self.env.step(k_env, env_state, action)
+        next_obs, next_state, reward, done, info = self.env.step(k_env, env_state, action, env_index)
         if hidden is not None:  # a new episode must not see the previous episode's vector
             next_hidden = jnp.where(done[:, None], jnp.zeros_like(hidden), hidden)
         else:
@@ -131,15 +148,19 @@ class Trainer:
         tr = Transition(obs, hidden, action, log_prob, value, reward, done)
         return (next_state, next_obs, next_hidden, key), (tr, info, env_state.env_state)
 
-    def _run_window(self, params, carry, length: int, keep_states: bool = False):
-        """`length` env+policy steps with the hidden state held (zeroed on reset)."""
-        carry, (tr, info, states) = jax.lax.scan(lambda c, x: self._act(params, c, x), carry, None, length)
+    def _run_window(self, params, carry, length: int, keep_states: bool = False, env_index=None):
+        """`length` env+policy steps with the hidden state held (zeroed on reset). `env_index`: global
+        indices of the envs in `carry` (default: this device's, or all envs outside a shard_map)."""
+        if env_index is None:
+            env_index = self._env_index() if self.num_devices > 1 else jnp.arange(carry[1].shape[0])
+        carry, (tr, info, states) = jax.lax.scan(lambda c, _: self._act(params, c, env_index), carry, None, length)
         return carry, (tr, info, states if keep_states else None)
 
     def rollout(self, params, env_state, obs, hidden, key, llm_args, keep_states: bool = False):
         """One rollout of num_steps steps -> (carry, Transition [T, B], StepInfo [T, B], states or None).
 
-        `keep_states=True` also returns the raw env state of every step (for tests).
+        Runs on one device's envs inside the update's shard_map, or on all envs when called directly
+        (one device). `keep_states=True` also returns the raw env state of every step (for tests).
         """
         cfg = self.cfg
         carry = (env_state, obs, hidden, key)
@@ -161,18 +182,16 @@ class Trainer:
 
     # update -----------------------------------------------------------------------------------
     def _finish_update(self, runner: RunnerState, carry, key_ppo, traj: Transition, info: StepInfo):
+        """PPO on this device's rollout (losses and gradients averaged over all devices) -> (runner, metrics)."""
         env_state, obs, hidden, key = carry
         _, last_value = self.apply(runner.params, obs, hidden)
         params, opt_state, losses = ppo_update(runner.params, runner.opt_state, self.optimizer, self.apply,
-                                               traj, last_value, key_ppo, self.hp)
-        metrics = dict(losses, **episode_metrics(info))
+                                               traj, last_value, key_ppo, self.hp, axis_name=ENV_AXIS,
+                                               env_index=self._env_index())
+        metrics = dict(losses, **episode_metrics(info, ENV_AXIS))
         if traj.hidden is not None:
-            metrics["hidden_zero_frac"] = jnp.mean(jnp.all(traj.hidden == 0, axis=-1))
-        new = RunnerState(params, opt_state, env_state, obs, hidden, key, runner.update + 1)
-        # keep the carried state's placement fixed from update to update (per-env split, rest replicated)
-        new = jax.lax.with_sharding_constraint(new, runner_shardings(new, self.mesh))
-        metrics = jax.lax.with_sharding_constraint(metrics, replicated(self.mesh))
-        return new, metrics
+            metrics["hidden_zero_frac"] = jax.lax.pmean(jnp.mean(jnp.all(traj.hidden == 0, axis=-1)), ENV_AXIS)
+        return RunnerState(params, opt_state, env_state, obs, hidden, key, runner.update + 1), metrics
 
     def _update(self, runner: RunnerState, llm_args):
         """One full training update (rollout + PPO) as a pure function; jitted as `self.update`."""
@@ -191,7 +210,7 @@ class Trainer:
         carry = (runner.env_state, runner.obs, runner.hidden, k_roll)
         chunks = []
         for _ in range(self.cfg.num_steps // self.cfg.skip_n):
-            carry, out = self._window(runner.params, carry, self.cfg.skip_n)
+            carry, out = self._window(runner.params, carry)
             chunks.append(out[:2])
             env_state, obs, _, k = carry
             carry = (env_state, obs, self._vllm_hidden(env_state), k)
@@ -218,15 +237,16 @@ class Trainer:
         return float(min(1.0, per_call * (self.cfg.num_steps // self.cfg.skip_n) / max(update_seconds, 1e-9)))
 
 
-def episode_metrics(info: StepInfo) -> dict[str, jax.Array]:
-    """Means over the episodes that ended during a rollout (NaN when none ended)."""
-    ended = (info.episode_length > 0).astype(jnp.float32)
-    n = ended.sum()
+def episode_metrics(info: StepInfo, axis_name: str | None = None) -> dict[str, jax.Array]:
+    """Means over the episodes that ended during a rollout (NaN when none ended); with `axis_name`, over
+    every device's envs."""
+    total = (lambda x: x) if axis_name is None else (lambda x: jax.lax.psum(x, axis_name))
+    n = total((info.episode_length > 0).astype(jnp.float32).sum())
     safe = jnp.maximum(n, 1.0)
     nan_if_none = lambda x: jnp.where(n > 0, x, jnp.nan)
     return {
         "episodes": n,
-        "episode_return": nan_if_none(info.episode_return.sum() / safe),
-        "episode_length": nan_if_none(info.episode_length.sum() / safe),
-        "achievements": nan_if_none(info.achievements.sum(axis=(0, 1)) / safe),
+        "episode_return": nan_if_none(total(info.episode_return.sum()) / safe),
+        "episode_length": nan_if_none(total(info.episode_length.sum().astype(jnp.float32)) / safe),
+        "achievements": nan_if_none(total(info.achievements.sum(axis=(0, 1)).astype(jnp.float32)) / safe),
     }

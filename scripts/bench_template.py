@@ -145,6 +145,7 @@ def main(argv=None) -> dict:
                         "(they do not depend on the device: docs/RENDER.md has them from a CPU run)")
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=ENVS)
     parser.add_argument("--loop-steps", type=int, default=10, help="env steps per timed loop (templates: 4x)")
+    parser.add_argument("--profile", action="store_true", help="also print the template's per-kernel GPU time")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
@@ -179,6 +180,13 @@ def main(argv=None) -> dict:
                 "tokens": length_stats(tpl, chunks) if chunks else None,
                 "tokens_typical": length_stats(tpl, typical) if typical else None,
             }
+            if args.profile:
+                from scripts.kernel_profile import kernel_table, print_kernel_table
+
+                table = kernel_table(fn, states, iters=args.iters)
+                print(f"\n{env_name} {fmt}: template kernels (one call of {args.num_envs} states)")
+                print_kernel_table(table)
+                env_res["formats"][fmt]["kernel_table"] = table
         results["envs"][env_name] = env_res
 
     print(f"\ndevice {results['device']}, {args.num_envs} states per call, median of {args.iters}")

@@ -3,7 +3,8 @@
 Two worker subprocesses run in parallel (this test process keeps its single device):
   * "equality" (4 fake devices): a tiny Classic `none` run on 4 devices vs the same global batch on 1
     device (same seed); an `inscan` tiny-Qwen run on 2 vs 1 device; the bad-input errors of Trainer;
-    `ppo_update` alone on synthetic data with each `shuffle`, 4 devices vs 1, and its compiled collectives.
+    `ppo_update` alone (in a shard_map, as the trainer runs it) on synthetic data with each `shuffle`, 4 devices
+    vs 1, and its compiled collectives.
   * "resume" (2 fake devices): `python -m rl.train --devices 2` stopped after 2 of 3 updates and resumed,
     checked against the 1-device run of the "equality" worker; the checkpoint is restored sharded.
 Run this file as a script (`python tests/test_rl_multidevice.py WORKER OUT_DIR`) to run one worker.
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# The "none" run: 8 envs x 8 steps, 3 updates; reset_ratio 2 so the reset pool (4 worlds) splits over 4 devices.
+# The "none" run: 8 envs x 8 steps, 3 updates; reset_ratio 2: each of 4 devices holds one block of 2 envs.
 NONE_RUN = dict(encoder="none", total_timesteps=8 * 8 * 3, reset_ratio=2)
 INSCAN_RUN = dict(encoder="inscan", num_envs=4, num_steps=8, skip_n=4, reset_ratio=2, total_timesteps=4 * 8 * 1)
 # Float reassociation of the gradient all-reduce and of sums over the env axis: a few ulps per update.
@@ -74,11 +75,11 @@ def _ppo_update_on_devices(out: Path) -> None:
 
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import PartitionSpec as P
 
     from rl.networks import ActorCritic
     from rl.ppo import SHUFFLES, PPOHyper, Transition, make_optimizer, ppo_update
-    from rl.sharding import ENV_AXIS, make_mesh, replicated
+    from rl.sharding import ENV_AXIS, make_mesh
 
     k = jax.random.split(jax.random.PRNGKey(0), 7)
     shape, actions = (PPO_T, PPO_B), 5
@@ -92,12 +93,17 @@ def _ppo_update_on_devices(out: Path) -> None:
     gathers = {}
     for shuffle in SHUFFLES:
         hp = PPOHyper(update_epochs=2, num_minibatches=4, shuffle=shuffle)
-        update = jax.jit(lambda p, s, tr, lv, key: ppo_update(p, s, optimizer, net.apply, tr, lv, key, hp))
         for devices in (1, 4):
             mesh = make_mesh(devices)
-            rep = replicated(mesh)
-            shardings = (rep, rep, NamedSharding(mesh, P(None, ENV_AXIS)), NamedSharding(mesh, P(ENV_AXIS)), rep)
-            args = jax.device_put((params, optimizer.init(params), traj, last_value, jax.random.PRNGKey(2)), shardings)
+            local = PPO_B // devices
+
+            def update(p, s, tr, lv, key):  # as the trainer runs it: one device's envs, global env indices
+                env_index = jax.lax.axis_index(ENV_AXIS) * local + jnp.arange(local)
+                return ppo_update(p, s, optimizer, net.apply, tr, lv, key, hp, axis_name=ENV_AXIS, env_index=env_index)
+
+            update = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(P(), P(), P(None, ENV_AXIS), P(ENV_AXIS), P()),
+                                           out_specs=P(), check_vma=False))
+            args = (params, optimizer.init(params), traj, last_value, jax.random.PRNGKey(2))
             compiled = update.lower(*args).compile()
             new_params, _, metrics = compiled(*args)
             _save(out, f"ppo_{shuffle}_{devices}", new_params,
@@ -123,7 +129,7 @@ def worker_equality(out: Path) -> None:
     errors = {
         "too_many": _error_of(lambda: Trainer(_config(8, **NONE_RUN))),
         "envs_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, num_envs=6, total_timesteps=6 * 8)))),
-        "pool_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, reset_ratio=4)))),  # pool of 2
+        "pool_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, reset_ratio=3)))),  # blocks of 3, 2 envs a device
     }
     (out / "errors.json").write_text(json.dumps(errors))
 
@@ -270,8 +276,10 @@ def test_device_checks_without_devices():
     check_divisible(1024, 16, 4)
     with pytest.raises(ValueError, match="--num-envs 10 does not split over 4 devices"):
         check_divisible(10, 1, 4)
+    check_divisible(64, 32, 4)  # 16 envs a device, each inside a block of 32
+    check_divisible(8, 16, 2)
     with pytest.raises(ValueError, match="reset-ratio"):
-        check_divisible(64, 32, 4)
+        check_divisible(96, 16, 4)  # 24 envs a device: one and a half blocks
     assert maybe_initialize_distributed({}) is False
     with pytest.raises(ValueError, match="JAX_NUM_PROCESSES, JAX_PROCESS_ID not set"):
         maybe_initialize_distributed({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})

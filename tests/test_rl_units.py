@@ -13,7 +13,7 @@ CLASSIC = "Craftax-Classic-Symbolic-v1"
 
 @pytest.fixture(scope="module")
 def stepped():
-    env = BatchedEnv(CLASSIC, num_envs=8, reset_ratio=4)  # pool of 2 fresh worlds per step
+    env = BatchedEnv(CLASSIC, num_envs=8, reset_ratio=4)  # 2 blocks of 4 envs: 2 fresh worlds per step
     obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0))
     es = state.env_state
     health = es.player_health.at[jnp.array([0, 2, 5])].set(0)  # these three die on this step
@@ -29,17 +29,18 @@ def test_env_step_matches_craftax_and_resets_done_envs(stepped):
     env, state, action, key, (obs, new, reward, done, info) = stepped
     raw, params = env.raw_env, env.env_params
     k_step, k_reset = jax.random.split(key)
+    keys_of = lambda k, n: jnp.stack([jax.random.fold_in(k, i) for i in range(n)])  # key i = fold_in(k, i)
     ref_obs, ref_state, ref_reward, ref_done, _ = jax.vmap(raw.step, in_axes=(0, 0, 0, None))(
-        jax.random.split(k_step, 8), state.env_state, action, params)
-    pool_obs, pool_state = jax.vmap(raw.reset, in_axes=(0, None))(jax.random.split(k_reset, 2), params)
+        keys_of(k_step, 8), state.env_state, action, params)
+    pool_obs, pool_state = jax.vmap(raw.reset, in_axes=(0, None))(keys_of(k_reset, 2), params)
     done = np.asarray(done)
     assert done.tolist() == np.asarray(ref_done).tolist() and done[[0, 2, 5]].all() and done.sum() == 3
     np.testing.assert_array_equal(reward, ref_reward)
     live = ~done
     np.testing.assert_array_equal(np.asarray(obs)[live], np.asarray(ref_obs)[live])
     np.testing.assert_array_equal(np.asarray(new.env_state.map)[live], np.asarray(ref_state.map)[live])
-    # done envs 0, 2, 5 take pool worlds 0, 1, 0 (k-th done env -> world k % pool_size)
-    for env_i, world in ((0, 0), (2, 1), (5, 0)):
+    # done envs 0, 2, 5 take their block's world: 0, 0, 1 (block = env // reset_ratio)
+    for env_i, world in ((0, 0), (2, 0), (5, 1)):
         np.testing.assert_array_equal(np.asarray(obs)[env_i], np.asarray(pool_obs)[world])
         np.testing.assert_array_equal(np.asarray(new.env_state.map)[env_i], np.asarray(pool_state.map)[world])
     # episode statistics: finished episodes report return/length and restart from 0
@@ -50,6 +51,15 @@ def test_env_step_matches_craftax_and_resets_done_envs(stepped):
     np.testing.assert_array_equal(np.asarray(new.episode_length), np.where(done, 0, 4))
     ach = np.asarray(ref_state.achievements).astype(bool) & done[:, None]
     np.testing.assert_array_equal(np.asarray(info.achievements), ach)
+
+
+def test_env_step_of_a_slice_equals_the_same_envs_of_the_whole_batch(stepped):
+    """What a device computes for its envs (`env_index`) is the whole batch's result for those envs."""
+    env, state, action, key, out = stepped
+    part = lambda x: x[4:]
+    got = jax.jit(env.step)(key, jax.tree.map(part, state), part(action), jnp.arange(4, 8))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(jax.tree.map(part, out))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_unknown_env_is_refused():
@@ -112,14 +122,14 @@ def test_per_env_minibatches_take_each_envs_permuted_time_slots():
 
     t, b, m = 8, 3, 4
     key = jax.random.PRNGKey(3)
-    index = np.asarray(per_env_time_index(key, t, b))
+    index = np.asarray(per_env_time_index(key, t, jnp.arange(b)))
     for env in range(b):  # column b: env b's own permutation, keyed by the global env index
         np.testing.assert_array_equal(index[:, env], jax.random.permutation(jax.random.fold_in(key, env), t))
     assert not all((index[:, 0] == index[:, e]).all() for e in range(1, b))
     time_env = jnp.arange(t)[:, None] * 10 + jnp.arange(b)  # sample (time s, env e) holds 10 s + e
     obs = jnp.stack([time_env, -time_env], -1).astype(jnp.float32)  # [T, B, 2]
     traj = Transition(obs, None, time_env, None, None, None, None)
-    mb_traj, mb_adv, _ = _per_env_minibatches((traj, time_env, time_env), key, m)
+    mb_traj, mb_adv, _ = _per_env_minibatches((traj, time_env, time_env), key, m, jnp.arange(b), None)
     expect = index.reshape(m, t // m, b) * 10 + np.arange(b)  # minibatch i: slots [i T/M, (i+1) T/M) of every env
     np.testing.assert_array_equal(mb_adv, expect)
     np.testing.assert_array_equal(mb_traj.action, expect)
