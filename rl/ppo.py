@@ -114,9 +114,8 @@ def per_env_time_index(key: jax.Array, num_steps: int, env_index: jax.Array) -> 
 
 def _global_minibatches(data, key: jax.Array, num_minibatches: int, env_index, axis_name):
     """Reference shuffle: one permutation of all T*B samples of the whole batch -> leaves [M, T*B/M, ...].
-    With `axis_name`, every device gathers the whole rollout and keeps its 1/N share of each minibatch."""
-    if axis_name is not None:
-        data = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True), data)
+    With `axis_name`, `data` is the whole batch's rollout (gathered by the caller) and this device keeps
+    its 1/N share of each minibatch."""
     flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), data)
     perm = jax.random.permutation(key, flat[2].shape[0]).reshape(num_minibatches, -1)
     if axis_name is not None:
@@ -150,7 +149,7 @@ def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply
     `hp.shuffle` picks how each epoch forms minibatches:
       * "global" (the reference): samples are flattened over (time, env) and permuted together. With the
         env axis split over devices this permutation mixes every device's samples: each device all-gathers
-        the rollout (one copy per update) and computes its share of every minibatch.
+        the rollout once per update and computes its share of every minibatch.
       * "per_env": each env's time steps are permuted (key folded with the global env index) and
         minibatch m takes the same number of time slots from every env ([T/M, B] samples). The gather runs
         along the time axis, so each device keeps its own envs and only the loss scalars and the
@@ -168,6 +167,9 @@ def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply
         raise ValueError(f"batch of {num_steps * num_envs} samples does not split into {hp.num_minibatches} "
                          "minibatches")
     env_index = jnp.arange(num_envs) if env_index is None else env_index
+    data = (traj, adv, targets)
+    if hp.shuffle == "global" and axis_name is not None:  # every device needs every sample: gather once
+        data = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True), data)
     make_minibatches = _per_env_minibatches if hp.shuffle == "per_env" else _global_minibatches
     grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
 
@@ -182,7 +184,7 @@ def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply
         return (params, opt_state), dict(aux, total_loss=loss)
 
     def epoch(carry, k):
-        minibatches = make_minibatches((traj, adv, targets), k, hp.num_minibatches, env_index, axis_name)
+        minibatches = make_minibatches(data, k, hp.num_minibatches, env_index, axis_name)
         return jax.lax.scan(minibatch_step, carry, minibatches)
 
     (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state),
