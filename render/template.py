@@ -1,11 +1,9 @@
 """The token template: a layout compiled against a tokenizer into a pure-jnp function state -> ids.
 
 Every column is pre-tokenized once: a choice becomes a padded table of token ids per string, a
-number becomes digit tokens computed with integer arithmetic. At run time each piece (a column of
-one row) has a value and, from it, a length; one prefix sum over the lengths gives every piece's span
-in the output; a small scatter of piece starts and a running max tell each output position its
-piece, and the position computes its token from that piece's value (a table lookup for a choice,
-integer arithmetic for a number's digits). No per-token scatter and no sort.
+number becomes digit tokens computed with integer arithmetic. At run time each column yields its
+tokens, their positions inside the column and its length; one exclusive cumsum over all lengths
+gives every column's offset, and one scatter writes all tokens into the right-padded output.
 
 The concatenation of per-piece tokenizations equals the tokenization of the concatenated text only
 if no BPE merge (or pre-tokenizer split) crosses a piece boundary. `check_boundaries` verifies this
@@ -21,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from render.layout import Choice, Const, Format, Layout, Section, present_key
+from render.layout import Choice, Const, Format, Layout, Number, Section, present_key
 from render.text import texts_from_values
 
 PAD_ID = 151643  # <|endoftext|>
@@ -118,96 +116,78 @@ def check_boundaries(tokenizer, layout: Layout, head: str) -> int:
     return len(keys)
 
 
-# ----------------------------------------------------------------------------------------- pieces
+# ---------------------------------------------------------------------------------------- columns
 
-CHOICE, NUMBER = 0, 1
-# Columns of `_Pieces.info`, one row per piece.
-KIND, BASE, WIDTH, LEN_BASE, LABEL_LEN, INT_DIGITS, DECIMALS = range(7)
+@dataclass(frozen=True)
+class _ChoiceTokens:
+    ids: np.ndarray  # int32 [n, width], padded
+    lens: np.ndarray  # int32 [n]
+
+    @property
+    def width(self) -> int:
+        return self.ids.shape[1]
+
+    def __call__(self, v):
+        ids = jnp.asarray(self.ids)[v]
+        rel = jnp.broadcast_to(jnp.arange(self.width, dtype=jnp.int32), ids.shape)
+        return ids, rel, jnp.asarray(self.lens)[v]
 
 
 @dataclass(frozen=True)
-class _Pieces:
-    """Every piece of a layout (a column of one row, in text order) compiled against a tokenizer.
-
-    A choice piece shows table row `value` of its column: tokens `table[base + value * width :][:len]`
-    with len = `lens[len_base + value]`. A number piece shows its label (`table[base:][:label_len]`),
-    then digits computed with integer arithmetic: the integer part without leading zeros, then '.'
-    and `decimals` digits; the value -1 shows nothing.
-    """
-
-    info: np.ndarray  # int32 [pieces, 7]: the columns above
-    table: np.ndarray  # int32 [*]: every choice row (padded to its column's width) and every label
-    lens: np.ndarray  # int32 [*]: token count of every choice string
+class _NumberTokens:
+    number: Number
     digit_ids: np.ndarray  # int32 [10]
     dot_id: int
-    max_len: int  # the most tokens all pieces can show together
+    label_ids: tuple[int, ...]  # tokens of number.label
 
-    def per_piece(self, values):
-        """What every piece shows for `values` (int32 [pieces]): (length, first table index or label start,
-        integer part, fraction, digit count), each int32 [pieces]."""
-        info = jnp.asarray(self.info)
-        kind, dec = info[:, KIND], info[:, DECIMALS]
-        v = jnp.maximum(values, 0)
-        whole, frac = v // _pow10(dec), v % _pow10(dec)
-        ndig = _digit_count(whole)
-        number_len = jnp.where(values < 0, 0, info[:, LABEL_LEN] + ndig + jnp.where(dec > 0, 1 + dec, 0))
-        choice_len = jnp.asarray(self.lens)[info[:, LEN_BASE] + v]
-        length = jnp.where(kind == NUMBER, number_len, choice_len)
-        base = info[:, BASE] + jnp.where(kind == NUMBER, 0, v * info[:, WIDTH])
-        return length, base, whole, frac, ndig
+    @property
+    def width(self) -> int:
+        n = self.number
+        return len(self.label_ids) + n.int_digits + (1 + n.decimals if n.decimals else 0)
 
-    def tokens(self, piece, offset, base, whole, frac, ndig):
-        """Token `offset` of each `piece` (int arrays of one shape), from `per_piece`'s arrays."""
-        info = jnp.asarray(self.info)[piece]  # [..., 7]
-        base, whole, frac, ndig = base[piece], whole[piece], frac[piece], ndig[piece]
-        table = jnp.asarray(self.table)
-        from_table = table[base + offset]  # a choice's token, or a number's label token
-        d = offset - info[..., LABEL_LEN]  # position inside the number
-        int_digit = (whole // _pow10(jnp.clip(ndig - 1 - d, 0, 9))) % 10
-        frac_digit = (frac // _pow10(jnp.clip(info[..., DECIMALS] - (d - ndig), 0, 9))) % 10
-        digits = jnp.asarray(self.digit_ids)
-        number = jnp.where(d < ndig, digits[int_digit], jnp.where(d == ndig, self.dot_id, digits[frac_digit]))
-        return jnp.where((info[..., KIND] == NUMBER) & (d >= 0), number, from_table)
-
-
-def _pow10(e):
-    return jnp.asarray([10**k for k in range(10)], jnp.int32)[e]
-
-
-def _digit_count(whole):
-    """Decimal digits of non-negative int32 values (1 for 0)."""
-    return 1 + sum((whole >= 10**k).astype(jnp.int32) for k in range(1, 9))
+    def __call__(self, v):
+        n = self.number
+        empty = v < 0
+        v = jnp.maximum(v, 0)
+        scale = 10**n.decimals
+        whole, frac = v // scale, v % scale
+        ndig = jnp.ones_like(whole) + sum((whole >= 10**k).astype(jnp.int32) for k in range(1, n.int_digits))
+        i = jnp.arange(n.int_digits, dtype=jnp.int32)
+        pow10 = jnp.asarray([10**e for e in range(n.int_digits)], jnp.int32)
+        exponent = jnp.clip(ndig[:, None] - 1 - i[None, :], 0, n.int_digits - 1)
+        digits = (whole[:, None] // pow10[exponent]) % 10
+        ids = [jnp.asarray(self.digit_ids)[digits]]
+        rel = [jnp.broadcast_to(i, digits.shape)]
+        length = ndig
+        if n.decimals:
+            j = jnp.arange(n.decimals, dtype=jnp.int32)
+            fdig = (frac[:, None] // jnp.asarray([10 ** (n.decimals - 1 - k) for k in range(n.decimals)])) % 10
+            ids += [jnp.full((v.shape[0], 1), self.dot_id, jnp.int32), jnp.asarray(self.digit_ids)[fdig]]
+            rel += [ndig[:, None], ndig[:, None] + 1 + j[None, :]]
+            length = ndig + 1 + n.decimals
+        ids, rel = jnp.concatenate(ids, axis=1), jnp.concatenate(rel, axis=1)
+        if self.label_ids:
+            nl = len(self.label_ids)
+            label = jnp.broadcast_to(jnp.asarray(self.label_ids, jnp.int32), (v.shape[0], nl))
+            ids = jnp.concatenate([label, ids], axis=1)
+            rel = jnp.concatenate([jnp.broadcast_to(jnp.arange(nl, dtype=jnp.int32), label.shape), rel + nl], axis=1)
+            length = length + nl
+        return ids, rel, jnp.where(empty, 0, length)
 
 
-def _compile_pieces(tokenizer, layout: Layout) -> _Pieces:
-    """Tokenize every column once and describe every piece (text order) by one row of `info`."""
+def _compile_column(tokenizer, column, pad_id: int):
+    if isinstance(column, Choice):
+        encoded = _encode(tokenizer, list(column.strings))
+        width = max(1, max(len(e) for e in encoded))
+        ids = np.full((len(encoded), width), pad_id, np.int32)
+        for k, e in enumerate(encoded):
+            ids[k, : len(e)] = e
+        return _ChoiceTokens(ids, np.array([len(e) for e in encoded], np.int32))
     digits = _encode(tokenizer, [str(d) for d in range(10)] + ["."])
     if any(len(d) != 1 for d in digits):
         raise UnsafeBoundaryError("this tokenizer does not give every digit and '.' a single token")
-    table: list[int] = []
-    lens: list[int] = []
-    column_info = []  # per section: one info row per column
-    max_len = 0
-    for section in layout.sections:
-        rows = []
-        for col in section.columns:
-            if isinstance(col, Choice):
-                encoded = _encode(tokenizer, list(col.strings))
-                width = max(1, max(len(e) for e in encoded))
-                rows.append([CHOICE, len(table), width, len(lens), 0, 0, 0])
-                for e in encoded:
-                    table.extend(e + [PAD_ID] * (width - len(e)))
-                lens.extend(len(e) for e in encoded)
-                max_len += section.rows * width
-            else:
-                label = _encode(tokenizer, [col.label])[0] if col.label else []
-                rows.append([NUMBER, len(table), 0, 0, len(label), col.int_digits, col.decimals])
-                table.extend(label)
-                max_len += section.rows * (len(label) + col.int_digits + (1 + col.decimals if col.decimals else 0))
-        column_info.append([rows] * section.rows)
-    info = np.asarray([row for section in column_info for columns in section for row in columns], np.int32)
-    return _Pieces(info, np.asarray(table + [PAD_ID], np.int32), np.asarray(lens + [0], np.int32),
-                   np.asarray([d[0] for d in digits[:10]], np.int32), digits[10][0], max_len)
+    label = tuple(_encode(tokenizer, [column.label])[0]) if column.label else ()
+    return _NumberTokens(column, np.array([d[0] for d in digits[:10]], np.int32), digits[10][0], label)
 
 
 # --------------------------------------------------------------------------------------- template
@@ -240,8 +220,7 @@ class Template:
     prefix_ids: list[int]
     max_len: int
     pad_id: int
-    fmt_sections: tuple  # the format's sections plus the chat tail, in text order
-    _pieces: _Pieces = field(repr=False)
+    _sections: tuple = field(repr=False)  # per section: (Section, tuple of compiled columns)
 
     def __call__(self, state):
         """ids int32 [max_len] (right-padded with pad_id) and length int32 for ONE unbatched state."""
@@ -252,26 +231,37 @@ class Template:
             raise ValueError("Template takes one unbatched state; use jax.vmap(tpl)(batched_state) for a batch")
         values = self.fmt.values(state)
         values["chat_tail"] = jnp.zeros((1, 1), jnp.int32)
-        piece_values, present = [], []
-        for section in self.fmt_sections:
-            vals = values[section.name]  # [rows, columns]
-            piece_values.append(vals.reshape(-1))  # row-major = text order
-            shown = values.get(present_key(section.name)) if section.optional_rows else None
-            present.append(jnp.ones(vals.size, bool) if shown is None else jnp.repeat(shown, vals.shape[1]))
-        length, base, whole, frac, ndig = self._pieces.per_piece(jnp.concatenate(piece_values))
-        length = jnp.where(jnp.concatenate(present), length, 0)
-        ends = jnp.cumsum(length)
-        starts = ends - length
-        # Output position p shows the last non-empty piece starting at or before p: mark each such
-        # piece's start with its index, then a running max.
-        n = int(length.shape[0])
-        mark = jnp.full((self.max_len,), -1, jnp.int32)
-        mark = mark.at[jnp.where(length > 0, starts, self.max_len)].max(jnp.arange(n, dtype=jnp.int32), mode="drop")
-        piece = jnp.maximum(jax.lax.cummax(mark), 0)
-        pos = jnp.arange(self.max_len, dtype=jnp.int32)
-        tokens = self._pieces.tokens(piece, pos - starts[piece], base, whole, frac, ndig)
-        out = jnp.where(pos < ends[-1], tokens, self.pad_id)
-        return out.astype(jnp.int32), ends[-1].astype(jnp.int32)
+        per_col = []  # (section index, column index, ids, rel, len)
+        lens = []
+        for section, columns in self._sections:
+            vals = values[section.name]
+            present = values.get(present_key(section.name)) if section.optional_rows else None
+            sec_lens = []
+            for c, col in enumerate(columns):
+                ids, rel, ln = col(vals[:, c])
+                if present is not None:
+                    ln = jnp.where(present, ln, 0)
+                per_col.append((ids, rel, ln))
+                sec_lens.append(ln)
+            lens.append(jnp.stack(sec_lens, axis=1).reshape(-1))  # [rows * cols], row-major = text order
+        flat_lens = jnp.concatenate(lens)
+        offsets = jnp.cumsum(flat_lens) - flat_lens
+        tokens, positions = [], []
+        base = 0
+        k = 0
+        for section, columns in self._sections:
+            ncols = len(columns)
+            for c in range(ncols):
+                ids, rel, ln = per_col[k]
+                k += 1
+                start = offsets[base + c + ncols * jnp.arange(section.rows)]
+                pos = jnp.where(rel < ln[:, None], start[:, None] + rel, self.max_len)
+                tokens.append(ids.reshape(-1))
+                positions.append(pos.reshape(-1))
+            base += section.rows * ncols
+        out = jnp.full((self.max_len,), self.pad_id, jnp.int32)
+        out = out.at[jnp.concatenate(positions)].set(jnp.concatenate(tokens).astype(jnp.int32), mode="drop")
+        return out, flat_lens.sum().astype(jnp.int32)
 
     def observation_text(self, state):
         from render.envs import check_state, is_batched
@@ -296,7 +286,11 @@ def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id:
     head, tail = chat_frame(tokenizer, system)
     layout = Layout(fmt.layout.sections + (Section("chat_tail", (Const(tail),)),))
     check_boundaries(tokenizer, layout, head)
-    pieces = _compile_pieces(tokenizer, layout)
+    sections = []
+    max_len = 0
+    for section in layout.sections:
+        cols = tuple(_compile_column(tokenizer, col, pad_id) for col in section.columns)
+        sections.append((section, cols))
+        max_len += section.rows * sum(c.width for c in cols)
     prefix_ids = _encode(tokenizer, [head])[0]
-    return Template(env_name, fmt, head, tail, list(prefix_ids), pieces.max_len, pad_id, layout.sections,
-                    pieces)
+    return Template(env_name, fmt, head, tail, list(prefix_ids), int(max_len), pad_id, tuple(sections))

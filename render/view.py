@@ -38,16 +38,14 @@ def mob_codes(mob_groups, position: jnp.ndarray, rows: int, cols: int, none_code
     mob, and wraps negative positions), only live on-screen mobs are written. "Smallest code" matches
     upstream's argmax over its one-hot when two mobs share a tile.
     """
+    codes = jnp.full((rows * cols,), none_code, dtype=jnp.int32)
     centre = jnp.array([rows // 2, cols // 2], dtype=jnp.int32)
-    flats, codes = [], []
     for pos, mask, code in mob_groups:
         local = pos - position[None, :] + centre
         on_screen = jnp.all((local >= 0) & (local < jnp.array([rows, cols])), axis=-1) & mask
-        flats.append(jnp.where(on_screen, local[:, 0] * cols + local[:, 1], rows * cols))
-        codes.append(jnp.broadcast_to(jnp.asarray(code, jnp.int32), on_screen.shape))
-    # one scatter for all groups (one GPU kernel instead of one per group)
-    return jnp.full((rows * cols,), none_code, dtype=jnp.int32).at[jnp.concatenate(flats)].min(
-        jnp.concatenate(codes), mode="drop")
+        flat = jnp.where(on_screen, local[:, 0] * cols + local[:, 1], rows * cols)
+        codes = codes.at[flat].min(code.astype(jnp.int32), mode="drop")
+    return codes
 
 
 def fixed_point(x, decimals: int, int_digits: int) -> jnp.ndarray:
