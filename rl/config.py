@@ -36,8 +36,8 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     update_epochs: int = 4
     num_minibatches: int = 8
-    # minibatch shuffle: "global" = reference (all T*B samples); "per_env" = each env's time steps, keeps the
-    # PPO update data-parallel over devices (rl.ppo.ppo_update, docs/MULTIGPU.md)
+    # minibatch shuffle: "global" = reference (all T*B samples; several devices gather the rollout); "per_env" =
+    # each env's time steps, every sample stays on its device (rl.ppo.ppo_update, docs/MULTIGPU.md)
     shuffle: str = "global"
     gamma: float = 0.99
     gae_lambda: float = 0.8

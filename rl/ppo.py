@@ -40,7 +40,7 @@ class PPOHyper:
     vf_coef: float = 0.5
     update_epochs: int = 4
     num_minibatches: int = 8
-    shuffle: str = "global"  # "global" (reference) or "per_env" (data-parallel over envs); see ppo_update
+    shuffle: str = "global"  # "global" (reference) or "per_env" (samples stay on their device); see ppo_update
 
 
 def make_optimizer(lr: float, total_steps: int, *, anneal: bool = True, max_grad_norm: float = 1.0,
@@ -152,8 +152,8 @@ def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply
         the rollout once per update and computes its share of every minibatch.
       * "per_env": each env's time steps are permuted (key folded with the global env index) and
         minibatch m takes the same number of time slots from every env ([T/M, B] samples). The gather runs
-        along the time axis, so each device keeps its own envs and only the loss scalars and the
-        gradients are all-reduced. Needs T % M == 0. Same algorithm, other minibatch composition.
+        along the time axis, so each device keeps its own envs and only the advantage statistics, the
+        loss scalars and the gradients are all-reduced. Needs T % M == 0. Same algorithm, other minibatch composition.
     Returns (params, opt_state, metrics averaged over all minibatch steps).
     """
     adv, targets = gae(traj, last_value, hp.gamma, hp.gae_lambda)
@@ -164,11 +164,14 @@ def ppo_update(params, opt_state, optimizer: optax.GradientTransformation, apply
         raise ValueError(f"shuffle per_env splits each env's {num_steps} steps into {hp.num_minibatches} "
                          "minibatches: num_steps must be a multiple of num_minibatches")
     if num_steps * num_envs % hp.num_minibatches:
-        raise ValueError(f"batch of {num_steps * num_envs} samples does not split into {hp.num_minibatches} "
-                         "minibatches")
+        raise ValueError(f"this device's batch of {num_steps * num_envs} samples does not split into "
+                         f"{hp.num_minibatches} minibatches")
+    if axis_name is not None and env_index is None:
+        raise ValueError("ppo_update over a device axis needs env_index (the global indices of this device's envs)")
     env_index = jnp.arange(num_envs) if env_index is None else env_index
     data = (traj, adv, targets)
     if hp.shuffle == "global" and axis_name is not None:  # every device needs every sample: gather once
+        data = (traj._replace(reward=None, done=None), adv, targets)  # the loss does not read these
         data = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True), data)
     make_minibatches = _per_env_minibatches if hp.shuffle == "per_env" else _global_minibatches
     grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)

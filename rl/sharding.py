@@ -98,9 +98,11 @@ def resolve_device_count(requested: int) -> int:
     return requested or visible
 
 
-def check_divisible(num_envs: int, reset_ratio: int, devices: int) -> None:
+def check_divisible(num_envs: int, reset_ratio: int, devices: int, num_steps: int = 1, num_minibatches: int = 1,
+                    shuffle: str = "per_env") -> None:
     """The env batch must split evenly over the devices, and so must the optimistic-reset blocks (a device
-    holds whole blocks of `reset_ratio` envs, or lies inside one block)."""
+    holds whole blocks of `reset_ratio` envs, or lies inside one block) and, for the global shuffle, every
+    minibatch (each device computes an equal share of it)."""
     if num_envs % devices:
         lo = num_envs // devices * devices or devices
         raise ValueError(f"--num-envs {num_envs} does not split over {devices} devices; pick a multiple of "
@@ -110,6 +112,10 @@ def check_divisible(num_envs: int, reset_ratio: int, devices: int) -> None:
         raise ValueError(f"the optimistic-reset pool (one fresh world per block of --reset-ratio {reset_ratio} envs) "
                          f"does not split over {devices} devices of {local} envs each; pick --reset-ratio so that "
                          f"it divides {local} (or is a multiple of it)")
+    minibatch = num_steps * num_envs // max(num_minibatches, 1)
+    if devices > 1 and shuffle == "global" and minibatch % devices:
+        raise ValueError(f"a minibatch of {minibatch} samples (--num-steps x --num-envs / --num-minibatches) does not "
+                         f"split over {devices} devices; change one of them, or use --shuffle per_env")
 
 
 def make_mesh(devices: int) -> Mesh:

@@ -233,7 +233,7 @@ def _device_count(cfg: TrainConfig, resume: bool) -> int:
             raise ValueError(f"this run was trained on {cfg.devices} devices (config.json) and resumes only on "
                              f"{cfg.devices}: {e}") from None
         raise
-    check_divisible(cfg.num_envs, cfg.reset_ratio, n)
+    check_divisible(cfg.num_envs, cfg.reset_ratio, n, cfg.num_steps, cfg.num_minibatches, cfg.shuffle)
     return n
 
 

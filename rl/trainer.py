@@ -60,7 +60,8 @@ class Trainer:
         cfg.validate()
         self.cfg = cfg
         self.num_devices = resolve_device_count(cfg.devices)
-        check_divisible(cfg.num_envs, cfg.reset_ratio, self.num_devices)
+        check_divisible(cfg.num_envs, cfg.reset_ratio, self.num_devices, cfg.num_steps, cfg.num_minibatches,
+                        cfg.shuffle)
         self.mesh = make_mesh(self.num_devices)
         self.local_envs = cfg.num_envs // self.num_devices
         self.env = BatchedEnv(cfg.env, cfg.num_envs, cfg.reset_ratio)
@@ -88,10 +89,12 @@ class Trainer:
 
             self._tokens = self._sharded(make_token_fn(llm.template), env, (env, env))
         self.update = self._sharded(self._update, (specs, rep), (specs, rep))
+        finish_chunks = lambda runner, c, k, chunks: self._finish_update(runner, c, k, *_concat_steps(chunks))
         self.encode_states = self._sharded(self._encode, (rep, rep, env), env) if self._encode else None
         self._reset = self._sharded(lambda key: self.env.reset(key, self._env_index()), rep, (env, env))
-        self._window = self._sharded(lambda p, c: self._run_window(p, c, cfg.skip_n), (rep, carry), (carry, steps))
-        self._finish = self._sharded(self._finish_update, (specs, carry, rep, steps, steps), (specs, rep))
+        self._window = self._sharded(lambda p, c: self._run_window(p, c, cfg.skip_n, env_index=self._env_index()),
+                                     (rep, carry), (carry, steps))
+        self._finish = self._sharded(finish_chunks, (specs, carry, rep, steps), (specs, rep))
 
     # setup ------------------------------------------------------------------------------------
     def _sharded(self, fn, in_specs, out_specs):
@@ -150,28 +153,28 @@ class Trainer:
 
     def _run_window(self, params, carry, length: int, keep_states: bool = False, env_index=None):
         """`length` env+policy steps with the hidden state held (zeroed on reset). `env_index`: global
-        indices of the envs in `carry` (default: this device's, or all envs outside a shard_map)."""
+        indices of the envs in `carry` (default: 0..B-1, the whole batch on one device)."""
         if env_index is None:
-            env_index = self._env_index() if self.num_devices > 1 else jnp.arange(carry[1].shape[0])
+            env_index = jnp.arange(carry[1].shape[0])
         carry, (tr, info, states) = jax.lax.scan(lambda c, _: self._act(params, c, env_index), carry, None, length)
         return carry, (tr, info, states if keep_states else None)
 
-    def rollout(self, params, env_state, obs, hidden, key, llm_args, keep_states: bool = False):
+    def rollout(self, params, env_state, obs, hidden, key, llm_args, keep_states: bool = False, env_index=None):
         """One rollout of num_steps steps -> (carry, Transition [T, B], StepInfo [T, B], states or None).
 
-        Runs on one device's envs inside the update's shard_map, or on all envs when called directly
-        (one device). `keep_states=True` also returns the raw env state of every step (for tests).
+        Runs on one device's envs inside the update's shard_map (`env_index`: their global indices), or on
+        all envs when called directly. `keep_states=True` also returns every step's raw env state (for tests).
         """
         cfg = self.cfg
         carry = (env_state, obs, hidden, key)
         if cfg.encoder == "none":
-            carry, (tr, info, states) = self._run_window(params, carry, cfg.num_steps, keep_states)
+            carry, (tr, info, states) = self._run_window(params, carry, cfg.num_steps, keep_states, env_index)
             return carry, tr, info, states
         if cfg.encoder == "vllm":
             raise RuntimeError("the vllm encoder rolls out on the host; use Trainer.step")
 
         def window(carry, _):
-            carry, out = self._run_window(params, carry, cfg.skip_n, keep_states)
+            carry, out = self._run_window(params, carry, cfg.skip_n, keep_states, env_index)
             env_state, obs, _, key = carry
             fresh = self._encode(*llm_args, env_state.env_state)
             return (env_state, obs, fresh, key), out
@@ -197,7 +200,7 @@ class Trainer:
         """One full training update (rollout + PPO) as a pure function; jitted as `self.update`."""
         key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
         carry, traj, info, _ = self.rollout(runner.params, runner.env_state, runner.obs, runner.hidden,
-                                            k_roll, llm_args)
+                                            k_roll, llm_args, env_index=self._env_index())
         env_state, obs, hidden, _ = carry
         return self._finish_update(runner, (env_state, obs, hidden, key), k_ppo, traj, info)
 
@@ -214,9 +217,8 @@ class Trainer:
             chunks.append(out[:2])
             env_state, obs, _, k = carry
             carry = (env_state, obs, self._vllm_hidden(env_state), k)
-        traj, info = jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *chunks)
         env_state, obs, hidden, _ = carry
-        runner, metrics = self._finish(runner, (env_state, obs, hidden, key), k_ppo, traj, info)
+        runner, metrics = self._finish(runner, (env_state, obs, hidden, key), k_ppo, chunks)
         return runner, jax.device_get(metrics)
 
     def _vllm_hidden(self, env_state: EnvBatchState) -> jax.Array:
@@ -235,6 +237,11 @@ class Trainer:
         jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
         per_call = time.perf_counter() - t0
         return float(min(1.0, per_call * (self.cfg.num_steps // self.cfg.skip_n) / max(update_seconds, 1e-9)))
+
+
+def _concat_steps(chunks):
+    """The windows' (Transition, StepInfo) pairs joined along the time axis."""
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *chunks)
 
 
 def episode_metrics(info: StepInfo, axis_name: str | None = None) -> dict[str, jax.Array]:

@@ -115,6 +115,47 @@ def _ppo_update_on_devices(out: Path) -> None:
     (out / "ppo_gathers.json").write_text(json.dumps(gathers))
 
 
+def _env_steps_on_devices(out: Path) -> None:
+    """One `BatchedEnv.step` with five forced deaths: the whole batch on one device vs a shard_map over 4
+    devices (2 envs each), for reset blocks smaller than, equal to and larger than a device's share."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from rl.envs import BatchedEnv
+    from rl.sharding import ENV_AXIS, make_mesh
+
+    mismatches = {}
+    for reset_ratio in (1, 2, 4, 8):
+        env = BatchedEnv("Craftax-Classic-Symbolic-v1", num_envs=8, reset_ratio=reset_ratio)
+        _, state = jax.jit(env.reset)(jax.random.PRNGKey(0))
+        es = state.env_state
+        state = state._replace(env_state=es.replace(player_health=es.player_health.at[jnp.array([0, 1, 2, 5, 6])].set(0)))
+        action, key = jnp.zeros(8, jnp.int32), jax.random.PRNGKey(1)
+        whole = jax.jit(env.step)(key, state, action)
+
+        def local_step(k, s, a):
+            return env.step(k, s, a, jax.lax.axis_index(ENV_AXIS) * 2 + jnp.arange(2))
+
+        split = jax.jit(jax.shard_map(local_step, mesh=make_mesh(4), in_specs=(P(), P(ENV_AXIS), P(ENV_AXIS)),
+                                      out_specs=P(ENV_AXIS), check_vma=False))(key, state, action)
+        assert int(whole[3].sum()) == 5  # the five envs died and were reset
+        mismatches[reset_ratio] = sum(not np.array_equal(np.asarray(a), np.asarray(b))
+                                      for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split)))
+    (out / "env_steps.json").write_text(json.dumps(mismatches))
+
+
+class _FakeVLLM:
+    """A deterministic stand-in for the vLLM server: a hidden state computed from the prompt ids."""
+
+    seconds = 0.0
+
+    def __call__(self, ids, lengths):
+        ids, lengths = np.asarray(ids), np.asarray(lengths)
+        total = (ids.astype(np.float64) * (np.arange(ids.shape[1]) < lengths[:, None])).sum(1)
+        return np.sin(total[:, None] * (1 + np.arange(16)) * 1e-3).astype(np.float32)
+
+
 def worker_equality(out: Path) -> None:
     import jax
 
@@ -122,6 +163,7 @@ def worker_equality(out: Path) -> None:
 
     assert jax.device_count() == 4
     _ppo_update_on_devices(out)
+    _env_steps_on_devices(out)
     for devices in (1, 4):
         trainer, runner, metrics = _train(_config(devices, **NONE_RUN))
         _save(out, f"none_{devices}", runner.params, metrics, obs_devices=len(runner.obs.sharding.device_set),
@@ -130,6 +172,9 @@ def worker_equality(out: Path) -> None:
         "too_many": _error_of(lambda: Trainer(_config(8, **NONE_RUN))),
         "envs_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, num_envs=6, total_timesteps=6 * 8)))),
         "pool_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, reset_ratio=3)))),  # blocks of 3, 2 envs a device
+        # 2 steps x 8 envs / 8 minibatches = 2 samples a minibatch: the global shuffle cannot share it over 4 devices
+        "minibatch_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, num_steps=2, num_minibatches=8,
+                                                                       update_epochs=1, total_timesteps=16)))),
     }
     (out / "errors.json").write_text(json.dumps(errors))
 
@@ -141,6 +186,23 @@ def worker_equality(out: Path) -> None:
         llm = llm or load_llm(cfg)
         _, runner, metrics = _train(cfg, llm)
         _save(out, f"inscan_{devices}", runner.params, metrics, hidden=np.asarray(runner.hidden).tolist())
+    for devices in (1, 4):  # the vllm path: host loop over windows, PPO step in its own shard_map
+        cfg = _config(devices, **dict(NONE_RUN, encoder="vllm", total_timesteps=8 * 8 * 2))
+        _, runner, metrics = _train_vllm(cfg)
+        _save(out, f"vllm_{devices}", runner.params, metrics, obs_devices=len(runner.obs.sharding.device_set))
+
+
+def _train_vllm(cfg):
+    from rl.encoders import load_llm
+    from rl.trainer import Trainer
+
+    trainer = Trainer(cfg, load_llm(cfg, with_model=False), _FakeVLLM())
+    runner = trainer.init_state()
+    metrics = []
+    for _ in range(cfg.num_updates):
+        runner, m = trainer.step(runner)
+        metrics.append({k: np.asarray(v).tolist() for k, v in m.items()})
+    return trainer, runner, metrics
 
 
 def worker_resume(out: Path) -> None:
@@ -230,6 +292,15 @@ def test_inscan_two_devices_equal_one_device(results):
     np.testing.assert_allclose(np.asarray(m1["hidden"]), np.asarray(m2["hidden"]), rtol=1e-4, atol=1e-4)
 
 
+def test_vllm_path_four_devices_equal_one_device(results):
+    _, m4 = _assert_same_run(results, "vllm_1", "vllm_4")
+    assert m4["obs_devices"] == 4
+
+
+def test_env_step_split_over_devices_equals_whole_batch(results):
+    assert json.loads((results / "env_steps.json").read_text()) == {"1": 0, "2": 0, "4": 0, "8": 0}
+
+
 def test_ppo_update_four_devices_equal_one_device(results):
     for shuffle in ("global", "per_env"):
         _assert_same_run(results, f"ppo_{shuffle}_1", f"ppo_{shuffle}_4")
@@ -259,6 +330,7 @@ def test_bad_device_counts_give_clear_errors(results):
     assert "--devices 8 but only 4 cpu device(s) are visible" in errors["too_many"]
     assert "--num-envs 6 does not split over 4 devices" in errors["envs_split"]
     assert "optimistic-reset pool" in errors["pool_split"] and "--reset-ratio" in errors["pool_split"]
+    assert "does not split over 4 devices" in errors["minibatch_split"] and "per_env" in errors["minibatch_split"]
 
 
 def test_resume_on_fewer_devices_is_refused(results, capsys):

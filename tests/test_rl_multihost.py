@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Same flags as test_rl_multidevice's 2-device resume worker (so the reference compile is shared through the
-# persistent cache): 8 envs x 8 steps, 3 updates, a reset pool of 4 worlds that splits over 2 devices.
+# persistent cache): 8 envs x 8 steps, 3 updates, reset blocks of 2 envs (2 blocks per device).
 RUN_FLAGS = ["--preset", "test", "--encoder", "none", "--total-timesteps", str(8 * 8 * 3), "--reset-ratio", "2",
              "--checkpoint-every", "1", "--devices", "2"]
 UPDATES = 3
