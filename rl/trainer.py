@@ -89,12 +89,12 @@ class Trainer:
 
             self._tokens = self._sharded(make_token_fn(llm.template), env, (env, env))
         self.update = self._sharded(self._update, (specs, rep), (specs, rep))
-        finish_chunks = lambda runner, c, k, chunks: self._finish_update(runner, c, k, *_concat_steps(chunks))
         self.encode_states = self._sharded(self._encode, (rep, rep, env), env) if self._encode else None
         self._reset = self._sharded(lambda key: self.env.reset(key, self._env_index()), rep, (env, env))
         self._window = self._sharded(lambda p, c: self._run_window(p, c, cfg.skip_n, env_index=self._env_index()),
                                      (rep, carry), (carry, steps))
-        self._finish = self._sharded(finish_chunks, (specs, carry, rep, steps), (specs, rep))
+        finish_chunks = lambda runner, c, k, chunks: self._finish_update(runner, c, k, *_concat_steps(chunks))
+        self._finish = self._sharded(finish_chunks, (specs, carry, rep, steps), (specs, rep))  # vllm path
 
     # setup ------------------------------------------------------------------------------------
     def _sharded(self, fn, in_specs, out_specs):
