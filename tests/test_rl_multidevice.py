@@ -110,7 +110,10 @@ def _ppo_update_on_devices(out: Path) -> None:
                   [{name: np.asarray(v).tolist() for name, v in metrics.items()}])
             if devices > 1:  # e.g. "%all-gather.6 = f32[8,8,37]{2,0,1} all-gather(%copy), ..."
                 hlo = compiled.as_text()
-                gathers[shuffle] = re.findall(r"= \w+\[([\d,]*)\]\S* all-gather(?:-start)?\(", hlo)
+                find = lambda text: re.findall(r"= \w+\[([\d,]*)\]\S* all-gather(?:-start)?\(", text)
+                gathers[shuffle] = find(hlo)
+                entry = hlo[hlo.index("ENTRY"):]
+                gathers[shuffle + "_outside_loops"] = find(entry[: entry.index("\n}")])  # not in a while body
                 gathers[shuffle + "_all_reduces"] = len(re.findall(r" all-reduce(?:-start)?\(", hlo))
     (out / "ppo_gathers.json").write_text(json.dumps(gathers))
 
@@ -310,11 +313,13 @@ def test_ppo_update_four_devices_equal_one_device(results):
 
 
 def test_per_env_shuffle_keeps_the_rollout_split(results):
-    """The compiled 4-device update: the global shuffle all-gathers the rollout obs [T, B, O]; per_env gathers
-    nothing of obs size (only gradients and loss scalars are all-reduced)."""
+    """The compiled 4-device update: the global shuffle all-gathers the rollout obs [T, B, O] once (outside the
+    epoch loop); per_env gathers nothing of obs size (only statistics, losses and gradients are all-reduced)."""
     gathers = json.loads((results / "ppo_gathers.json").read_text())
     has_obs = lambda dims: str(PPO_OBS) in dims.split(",")
     assert any(has_obs(d) for d in gathers["global"]), gathers["global"]
+    # once per update: every obs-sized gather sits in the entry computation, none in the epoch/minibatch loops
+    assert [d for d in gathers["global"] if has_obs(d)] == [d for d in gathers["global_outside_loops"] if has_obs(d)]
     assert not any(has_obs(d) for d in gathers["per_env"]), gathers["per_env"]
     assert gathers["per_env_all_reduces"] > 0
 
