@@ -79,6 +79,8 @@ def main(argv=None) -> int:
             args.log_dir.mkdir(parents=True, exist_ok=True)
             for n in args.gpus:
                 (args.log_dir / f"gpus{n}.log").write_text((tmp / f"gpus{n}.log").read_text())
+                if (tmp / f"gpus{n}.json").exists():  # the rows measured so far, also when a process was cut short
+                    (args.log_dir / f"gpus{n}.json").write_text((tmp / f"gpus{n}.json").read_text())
         if failed:
             for n in failed:
                 print(f"--- {n} GPU(s) failed or timed out; its log:\n" + (tmp / f"gpus{n}.log").read_text()[-6000:])

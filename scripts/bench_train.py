@@ -149,10 +149,11 @@ def main(argv=None) -> int:
     if args.sync_dir:  # compile everything first, then time in turn
         preps = [prepare(name, CONFIGS[name], args) for name in names]
         wait_for_turn(args.sync_dir, args.sync_rank, args.sync_world)
-        rows = [measure(prep, args) for prep in preps]
+        for prep in preps:  # each row printed and written as soon as it is measured (a cut-short run keeps it)
+            rows.append(measure(prep, args))
+            print(json.dumps(rows[-1]), flush=True)
+            write(rows)
         (args.sync_dir / f"done.{args.sync_rank}").touch()
-        for row in rows:
-            print(json.dumps(row), flush=True)
     else:
         for name in names:
             rows.append(measure(prepare(name, CONFIGS[name], args), args))
