@@ -1,0 +1,32 @@
+"""The GPU benchmark scripts run end to end at tiny shapes on CPU (`--smoke`), so they do not first break on a
+GPU machine. Their numbers are not checked here (speed is measured by the scripts, never by tests); their
+output structure is."""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def test_bench_train_smoke(tmp_path):
+    import bench_train
+
+    out = tmp_path / "train.json"
+    bench_train.main(["--smoke", "--only", "none-128", "inscan-128-k8", "--updates", "1", "--out", str(out)])
+    rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"none-128", "inscan-128-k8"}
+    assert all(r["sps"] > 0 and r["devices"] == 1 for r in rows.values())
+    assert rows["inscan-128-k8"]["llm_prompts_per_s"] > 0 and "ratio_to_bound" in rows["inscan-128-k8"]
+
+
+def test_bench_template_smoke(tmp_path):
+    import bench_template
+
+    res = bench_template.main(["--smoke", "--envs", "Craftax-Classic-Symbolic-v1", "--out", str(tmp_path / "t.json")])
+    env = res["envs"]["Craftax-Classic-Symbolic-v1"]
+    assert env["env_step_in_loop_s"] > 0 and env["informative_tiles"]["max"] > 0
+    for fmt in ("compact", "full"):
+        r = env["formats"][fmt]
+        assert r["template_in_loop_s"] > 0 and r["kernels"] > 0
+        assert 0 < r["tokens"]["mean"] <= r["tokens"]["max"] <= r["tokens"]["max_len"]
