@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rl.sharding import keys_per_index
+
 ENV_NAMES = ("Craftax-Symbolic-v1", "Craftax-Classic-Symbolic-v1")
 
 
@@ -45,11 +47,6 @@ def make_raw_env(env_name: str):
 
 def _strong(x: jax.Array) -> jax.Array:
     return jnp.asarray(x, dtype=x.dtype)
-
-
-def _keys_for(key: jax.Array, index: jax.Array) -> jax.Array:
-    """One key per global index (`fold_in`), the same whichever batch or device the index sits in."""
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
 
 
 class EnvBatchState(NamedTuple):
@@ -103,16 +100,11 @@ class BatchedEnv:
     def obs_size(self) -> int:
         return int(self._env.observation_space(self._params).shape[0])
 
-    @property
-    def pool_size(self) -> int:
-        """Fresh worlds generated per step for the envs that finish (one per block of reset_ratio envs)."""
-        return -(-self.num_envs // self.reset_ratio)
-
     # dynamics -------------------------------------------------------------------------------
     def reset(self, key: jax.Array, env_index: jax.Array | None = None) -> tuple[jax.Array, EnvBatchState]:
         """Fresh worlds for the envs `env_index` (default: all): (obs float32 [B, O], state)."""
         env_index = jnp.arange(self.num_envs) if env_index is None else env_index
-        obs, env_state = jax.vmap(self._env.reset, in_axes=(0, None))(_keys_for(key, env_index), self._params)
+        obs, env_state = jax.vmap(self._env.reset, in_axes=(0, None))(keys_per_index(key, env_index), self._params)
         env_state = jax.tree.map(_strong, env_state)  # craftax leaves some fields weakly typed
         zeros_f = jnp.zeros(env_index.shape, jnp.float32)
         zeros_i = jnp.zeros(env_index.shape, jnp.int32)
@@ -129,7 +121,7 @@ class BatchedEnv:
         env_index = jnp.arange(batch) if env_index is None else env_index
         k_step, k_reset = jax.random.split(key)
         obs, env_state, reward, done, _ = jax.vmap(self._env.step, in_axes=(0, 0, 0, None))(
-            _keys_for(k_step, env_index), state.env_state, action, self._params
+            keys_per_index(k_step, env_index), state.env_state, action, self._params
         )
         reward = reward.astype(jnp.float32)
         done = done.astype(bool)
@@ -144,7 +136,7 @@ class BatchedEnv:
         block = env_index // self.reset_ratio
         first_block = block[0]
         worlds = first_block + jnp.arange(-(-batch // self.reset_ratio))  # the blocks of this batch
-        pool_obs, pool_state = jax.vmap(self._env.reset, in_axes=(0, None))(_keys_for(k_reset, worlds), self._params)
+        pool_obs, pool_state = jax.vmap(self._env.reset, in_axes=(0, None))(keys_per_index(k_reset, worlds), self._params)
         slot = block - first_block  # env -> its block's world
 
         def pick(fresh, old):

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rl.sharding import keys_per_index
+
 SHUFFLES = ("global", "per_env")  # how an epoch splits the rollout into minibatches (see `ppo_update`)
 
 
@@ -108,8 +110,7 @@ def per_env_time_index(key: jax.Array, num_steps: int, env_index: jax.Array) -> 
     env_index holds the global env indices, so the index (and hence training) does not depend on how the
     envs are split over devices.
     """
-    keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(env_index)
-    return jax.vmap(lambda k: jax.random.permutation(k, num_steps), out_axes=1)(keys)
+    return jax.vmap(lambda k: jax.random.permutation(k, num_steps), out_axes=1)(keys_per_index(key, env_index))
 
 
 def _global_minibatches(data, key: jax.Array, num_minibatches: int, env_index, axis_name):

@@ -131,6 +131,12 @@ def env_sharded(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(ENV_AXIS))
 
 
+def keys_per_index(key: jax.Array, index: jax.Array) -> jax.Array:
+    """One PRNG key per global index (`fold_in(key, i)`): the same whichever batch or device index i sits in,
+    which is what makes an N-device run equal a one-device run."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
+
+
 def runner_specs(uses_hidden: bool) -> Any:
     """The `PartitionSpec` tree of a `rl.trainer.RunnerState` (for shard_map): per-env fields split."""
     from rl.trainer import RunnerState
@@ -141,10 +147,9 @@ def runner_specs(uses_hidden: bool) -> Any:
 
 
 def runner_shardings(runner: Any, mesh: Mesh) -> Any:
-    """A sharding tree matching a `rl.trainer.RunnerState`: per-env fields split, the rest replicated."""
-    rep, env = replicated(mesh), env_sharded(mesh)
-    per_env = {"env_state", "obs", "hidden"}
-    fields = {name: jax.tree.map(lambda _: env if name in per_env else rep, value)
+    """A sharding tree matching a `rl.trainer.RunnerState`: `runner_specs` on `mesh`, one per leaf."""
+    specs = runner_specs(uses_hidden=runner.hidden is not None)
+    fields = {name: jax.tree.map(lambda _, spec=getattr(specs, name): NamedSharding(mesh, spec), value)
               for name, value in runner._asdict().items()}
     return type(runner)(**fields)
 

@@ -32,8 +32,8 @@ from rl.config import TrainConfig
 from rl.envs import BatchedEnv, EnvBatchState, StepInfo
 from rl.networks import make_network
 from rl.ppo import PPOHyper, Transition, make_optimizer, ppo_update
-from rl.sharding import (ENV_AXIS, check_divisible, from_process_local_rows, make_mesh, process_local_rows,
-                         replicated, resolve_device_count, runner_shardings, runner_specs)
+from rl.sharding import (ENV_AXIS, check_divisible, from_process_local_rows, keys_per_index, make_mesh,
+                         process_local_rows, replicated, resolve_device_count, runner_shardings, runner_specs)
 
 
 class RunnerState(NamedTuple):
@@ -140,8 +140,7 @@ class Trainer:
         env_state, obs, hidden, key = carry
         key, k_act, k_env = jax.random.split(key, 3)
         pi, value = self.apply(params, obs, hidden)
-        act_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(k_act, env_index)  # per global env
-        action = jax.vmap(jax.random.categorical)(act_keys, pi.logits)
+        action = jax.vmap(jax.random.categorical)(keys_per_index(k_act, env_index), pi.logits)
         log_prob = pi.log_prob(action)
         next_obs, next_state, reward, done, info = self.env.step(k_env, env_state, action, env_index)
         if hidden is not None:  # a new episode must not see the previous episode's vector
