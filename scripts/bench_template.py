@@ -91,16 +91,14 @@ def batched_env_step(env_name: str, num_envs: int):
     return (lambda key, s: env.step(key, s, actions)[1]), state
 
 
-def env_step_in_loop(env_name: str, num_envs: int, steps: int, iters: int) -> float:
-    """One batched env step inside a loop."""
-    step, state = batched_env_step(env_name, num_envs)
+def env_step_in_loop(step, state, steps: int, iters: int) -> float:
+    """One batched env step (from `batched_env_step`) inside a loop."""
     return per_iteration_in_loop(lambda i, s: step(jax.random.fold_in(jax.random.PRNGKey(1), i), s), state, steps,
                                  iters)
 
 
-def env_step_time(env_name: str, num_envs: int, iters: int) -> float:
-    """Seconds of one batched env step in its own jitted call."""
-    step, state = batched_env_step(env_name, num_envs)
+def env_step_time(step, state, iters: int) -> float:
+    """Seconds of one batched env step (from `batched_env_step`) in its own jitted call."""
     return timed(jax.jit(step), jax.random.PRNGKey(0), state, iters=iters)
 
 
@@ -161,8 +159,9 @@ def main(argv=None) -> dict:
         "date": time.strftime("%Y-%m-%d"), "num_envs": args.num_envs, "smoke": args.smoke, "envs": {},
     }
     for env_name in args.envs:
-        step_s = env_step_time(env_name, args.num_envs, args.iters)
-        step_loop_s = env_step_in_loop(env_name, args.num_envs, args.loop_steps, max(2, args.iters // 4))
+        step, first_state = batched_env_step(env_name, args.num_envs)
+        step_s = env_step_time(step, first_state, args.iters)
+        step_loop_s = env_step_in_loop(step, first_state, args.loop_steps, max(2, args.iters // 4))
         states = sample_states(env_name, args.num_envs, 100)
         chunks = [sample_states(env_name, args.stat_states, seed) for seed in range(4)] if args.stat_states else []
         typical = [typical_states(env_name, args.stat_states, seed) for seed in range(2)] if args.stat_states else []
