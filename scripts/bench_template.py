@@ -2,7 +2,8 @@
 
 For each env and format: the templates of B states (default 1,024) in one jitted vmapped call,
 versus one step of the same batch with the trainer's wrappers (`rl.envs.BatchedEnv`: optimistic
-resets), both in steady state (compile excluded, block_until_ready, median of --iters). Then
+resets, the observation included, as the policy reads it), both in steady state (compile excluded,
+block_until_ready, median of --iters), in one jitted loop and per call. Then
 token-length statistics (mean, p99, max) of the observation part over the test states
 (`render.sample_states`, seeds 0-3, deliberately hard) and over typical states (`render.typical_states`:
 plain random play from reset, seeds 0-1), and the distribution of the number of informative tiles that
@@ -69,37 +70,64 @@ def per_iteration_in_loop(body, carry, steps: int, iters: int) -> float:
     return timed(run, carry, iters=iters) / steps
 
 
-def template_in_loop(tpl, states, steps: int, iters: int) -> float:
-    """The template inside a loop; each iteration's input depends on the previous output (positions move
-    by min(ids, 0) = 0), so XLA can neither hoist it out of the loop nor drop the ids."""
-    def body(i, s):
+def template_in_loop(tpl, states, steps: int, iters: int, *, consume: str = "carry") -> float:
+    """The template inside a loop; each iteration's input depends on the previous output, so XLA can neither
+    hoist it out of the loop nor drop the ids.
+
+    consume="carry" (the trainer's view: the ids are handed on, here as loop carry; the next states move by
+    min(first id, 0) = 0); consume="reduce" (the measure of runs before 2026-11-26, kept for comparison): the
+    states move by the minimum over all ids, a reduction the trainer does not pay.
+    """
+    def body_reduce(i, s):
         ids, lens = jax.vmap(tpl)(s)
         nudge = jnp.minimum(jnp.min(ids, axis=1), 0) + jnp.minimum(lens, 0)
         return s.replace(player_position=s.player_position + nudge[:, None].astype(s.player_position.dtype))
 
-    return per_iteration_in_loop(body, states, steps, iters)
+    def body_carry(i, carry):
+        s, _, _ = carry
+        ids, lens = jax.vmap(tpl)(s)
+        nudge = jnp.minimum(ids[:, 0], 0) + jnp.minimum(lens, 0)
+        s = s.replace(player_position=s.player_position + nudge[:, None].astype(s.player_position.dtype))
+        return s, ids, lens
+
+    if consume == "reduce":
+        return per_iteration_in_loop(body_reduce, states, steps, iters)
+    if consume != "carry":
+        raise ValueError(f"consume must be 'carry' or 'reduce', got {consume!r}")
+    batch = states.player_position.shape[0]
+    carry = (states, jnp.zeros((batch, tpl.max_len), jnp.int32), jnp.zeros((batch,), jnp.int32))
+    return per_iteration_in_loop(body_carry, carry, steps, iters)
 
 
 def batched_env_step(env_name: str, num_envs: int):
     """The trainer's batched env step (`rl.envs.BatchedEnv`: optimistic resets) with all-zero actions,
-    as step(key, state) -> state, and a first state."""
+    as step(key, state) -> (obs, state), and a first (obs, state)."""
     from rl.envs import BatchedEnv
 
     env = BatchedEnv(env_name, num_envs)
-    _, state = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    first = jax.jit(env.reset)(jax.random.PRNGKey(0))
     actions = jnp.zeros((num_envs,), jnp.int32)
-    return (lambda key, s: env.step(key, s, actions)[1]), state
+    return (lambda key, s: env.step(key, s, actions)[:2]), first
 
 
-def env_step_in_loop(step, state, steps: int, iters: int) -> float:
-    """One batched env step (from `batched_env_step`) inside a loop."""
-    return per_iteration_in_loop(lambda i, s: step(jax.random.fold_in(jax.random.PRNGKey(1), i), s), state, steps,
-                                 iters)
+def env_step_in_loop(step, first, steps: int, iters: int, *, with_obs: bool = True) -> float:
+    """One batched env step (from `batched_env_step`) inside a loop.
+
+    with_obs=True (the trainer's view: the policy reads the observation, so it is carried); with_obs=False
+    carries only the state, so the compiler drops the observation's computation (the measure of runs before
+    2026-11-26, kept for comparison).
+    """
+    def key(i):
+        return jax.random.fold_in(jax.random.PRNGKey(1), i)
+
+    if with_obs:
+        return per_iteration_in_loop(lambda i, c: step(key(i), c[1]), first, steps, iters)
+    return per_iteration_in_loop(lambda i, s: step(key(i), s)[1], first[1], steps, iters)
 
 
-def env_step_time(step, state, iters: int) -> float:
-    """Seconds of one batched env step (from `batched_env_step`) in its own jitted call."""
-    return timed(jax.jit(step), jax.random.PRNGKey(0), state, iters=iters)
+def env_step_time(step, first, iters: int) -> float:
+    """Seconds of one batched env step (from `batched_env_step`, obs and state) in its own jitted call."""
+    return timed(jax.jit(step), jax.random.PRNGKey(0), first[1], iters=iters)
 
 
 def length_stats(tpl, chunks) -> dict:
@@ -159,13 +187,17 @@ def main(argv=None) -> dict:
         "date": time.strftime("%Y-%m-%d"), "num_envs": args.num_envs, "smoke": args.smoke, "envs": {},
     }
     for env_name in args.envs:
-        step, first_state = batched_env_step(env_name, args.num_envs)
-        step_s = env_step_time(step, first_state, args.iters)
-        step_loop_s = env_step_in_loop(step, first_state, args.loop_steps, max(2, args.iters // 4))
+        step, first = batched_env_step(env_name, args.num_envs)
+        step_s = env_step_time(step, first, args.iters)
+        loop_iters = max(2, args.iters // 4)
+        step_loop_s = env_step_in_loop(step, first, args.loop_steps, loop_iters)
+        step_loop_state_only_s = env_step_in_loop(step, first, args.loop_steps, loop_iters, with_obs=False)
         states = sample_states(env_name, args.num_envs, 100)
         chunks = [sample_states(env_name, args.stat_states, seed) for seed in range(4)] if args.stat_states else []
         typical = [typical_states(env_name, args.stat_states, seed) for seed in range(2)] if args.stat_states else []
-        env_res = {"env_step_s": step_s, "env_step": "rl.envs.BatchedEnv.step (optimistic resets)", "env_step_in_loop_s": step_loop_s, "formats": {},
+        env_res = {"env_step_s": step_s, "env_step": "rl.envs.BatchedEnv.step (optimistic resets)",
+                   "env_step_in_loop_s": step_loop_s, "env_step_in_loop_state_only_s": step_loop_state_only_s,
+                   "formats": {},
                    "informative_tiles": informative_tiles(env_name, chunks) if chunks else None}
         for fmt in FORMATS:
             tpl = build_template(tokenizer, env_name, fmt)
@@ -174,8 +206,11 @@ def main(argv=None) -> dict:
             env_res["formats"][fmt] = {
                 "template_s": t, "ratio_to_env_step": t / step_s, "kernels": kernel_count(fn, states),
                 "values_s": timed(jax.jit(jax.vmap(tpl.fmt.values)), states, iters=args.iters),
-                "template_in_loop_s": (tl := template_in_loop(tpl, states, 4 * args.loop_steps, max(2, args.iters // 4))),
+                "template_in_loop_s": (tl := template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters)),
                 "ratio_in_loop": tl / step_loop_s,
+                "template_in_loop_reduce_s": (tlr := template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters,
+                                                                      consume="reduce")),
+                "ratio_in_loop_before_2026_11_26": tlr / step_loop_state_only_s,
                 "tokens": length_stats(tpl, chunks) if chunks else None,
                 "tokens_typical": length_stats(tpl, typical) if typical else None,
             }
@@ -189,11 +224,17 @@ def main(argv=None) -> dict:
         results["envs"][env_name] = env_res
 
     print(f"\ndevice {results['device']}, {args.num_envs} states per call, median of {args.iters}")
-    print("in one jitted loop (the trainer's view: no per-call dispatch):")
+    print("in one jitted loop (the trainer's view: no per-call dispatch; ids carried, env step with its obs):")
     for env_name, env_res in results["envs"].items():
         for fmt, r in env_res["formats"].items():
             print(f"{env_name:28} {fmt:8} template {r['template_in_loop_s'] * 1e3:8.3f} ms  env step "
                   f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_in_loop']:7.2%}")
+    print("the same, measured as before 2026-11-26 (ids reduced; env step without its obs):")
+    for env_name, env_res in results["envs"].items():
+        for fmt, r in env_res["formats"].items():
+            print(f"{env_name:28} {fmt:8} template {r['template_in_loop_reduce_s'] * 1e3:8.3f} ms  env step "
+                  f"{env_res['env_step_in_loop_state_only_s'] * 1e3:8.3f} ms  "
+                  f"ratio {r['ratio_in_loop_before_2026_11_26']:7.2%}")
     print("one jitted call each (includes host dispatch of the state pytree):")
     print(f"{'env':28} {'format':8} {'kernels':>7} {'template ms':>11} {'env step ms':>11} {'ratio':>7} "
           f"{'values ms':>9} {'mean tok':>8} {'p99':>6} {'max':>5} {'max_len':>7} {'prefix':>6}")
