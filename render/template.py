@@ -157,7 +157,9 @@ class _NumberTokens:
         exponent = jnp.clip(ndig[:, None] - 1 - i[None, :], 0, n.int_digits - 1)
         digits = (whole[:, None] // pow10[exponent]) % 10
         ids = [jnp.asarray(self.digit_ids)[digits]]
-        rel = [jnp.broadcast_to(i, digits.shape)]
+        # digit slots past the number's own digits are unused: give them a position past the column's length,
+        # so they are never written (else they would land on the '.' and the scatter's order would decide)
+        rel = [jnp.where(i[None, :] < ndig[:, None], i[None, :], self.width)]
         length = ndig
         if n.decimals:
             j = jnp.arange(n.decimals, dtype=jnp.int32)
@@ -224,6 +226,16 @@ class Template:
 
     def __call__(self, state):
         """ids int32 [max_len] (right-padded with pad_id) and length int32 for ONE unbatched state."""
+        tokens, positions, length = self.tokens_and_positions(state)
+        out = jnp.full((self.max_len,), self.pad_id, jnp.int32)
+        out = out.at[positions].set(tokens, mode="drop")
+        return out, length
+
+    def tokens_and_positions(self, state):
+        """What `__call__` scatters, for ONE unbatched state: every candidate token (int32 [C]), its position
+        in the output (max_len for a token not written) and the length. The written positions are exactly
+        0..length-1, each once (tested): a position written twice would leave the result to the scatter's
+        order, which a GPU does not fix."""
         from render.envs import check_state
 
         check_state(state, self.env_name)
@@ -259,9 +271,8 @@ class Template:
                 tokens.append(ids.reshape(-1))
                 positions.append(pos.reshape(-1))
             base += section.rows * ncols
-        out = jnp.full((self.max_len,), self.pad_id, jnp.int32)
-        out = out.at[jnp.concatenate(positions)].set(jnp.concatenate(tokens).astype(jnp.int32), mode="drop")
-        return out, flat_lens.sum().astype(jnp.int32)
+        return (jnp.concatenate(tokens).astype(jnp.int32), jnp.concatenate(positions),
+                flat_lens.sum().astype(jnp.int32))
 
     def observation_text(self, state):
         from render.envs import check_state, is_batched

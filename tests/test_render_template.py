@@ -74,6 +74,21 @@ def test_template_ids_equal_tokenizer(env, fmt, tokenizer, templates, rendered):
 
 @pytest.mark.parametrize("env", ENVS)
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_each_position_is_written_once(env, fmt, templates, state_chunks, rendered):
+    """The scatter writes positions 0..length-1 exactly once each. On CPU a position written twice takes the
+    last write, so the ids test above could pass while a GPU, which does not order a scatter's writes, gives
+    other ids (this happened: a number's unused digit slot landed on its '.')."""
+    tpl = templates[(env, fmt)]
+    _, positions, lens = map(np.asarray, jax.jit(jax.vmap(tpl.tokens_and_positions))(state_chunks[env][0]))
+    np.testing.assert_array_equal(lens, rendered[(env, fmt)][1][:CHUNK])
+    written = positions < tpl.max_len
+    for row, length in zip(positions, lens):
+        np.testing.assert_array_equal(np.sort(row[row < tpl.max_len]), np.arange(length))
+    assert written.sum() == lens.sum()
+
+
+@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_text_is_the_chat_template(env, fmt, tokenizer, templates, rendered, state_chunks):
     tpl = templates[(env, fmt)]
     _, _, texts = rendered[(env, fmt)]
