@@ -15,15 +15,17 @@ def build_template(
     env_name: str,
     fmt: str = "compact",
     system_prompt: Union[str, Path, None] = None,
+    assembly: str = "jnp",
 ) -> Template:
     """Compile the prompt template of `env_name` in format `fmt` ("compact" or "full").
 
     system_prompt: None for our default prompt of that env and format, else the prompt text or a
     path to a file holding it. Raises UnsafeBoundaryError if a piece boundary is not token-safe.
+    assembly: "jnp" (XLA ops, default) or "pallas" (one GPU kernel; interpreted on other backends).
     """
     format_ = get_format(env_name, fmt)
     system = resolve_system_prompt(system_prompt, env_name, fmt)
-    return compile_template(tokenizer, format_, system, env_name, pad_id=PAD_ID)
+    return compile_template(tokenizer, format_, system, env_name, pad_id=PAD_ID, assembly=assembly)
 
 
 def render_text(state, env_name: str, fmt: str = "compact"):

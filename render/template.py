@@ -223,6 +223,14 @@ class Template:
     max_len: int
     pad_id: int
     _sections: tuple = field(repr=False)  # per section: (Section, tuple of compiled columns)
+    assembly: str = "jnp"  # "jnp" (XLA ops) or "pallas" (one kernel: render.pallas_assembly)
+
+    @functools.cached_property
+    def _pallas_assemble(self):
+        from render.pallas_assembly import make_pallas_assembler
+
+        return make_pallas_assembler(self._sections, self.max_len, self.pad_id,
+                                     interpret=jax.default_backend() != "gpu")
 
     def __call__(self, state):
         """ids int32 [max_len] (right-padded with pad_id) and length int32 for ONE unbatched state."""
@@ -243,6 +251,12 @@ class Template:
             raise ValueError("Template takes one unbatched state; use jax.vmap(tpl)(batched_state) for a batch")
         values = self.fmt.values(state)
         values["chat_tail"] = jnp.zeros((1, 1), jnp.int32)
+        if self.assembly == "pallas":
+            return self._pallas_assemble(values)
+        return self._assemble(values)
+
+    def _assemble(self, values):
+        """Column values -> (ids, length) with XLA ops."""
         per_col = []  # (section index, column index, ids, rel, len)
         lens = []
         for section, columns in self._sections:
@@ -290,7 +304,8 @@ class Template:
         return self.head + obs + self.tail
 
 
-def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id: int = PAD_ID) -> Template:
+def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id: int = PAD_ID,
+                     assembly: str = "jnp") -> Template:
     """Compile `fmt` with `tokenizer` under the chat framing of `system`; checks every boundary."""
     from render.chat import chat_frame
 
@@ -304,4 +319,6 @@ def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id:
         sections.append((section, cols))
         max_len += section.rows * sum(c.width for c in cols)
     prefix_ids = _encode(tokenizer, [head])[0]
-    return Template(env_name, fmt, head, tail, list(prefix_ids), int(max_len), pad_id, tuple(sections))
+    if assembly not in ("jnp", "pallas"):
+        raise ValueError(f"assembly must be 'jnp' or 'pallas', got {assembly!r}")
+    return Template(env_name, fmt, head, tail, list(prefix_ids), int(max_len), pad_id, tuple(sections), assembly)

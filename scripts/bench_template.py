@@ -172,6 +172,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=ENVS)
     parser.add_argument("--loop-steps", type=int, default=10, help="env steps per timed loop (templates: 4x)")
     parser.add_argument("--profile", action="store_true", help="also print the template's per-kernel GPU time")
+    parser.add_argument("--assembly", nargs="+", default=["jnp"], choices=["jnp", "pallas"],
+                        help="template assembly implementations to time (a non-default one is reported as FMT+NAME)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
@@ -199,10 +201,18 @@ def main(argv=None) -> dict:
                    "env_step_in_loop_s": step_loop_s, "env_step_in_loop_state_only_s": step_loop_state_only_s,
                    "formats": {},
                    "informative_tiles": informative_tiles(env_name, chunks) if chunks else None}
-        for fmt in FORMATS:
-            tpl = build_template(tokenizer, env_name, fmt)
+        for fmt, assembly in [(f, a) for f in FORMATS for a in args.assembly]:
+            tpl = build_template(tokenizer, env_name, fmt, assembly=assembly)
+            if assembly != "jnp":
+                fmt = f"{fmt}+{assembly}"
             fn = jax.jit(jax.vmap(tpl))
             t = timed(fn, states, iters=args.iters)
+            if assembly != "jnp":  # the kernel's compiled (GPU) form is not in the CPU test suite: check it here
+                reference = jax.jit(jax.vmap(build_template(tokenizer, env_name, fmt.split("+")[0])))(states)
+                same = all(bool((a == b).all()) for a, b in zip(fn(states), reference))
+                print(f"{env_name} {fmt}: ids and lengths equal to the jnp assembly on {args.num_envs} states: {same}")
+                if not same:
+                    raise SystemExit(f"{fmt}: the {assembly} assembly disagrees with the jnp assembly")
             env_res["formats"][fmt] = {
                 "template_s": t, "ratio_to_env_step": t / step_s, "kernels": kernel_count(fn, states),
                 "values_s": timed(jax.jit(jax.vmap(tpl.fmt.values)), states, iters=args.iters),
@@ -227,27 +237,27 @@ def main(argv=None) -> dict:
     print("in one jitted loop (the trainer's view: no per-call dispatch; ids carried, env step with its obs):")
     for env_name, env_res in results["envs"].items():
         for fmt, r in env_res["formats"].items():
-            print(f"{env_name:28} {fmt:8} template {r['template_in_loop_s'] * 1e3:8.3f} ms  env step "
+            print(f"{env_name:28} {fmt:14} template {r['template_in_loop_s'] * 1e3:8.3f} ms  env step "
                   f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_in_loop']:7.2%}")
     print("the same, measured as before 2026-11-26 (ids reduced; env step without its obs):")
     for env_name, env_res in results["envs"].items():
         for fmt, r in env_res["formats"].items():
-            print(f"{env_name:28} {fmt:8} template {r['template_in_loop_reduce_s'] * 1e3:8.3f} ms  env step "
+            print(f"{env_name:28} {fmt:14} template {r['template_in_loop_reduce_s'] * 1e3:8.3f} ms  env step "
                   f"{env_res['env_step_in_loop_state_only_s'] * 1e3:8.3f} ms  "
                   f"ratio {r['ratio_in_loop_before_2026_11_26']:7.2%}")
     print("one jitted call each (includes host dispatch of the state pytree):")
-    print(f"{'env':28} {'format':8} {'kernels':>7} {'template ms':>11} {'env step ms':>11} {'ratio':>7} "
+    print(f"{'env':28} {'format':14} {'kernels':>7} {'template ms':>11} {'env step ms':>11} {'ratio':>7} "
           f"{'values ms':>9} {'mean tok':>8} {'p99':>6} {'max':>5} {'max_len':>7} {'prefix':>6}")
     for env_name, env_res in results["envs"].items():
         for fmt, r in env_res["formats"].items():
             tk = r["tokens"] or dict(mean=float("nan"), p99=float("nan"), max=-1, max_len=-1, prefix=-1)
-            print(f"{env_name:28} {fmt:8} {r['kernels']:7d} {r['template_s'] * 1e3:11.3f} {env_res['env_step_s'] * 1e3:11.3f} "
+            print(f"{env_name:28} {fmt:14} {r['kernels']:7d} {r['template_s'] * 1e3:11.3f} {env_res['env_step_s'] * 1e3:11.3f} "
                   f"{r['ratio_to_env_step']:7.2%} {r['values_s'] * 1e3:9.3f} {tk['mean']:8.1f} {tk['p99']:6.0f} {tk['max']:5d} "
                   f"{tk['max_len']:7d} {tk['prefix']:6d}")
         for fmt, r in env_res["formats"].items():
             if r["tokens_typical"]:
                 tk = r["tokens_typical"]
-                print(f"{env_name:28} {fmt:8} typical states (random play from reset, {tk['states']}): "
+                print(f"{env_name:28} {fmt:14} typical states (random play from reset, {tk['states']}): "
                       f"mean {tk['mean']:.1f}, p99 {tk['p99']:.0f}, max {tk['max']}")
         it = env_res["informative_tiles"]
         if it is None:

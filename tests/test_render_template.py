@@ -148,6 +148,23 @@ def test_template_inside_scan_and_shard_map(templates, state_chunks, rendered):
 MOB_LINE = re.compile(r"^-?\d+, -?\d+: (.+?) on ")
 
 
+@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_pallas_assembly_equals_jnp_assembly(env, fmt, templates, state_chunks, rendered):
+    """The one-kernel assembly (`assembly="pallas"`, run by Pallas's interpreter on CPU) gives the same ids and
+    lengths as the XLA one, on the 12 longest and 12 shortest prompts of the first chunk."""
+    import dataclasses
+
+    ids, lens, _ = rendered[(env, fmt)]
+    order = np.argsort(lens[:CHUNK], kind="stable")
+    pick = np.concatenate([order[:12], order[-12:]])
+    states = jax.tree.map(lambda x: x[pick], state_chunks[env][0])
+    tpl = dataclasses.replace(templates[(env, fmt)], assembly="pallas")
+    got_ids, got_lens = jax.jit(jax.vmap(tpl))(states)
+    np.testing.assert_array_equal(np.asarray(got_lens), lens[pick])
+    np.testing.assert_array_equal(np.asarray(got_ids), ids[pick])
+
+
 def test_coverage_of_craftax_states(rendered):
     """The 2,048 Craftax states reach what the invariant is claimed on."""
     _, _, texts = rendered[(CRAFTAX, "full")]
