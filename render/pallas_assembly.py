@@ -3,9 +3,10 @@
 The jnp assembly in `render.template` is correct everywhere but costs ~10 XLA kernels on a GPU (table
 gathers, concatenations of every column's tokens and positions, one scatter), ~30-40 us of kernel time
 plus launch gaps for 1,024 states (docs/BENCHMARKS.md). Here one kernel program per state does the same
-work in registers: for each section, every column's token ids (looked up in one flat table, or digits
-computed with integer arithmetic), the row and column offsets (a running sum), and masked stores into the
-output row; the padding goes last, behind the text's end.
+work in registers, section by section: first every column's token count per row (a table lookup, or the
+digit count), hence the row and column offsets; then, column by column, the token ids (looked up in one flat
+table, or digits by integer arithmetic) and their masked store into the output row. The padding goes last,
+behind the text's end.
 
 Same inputs, same outputs, bit for bit: `tests/test_render_pallas.py` compares it with the jnp assembly in
 Pallas's interpret mode (CPU). Compiled for GPU it lowers through Triton.
@@ -93,21 +94,31 @@ def _digits(x, count: int):
     return [lax.rem(lax.div(x, jnp.int32(10**e)), jnp.int32(10)) for e in range(count)]
 
 
-def _number_tokens(meta: _NumberMeta, v, t, table_ref, digits_at: int, dot_id: int):
-    """Token ids [R, W] at text positions t [1, W] and the length [R] of number column values v [R]."""
-    n = meta.number
-    nl = len(meta.label_ids)
+def _number_parts(n: Number, v):
+    """(whole part, fractional part, number of integer digits, empty?) of number column values v [R]."""
     empty = v < 0 if n.optional else None
     v = jnp.maximum(v, 0)
-    scale = 10**n.decimals
-    whole, frac = lax.div(v, jnp.int32(scale)), lax.rem(v, jnp.int32(scale))
+    scale = jnp.int32(10**n.decimals)
+    whole, frac = lax.div(v, scale), lax.rem(v, scale)
     ndig = jnp.ones_like(whole)
     for k in range(1, n.int_digits):
         ndig = ndig + (whole >= 10**k).astype(jnp.int32)
-    length = nl + ndig + ((1 + n.decimals) if n.decimals else 0)
-    if empty is not None:
-        length = jnp.where(empty, 0, length)
+    return whole, frac, ndig, empty
 
+
+def _number_length(meta: _NumberMeta, v):
+    """Token count [R] of number column values v [R] (label, digits, dot, decimals; 0 when empty)."""
+    n = meta.number
+    _, _, ndig, empty = _number_parts(n, v)
+    length = len(meta.label_ids) + ndig + ((1 + n.decimals) if n.decimals else 0)
+    return length if empty is None else jnp.where(empty, 0, length)
+
+
+def _number_ids(meta: _NumberMeta, v, t, table_ref, digits_at: int, dot_id: int):
+    """Token ids [R, W] at text positions t [1, W] of number column values v [R]."""
+    n = meta.number
+    nl = len(meta.label_ids)
+    whole, frac, ndig, _ = _number_parts(n, v)
     k = t - nl  # position among the digits
     ndig2 = ndig[:, None]
     int_exp = ndig2 - 1 - k  # the power of 10 shown at k (while k < ndig)
@@ -123,7 +134,7 @@ def _number_tokens(meta: _NumberMeta, v, t, table_ref, digits_at: int, dot_id: i
         ids = jnp.where(k == ndig2, dot_id, ids)
     if nl:
         ids = jnp.where(t < nl, _select(t, meta.label_ids), ids)
-    return ids, length
+    return ids
 
 
 def make_pallas_assembler(sections, max_len: int, pad_id: int, *, interpret: bool = False):
@@ -134,7 +145,7 @@ def make_pallas_assembler(sections, max_len: int, pad_id: int, *, interpret: boo
     `interpret=True` runs the kernel in Pallas's interpreter (any backend; used by the CPU tests).
     """
     table_np, metas, digits_at, dot_id = _flatten(sections)
-    inputs = []  # (key in values, is_present)
+    inputs = []  # the keys of `values` the kernel reads, in argument order
     for m in metas:
         inputs.append(m.name)
         if m.optional_rows:
@@ -153,24 +164,24 @@ def make_pallas_assembler(sections, max_len: int, pad_id: int, *, interpret: boo
             if m.optional_rows:
                 row_ok = row_ok & (value_refs[present_key(m.name)][rr] != 0)
             vals_ref = value_refs[m.name]
-            per_col = []
+            # pass 1: every column's token count per row (short [R] vectors), hence the offsets
+            lens = []
             for c, col in enumerate(m.columns):
-                wp = _pow2(col.width)
-                t = jnp.arange(wp, dtype=jnp.int32)[None, :]
+                v = vals_ref[rr, c]
+                ln = table_ref[col.lens_at + v] if isinstance(col, _ChoiceMeta) else _number_length(col, v)
+                lens.append(jnp.where(row_ok, ln, 0))
+            row_len = lens[0]
+            for ln in lens[1:]:
+                row_len = row_len + ln
+            col_start = base + jnp.cumsum(row_len) - row_len
+            # pass 2: one column at a time, its ids [R, W] and their masked store
+            for c, (col, ln) in enumerate(zip(m.columns, lens)):
+                t = jnp.arange(_pow2(col.width), dtype=jnp.int32)[None, :]
                 v = vals_ref[rr, c]
                 if isinstance(col, _ChoiceMeta):
-                    ln = table_ref[col.lens_at + v]
-                    tt = jnp.minimum(t, col.width - 1)
-                    ids = table_ref[col.ids_at + v[:, None] * col.width + tt]
+                    ids = table_ref[col.ids_at + v[:, None] * col.width + jnp.minimum(t, col.width - 1)]
                 else:
-                    ids, ln = _number_tokens(col, v, t, table_ref, digits_at, dot_id)
-                per_col.append((t, ids, jnp.where(row_ok, ln, 0)))
-            row_len = per_col[0][2]
-            for _, _, ln in per_col[1:]:
-                row_len = row_len + ln
-            row_start = base + jnp.cumsum(row_len) - row_len
-            col_start = row_start
-            for t, ids, ln in per_col:
+                    ids = _number_ids(col, v, t, table_ref, digits_at, dot_id)
                 write = t < ln[:, None]
                 # masked-off lanes point past the end: Triton skips them, the interpreter drops them
                 plgpu.store(ids_ref.at[jnp.where(write, col_start[:, None] + t, max_len)], ids, mask=write)
