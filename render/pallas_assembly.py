@@ -35,6 +35,7 @@ class _ChoiceMeta:
     ids_at: int  # offset of the [n, width] id table in the flat table
     lens_at: int  # offset of the [n] length table
     width: int
+    count: int  # n, the number of strings
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def _flatten(sections) -> tuple[np.ndarray, tuple[_SectionMeta, ...], int, int]:
         cols = []
         for column, comp in zip(section.columns, compiled):
             if isinstance(column, Choice):
-                cols.append(_ChoiceMeta(add(comp.ids), add(comp.lens), comp.width))
+                cols.append(_ChoiceMeta(add(comp.ids), add(comp.lens), comp.width, len(comp.lens)))
             else:
                 digit_ids, dot_id = comp.digit_ids, comp.dot_id
                 cols.append(_NumberMeta(comp.number, tuple(int(i) for i in comp.label_ids), comp.width))
@@ -137,6 +138,13 @@ def _number_ids(meta: _NumberMeta, v, t, table_ref, digits_at: int, dot_id: int)
     return ids
 
 
+def _column_values(vals_ref, rows, c: int, col):
+    """Values [R] of column c; a choice index is clamped into its table (the formats never leave it, but an
+    unchecked load outside the table would read another column's entries, or fault, on a GPU)."""
+    v = vals_ref[rows, c]
+    return jnp.clip(v, 0, col.count - 1) if isinstance(col, _ChoiceMeta) else v
+
+
 def make_pallas_assembler(sections, max_len: int, pad_id: int, *, interpret: bool = False):
     """Pure function values -> (ids int32 [max_len], length int32) for ONE state, as one Pallas kernel.
 
@@ -167,7 +175,7 @@ def make_pallas_assembler(sections, max_len: int, pad_id: int, *, interpret: boo
             # pass 1: every column's token count per row (short [R] vectors), hence the offsets
             lens = []
             for c, col in enumerate(m.columns):
-                v = vals_ref[rr, c]
+                v = _column_values(vals_ref, rr, c, col)
                 ln = table_ref[col.lens_at + v] if isinstance(col, _ChoiceMeta) else _number_length(col, v)
                 lens.append(jnp.where(row_ok, ln, 0))
             row_len = lens[0]
@@ -177,7 +185,7 @@ def make_pallas_assembler(sections, max_len: int, pad_id: int, *, interpret: boo
             # pass 2: one column at a time, its ids [R, W] and their masked store
             for c, (col, ln) in enumerate(zip(m.columns, lens)):
                 t = jnp.arange(_pow2(col.width), dtype=jnp.int32)[None, :]
-                v = vals_ref[rr, c]
+                v = _column_values(vals_ref, rr, c, col)
                 if isinstance(col, _ChoiceMeta):
                     ids = table_ref[col.ids_at + v[:, None] * col.width + jnp.minimum(t, col.width - 1)]
                 else:
