@@ -2,14 +2,22 @@
 
 The jnp assembly in `render.template` is correct everywhere but costs ~10 XLA kernels on a GPU (table
 gathers, concatenations of every column's tokens and positions, one scatter), ~30-40 us of kernel time
-plus launch gaps for 1,024 states (docs/BENCHMARKS.md). Here one kernel program per state does the same
-work in registers, section by section: first every column's token count per row (a table lookup, or the
-digit count), hence the row and column offsets; then, column by column, the token ids (looked up in one flat
-table, or digits by integer arithmetic) and their masked store into the output row. The padding goes last,
-behind the text's end.
+plus launch gaps for 1,024 states (docs/BENCHMARKS.md). Here one kernel program per state does the same work.
 
-Same inputs, same outputs, bit for bit: `tests/test_render_pallas.py` compares it with the jnp assembly in
-Pallas's interpret mode (CPU). Compiled for GPU it lowers through Triton.
+Every (section, row, column) slot of the layout is one lane of a vector, in text order. What a lane needs to
+know about its column (choice or number, where its strings' ids and lengths sit in the one flat table, width,
+digits, label) is static, so it is stored in that table too and loaded as a few vectors. The program then
+- loads every lane's value (one masked load per section) and its row's presence flag;
+- computes every lane's token count (a table lookup for a choice, the digit count for a number);
+- takes one cumulative sum over the lanes for the offsets;
+- computes every lane's ids [lanes, width] (table gathers, digits by integer arithmetic);
+- writes them with ONE masked store, then the padding behind the text's end.
+
+About 30 memory operations per program whatever the layout, so Triton compiles it quickly (per-column code
+had hundreds, and the compile time grew faster than linearly with them).
+
+Same inputs, same outputs, bit for bit: `tests/test_render_template.py::test_pallas_assembly_equals_jnp_assembly`
+compares it with the jnp assembly in Pallas's interpret mode (CPU). On a GPU it lowers through Triton.
 """
 from __future__ import annotations
 
@@ -17,201 +25,199 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from render.layout import Choice, Number, present_key
+from render.layout import Choice, present_key
+
+# per-lane fields stored in the flat table, one vector of `lanes` entries each
+FIELDS = ("is_number", "ids_at", "lens_at", "width", "count", "skip", "label_at", "label_len", "int_digits",
+          "decimals", "optional", "row", "col")
+LANE_WIDTH = 8  # tokens per lane; a wider choice takes several lanes (`skip`: tokens before this lane's share)
 
 
 def _pow2(n: int) -> int:
-    """The smallest power of two >= n (Triton's block sizes are powers of two)."""
+    """The smallest power of two >= n (Triton's tensor sizes are powers of two)."""
     return 1 << max(0, int(n) - 1).bit_length()
 
 
 @dataclass(frozen=True)
-class _ChoiceMeta:
-    ids_at: int  # offset of the [n, width] id table in the flat table
-    lens_at: int  # offset of the [n] length table
-    width: int
-    count: int  # n, the number of strings
-
-
-@dataclass(frozen=True)
-class _NumberMeta:
-    number: Number
-    label_ids: tuple[int, ...]
-    width: int
-
-
-@dataclass(frozen=True)
-class _SectionMeta:
-    name: str
+class _Section:
+    name: str  # key of its values
     rows: int
+    cols: int
+    first_lane: int
+    num_lanes: int
     optional_rows: bool
-    columns: tuple  # of _ChoiceMeta | _NumberMeta
 
 
-def _flatten(sections) -> tuple[np.ndarray, tuple[_SectionMeta, ...], int, int]:
-    """One flat int32 table (every choice's ids and lengths, then the 10 digits and the dot) and the static
-    description of every section; returns (table, sections, digits_at, dot_id)."""
+@dataclass(frozen=True)
+class _Plan:
+    table: np.ndarray  # int32: ids and lengths of every choice, labels, digits, then the per-lane fields
+    sections: tuple[_Section, ...]
+    lanes: int  # used lanes (slots of the layout)
+    lanes_pow2: int
+    width_pow2: int  # tokens per lane
+    fields_at: int
+    digits_at: int
+    dot_id: int
+    max_int_digits: int
+    max_decimals: int
+
+
+def _plan(sections) -> _Plan:
+    """The flat table and the static lane layout of a template's compiled sections."""
     parts: list[np.ndarray] = []
     size = 0
 
-    def add(a: np.ndarray) -> int:
+    def add(a) -> int:
         nonlocal size
         at = size
         parts.append(np.asarray(a, np.int32).reshape(-1))
         size += parts[-1].size
         return at
 
-    metas = []
-    digit_ids = dot_id = None
+    lanes: list[dict] = []
+    plan_sections = []
+    digit_ids, dot_id = np.zeros(10, np.int32), 0
     for section, compiled in sections:
-        cols = []
-        for column, comp in zip(section.columns, compiled):
+        first_lane = len(lanes)
+        per_row = []  # the lanes of one row
+        for c, (column, comp) in enumerate(zip(section.columns, compiled)):
+            lane = dict.fromkeys(FIELDS, 0)
+            lane.update(width=1, count=1, col=c)
             if isinstance(column, Choice):
-                cols.append(_ChoiceMeta(add(comp.ids), add(comp.lens), comp.width, len(comp.lens)))
+                lane.update(ids_at=add(comp.ids), lens_at=add(comp.lens), width=comp.width, count=len(comp.lens))
+                per_row += [dict(lane, skip=skip) for skip in range(0, comp.width, LANE_WIDTH)]
             else:
+                if comp.width > LANE_WIDTH:
+                    raise ValueError(f"a number column of {comp.width} tokens is wider than a lane ({LANE_WIDTH})")
                 digit_ids, dot_id = comp.digit_ids, comp.dot_id
-                cols.append(_NumberMeta(comp.number, tuple(int(i) for i in comp.label_ids), comp.width))
-        metas.append(_SectionMeta(section.name, section.rows, section.optional_rows, tuple(cols)))
-    digits_at = add(np.zeros(10) if digit_ids is None else digit_ids)
-    return np.concatenate(parts), tuple(metas), digits_at, int(dot_id or 0)
+                n = comp.number
+                label = list(comp.label_ids)
+                lane.update(is_number=1, label_at=add(label or [0]), label_len=len(label), int_digits=n.int_digits,
+                            decimals=n.decimals, optional=int(n.optional))
+                per_row.append(lane)
+        for r in range(section.rows):
+            lanes += [dict(lane, row=r) for lane in per_row]
+        plan_sections.append(_Section(section.name, section.rows, len(section.columns), first_lane,
+                                      len(lanes) - first_lane, section.optional_rows))
+    digits_at = add(digit_ids)
+    lanes_pow2 = _pow2(len(lanes))
+    padding = dict.fromkeys(FIELDS, 0)
+    padding.update(width=1, count=1)
+    lanes_padded = lanes + [padding] * (lanes_pow2 - len(lanes))
+    fields_at = add(np.array([[lane[f] for lane in lanes_padded] for f in FIELDS]))
+    numbers = [lane for lane in lanes if lane["is_number"]]
+    return _Plan(np.concatenate(parts), tuple(plan_sections), len(lanes), lanes_pow2, LANE_WIDTH,
+                 fields_at, digits_at, int(dot_id), max([1] + [ln["int_digits"] for ln in numbers]),
+                 max([0] + [ln["decimals"] for ln in numbers]))
 
 
-def _select(index, values, dtype=jnp.int32):
-    """values[index] for a short static tuple of ints, as a chain of selects (no gather)."""
-    out = jnp.zeros(index.shape, dtype)
-    for k, v in enumerate(values):
-        out = jnp.where(index == k, v, out)
+def _power_of_10(exponent, max_exponent: int):
+    """10**exponent for an int vector with values in [0, max_exponent]."""
+    out = jnp.ones_like(exponent)
+    for e in range(1, max_exponent + 1):
+        out = jnp.where(exponent == e, 10**e, out)
     return out
 
 
 def _digits(x, count: int):
-    """The `count` lowest decimal digits of non-negative x [R] (index e = digit of 10**e): divisions by
-    constants only, which compile to multiply-and-shift (a division by a varying power of 10 would not)."""
+    """The `count` lowest decimal digits of non-negative x (index e = digit of 10**e); constant divisors,
+    which compile to multiply-and-shift."""
     return [lax.rem(lax.div(x, jnp.int32(10**e)), jnp.int32(10)) for e in range(count)]
 
 
-def _number_parts(n: Number, v):
-    """(whole part, fractional part, number of integer digits, empty?) of number column values v [R]."""
-    empty = v < 0 if n.optional else None
-    v = jnp.maximum(v, 0)
-    scale = jnp.int32(10**n.decimals)
-    whole, frac = lax.div(v, scale), lax.rem(v, scale)
+def _kernel(plan: _Plan, max_len: int, pad_id: int, table_ref, *refs):
+    """One program = one state: lanes = the layout's slots in text order."""
+    *value_refs, ids_ref, len_ref = refs
+    lane = jnp.arange(plan.lanes_pow2, dtype=jnp.int32)
+    f = {name: table_ref[plan.fields_at + i * plan.lanes_pow2 + lane] for i, name in enumerate(FIELDS)}
+
+    # every lane's value, and whether its row is shown
+    value = jnp.zeros_like(lane)
+    shown = lane < plan.lanes
+    refs_iter = iter(value_refs)
+    for s in plan.sections:
+        vals_ref = next(refs_iter)
+        mine = (lane >= s.first_lane) & (lane < s.first_lane + s.num_lanes)
+        row = jnp.clip(f["row"], 0, s.rows - 1)
+        value = jnp.where(mine, plgpu.load(vals_ref.at[row, jnp.clip(f["col"], 0, s.cols - 1)], mask=mine, other=0),
+                          value)
+        if s.optional_rows:
+            present = plgpu.load(next(refs_iter).at[row], mask=mine, other=1)
+            shown = shown & ~(mine & (present == 0))
+
+    # token counts
+    is_number = f["is_number"] != 0
+    choice = jnp.clip(value, 0, f["count"] - 1)
+    choice_len = jnp.clip(table_ref[f["lens_at"] + choice] - f["skip"], 0, plan.width_pow2)
+    number = jnp.maximum(value, 0)
+    scale = _power_of_10(f["decimals"], plan.max_decimals)
+    whole, frac = lax.div(number, scale), lax.rem(number, scale)
     ndig = jnp.ones_like(whole)
-    for k in range(1, n.int_digits):
-        ndig = ndig + (whole >= 10**k).astype(jnp.int32)
-    return whole, frac, ndig, empty
+    for k in range(1, plan.max_int_digits):
+        ndig = ndig + ((whole >= 10**k) & (k < f["int_digits"])).astype(jnp.int32)
+    number_len = f["label_len"] + ndig + jnp.where(f["decimals"] > 0, 1 + f["decimals"], 0)
+    number_len = jnp.where((f["optional"] != 0) & (value < 0), 0, number_len)
+    length = jnp.where(shown, jnp.where(is_number, number_len, choice_len), 0)
+    start = jnp.cumsum(length) - length
+    total = jnp.sum(length)
+
+    # token ids [lanes, width]
+    t = jnp.arange(plan.width_pow2, dtype=jnp.int32)[None, :]
+    col = lambda x: x[:, None]
+    ids = table_ref[col(f["ids_at"] + choice * f["width"]) + jnp.minimum(t + col(f["skip"]), col(f["width"]) - 1)]
+    k = t - col(f["label_len"])  # position among the digits
+    n2 = col(ndig)
+    digit = jnp.zeros(k.shape, jnp.int32)
+    for e, d in enumerate(_digits(whole, plan.max_int_digits)):
+        digit = jnp.where(n2 - 1 - k == e, col(d), digit)
+    for e, d in enumerate(_digits(frac, plan.max_decimals)):
+        digit = jnp.where((k > n2) & (col(f["decimals"]) + n2 - k == e), col(d), digit)
+    number_ids = table_ref[plan.digits_at + digit]
+    number_ids = jnp.where((col(f["decimals"]) > 0) & (k == n2), plan.dot_id, number_ids)
+    label = table_ref[col(f["label_at"]) + jnp.minimum(t, jnp.maximum(col(f["label_len"]) - 1, 0))]
+    number_ids = jnp.where(k < 0, label, number_ids)
+    ids = jnp.where(col(is_number), number_ids, ids)
+
+    write = t < col(length)
+    # masked-off lanes point past the end: Triton skips them, the interpreter drops them
+    plgpu.store(ids_ref.at[jnp.where(write, col(start) + t, max_len)], ids, mask=write)
+    p = jnp.arange(_pow2(max_len), dtype=jnp.int32)
+    pad = (p >= total) & (p < max_len)
+    plgpu.store(ids_ref.at[jnp.where(pad, p, max_len)], jnp.full(p.shape, pad_id, jnp.int32), mask=pad)
+    len_ref[...] = jnp.full((1,), total, jnp.int32)
 
 
-def _number_length(meta: _NumberMeta, v):
-    """Token count [R] of number column values v [R] (label, digits, dot, decimals; 0 when empty)."""
-    n = meta.number
-    _, _, ndig, empty = _number_parts(n, v)
-    length = len(meta.label_ids) + ndig + ((1 + n.decimals) if n.decimals else 0)
-    return length if empty is None else jnp.where(empty, 0, length)
-
-
-def _number_ids(meta: _NumberMeta, v, t, table_ref, digits_at: int, dot_id: int):
-    """Token ids [R, W] at text positions t [1, W] of number column values v [R]."""
-    n = meta.number
-    nl = len(meta.label_ids)
-    whole, frac, ndig, _ = _number_parts(n, v)
-    k = t - nl  # position among the digits
-    ndig2 = ndig[:, None]
-    int_exp = ndig2 - 1 - k  # the power of 10 shown at k (while k < ndig)
-    digit = jnp.zeros(int_exp.shape, jnp.int32)
-    for e, d in enumerate(_digits(whole, n.int_digits)):
-        digit = jnp.where(int_exp == e, d[:, None], digit)
-    if n.decimals:
-        frac_exp = n.decimals + ndig2 - k  # k = ndig is the dot, then 10**(decimals-1) ... 10**0
-        for e, d in enumerate(_digits(frac, n.decimals)):
-            digit = jnp.where((k > ndig2) & (frac_exp == e), d[:, None], digit)
-    ids = table_ref[digits_at + digit]
-    if n.decimals:
-        ids = jnp.where(k == ndig2, dot_id, ids)
-    if nl:
-        ids = jnp.where(t < nl, _select(t, meta.label_ids), ids)
-    return ids
-
-
-def _column_values(vals_ref, rows, c: int, col):
-    """Values [R] of column c; a choice index is clamped into its table (the formats never leave it, but an
-    unchecked load outside the table would read another column's entries, or fault, on a GPU)."""
-    v = vals_ref[rows, c]
-    return jnp.clip(v, 0, col.count - 1) if isinstance(col, _ChoiceMeta) else v
-
-
-def make_pallas_assembler(sections, max_len: int, pad_id: int, *, interpret: bool = False):
+def make_pallas_assembler(sections, max_len: int, pad_id: int):
     """Pure function values -> (ids int32 [max_len], length int32) for ONE state, as one Pallas kernel.
 
     `sections`: the template's compiled sections (`Template._sections`); `values`: the format's column
     values plus "chat_tail" (as `Template.__call__` builds them). Vmap it for a batch (one program per state).
-    `interpret=True` runs the kernel in Pallas's interpreter (any backend; used by the CPU tests).
+    Compiled by Triton on a GPU, run by Pallas's interpreter on other platforms.
     """
-    table_np, metas, digits_at, dot_id = _flatten(sections)
-    inputs = []  # the keys of `values` the kernel reads, in argument order
-    for m in metas:
-        inputs.append(m.name)
-        if m.optional_rows:
-            inputs.append(present_key(m.name))
-    out_pad = _pow2(max_len)
+    plan = _plan(sections)
+    keys = []
+    for s in plan.sections:
+        keys += [s.name] + ([present_key(s.name)] if s.optional_rows else [])
+    elements = plan.lanes_pow2 * plan.width_pow2
+    warps = int(min(16, max(1, elements // 512)))  # ~16 elements of each [lanes, width] tensor per thread
 
-    def kernel(table_ref, *refs):
-        value_refs = dict(zip(inputs, refs[: len(inputs)]))
-        ids_ref, len_ref = refs[len(inputs):]
-        base = jnp.int32(0)
-        for m in metas:
-            rp = _pow2(m.rows)
-            r = jnp.arange(rp, dtype=jnp.int32)
-            row_ok = r < m.rows
-            rr = jnp.minimum(r, m.rows - 1)
-            if m.optional_rows:
-                row_ok = row_ok & (value_refs[present_key(m.name)][rr] != 0)
-            vals_ref = value_refs[m.name]
-            # pass 1: every column's token count per row (short [R] vectors), hence the offsets
-            lens = []
-            for c, col in enumerate(m.columns):
-                v = _column_values(vals_ref, rr, c, col)
-                ln = table_ref[col.lens_at + v] if isinstance(col, _ChoiceMeta) else _number_length(col, v)
-                lens.append(jnp.where(row_ok, ln, 0))
-            row_len = lens[0]
-            for ln in lens[1:]:
-                row_len = row_len + ln
-            col_start = base + jnp.cumsum(row_len) - row_len
-            # pass 2: one column at a time, its ids [R, W] and their masked store
-            for c, (col, ln) in enumerate(zip(m.columns, lens)):
-                t = jnp.arange(_pow2(col.width), dtype=jnp.int32)[None, :]
-                v = _column_values(vals_ref, rr, c, col)
-                if isinstance(col, _ChoiceMeta):
-                    ids = table_ref[col.ids_at + v[:, None] * col.width + jnp.minimum(t, col.width - 1)]
-                else:
-                    ids = _number_ids(col, v, t, table_ref, digits_at, dot_id)
-                write = t < ln[:, None]
-                # masked-off lanes point past the end: Triton skips them, the interpreter drops them
-                plgpu.store(ids_ref.at[jnp.where(write, col_start[:, None] + t, max_len)], ids, mask=write)
-                col_start = col_start + ln
-            base = base + jnp.sum(row_len)
-        p = jnp.arange(out_pad, dtype=jnp.int32)
-        pad = (p >= base) & (p < max_len)
-        plgpu.store(ids_ref.at[jnp.where(pad, p, max_len)], jnp.full((out_pad,), pad_id, jnp.int32), mask=pad)
-        len_ref[...] = jnp.full((1,), base, jnp.int32)
-
-    call = pl.pallas_call(
-        kernel,
-        out_shape=(jax.ShapeDtypeStruct((max_len,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)),
-        interpret=interpret,
-        # small tensors (the largest is [128, 8]): one warp per state wastes no lanes on replication
-        compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
-        name="render_template_assembly",
-    )
+    def call(interpret: bool):
+        return pl.pallas_call(
+            lambda *refs: _kernel(plan, max_len, pad_id, *refs),
+            out_shape=(jax.ShapeDtypeStruct((max_len,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)),
+            interpret=interpret,
+            compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=1),
+            name="render_template_assembly",
+        )
 
     def assemble(values):
-        args = [jnp.asarray(values[k]).astype(jnp.int32) for k in inputs]
-        ids, length = call(jnp.asarray(table_np), *args)
+        args = [jnp.asarray(plan.table)] + [jnp.asarray(values[k]).astype(jnp.int32) for k in keys]
+        ids, length = lax.platform_dependent(*args, cuda=call(False), default=call(True))
         return ids, length[0]
 
     return assemble

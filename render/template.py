@@ -229,8 +229,7 @@ class Template:
     def _pallas_assemble(self):
         from render.pallas_assembly import make_pallas_assembler
 
-        return make_pallas_assembler(self._sections, self.max_len, self.pad_id,
-                                     interpret=jax.default_backend() != "gpu")
+        return make_pallas_assembler(self._sections, self.max_len, self.pad_id)
 
     def __call__(self, state):
         """ids int32 [max_len] (right-padded with pad_id) and length int32 for ONE unbatched state."""
