@@ -15,13 +15,15 @@ def build_template(
     env_name: str,
     fmt: str = "compact",
     system_prompt: Union[str, Path, None] = None,
-    assembly: str = "jnp",
+    assembly: str = "auto",
 ) -> Template:
     """Compile the prompt template of `env_name` in format `fmt` ("compact" or "full").
 
     system_prompt: None for our default prompt of that env and format, else the prompt text or a
     path to a file holding it. Raises UnsafeBoundaryError if a piece boundary is not token-safe.
-    assembly: "jnp" (XLA ops, default) or "pallas" (one GPU kernel; interpreted on other backends).
+    assembly: how column values become ids: "auto" (default: the one-kernel Pallas assembly on a CUDA GPU, XLA
+    ops elsewhere), "jnp" (XLA ops everywhere) or "pallas" (the kernel everywhere; interpreted off CUDA, slow).
+    All three give the same ids.
     """
     format_ = get_format(env_name, fmt)
     system = resolve_system_prompt(system_prompt, env_name, fmt)

@@ -192,6 +192,16 @@ def _kernel(plan: _Plan, max_len: int, pad_id: int, table_ref, *refs):
     len_ref[...] = jnp.full((1,), total, jnp.int32)
 
 
+def _varying_axes(arrays):
+    """The manual-axis type of a value computed from all `arrays`: under `jax.shard_map`, the mesh axes the
+    kernel's outputs vary over (pallas_call needs it spelled out); empty outside shard_map. Read from the type of
+    a traced sum that nothing uses (so it is dropped)."""
+    probe = jnp.zeros((), jnp.int32)
+    for a in arrays:
+        probe = probe + a.reshape(-1)[0]
+    return jax.typeof(probe).mat
+
+
 def make_pallas_assembler(sections, max_len: int, pad_id: int):
     """Pure function values -> (ids int32 [max_len], length int32) for ONE state, as one Pallas kernel.
 
@@ -206,10 +216,11 @@ def make_pallas_assembler(sections, max_len: int, pad_id: int):
     elements = plan.lanes_pow2 * plan.width_pow2
     warps = int(min(16, max(1, elements // 512)))  # ~16 elements of each [lanes, width] tensor per thread
 
-    def call(interpret: bool):
+    def call(interpret: bool, mat):
         return pl.pallas_call(
             lambda *refs: _kernel(plan, max_len, pad_id, *refs),
-            out_shape=(jax.ShapeDtypeStruct((max_len,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)),
+            out_shape=(jax.ShapeDtypeStruct((max_len,), jnp.int32, manual_axis_type=mat),
+                       jax.ShapeDtypeStruct((1,), jnp.int32, manual_axis_type=mat)),
             interpret=interpret,
             compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=1),
             name="render_template_assembly",
@@ -217,7 +228,8 @@ def make_pallas_assembler(sections, max_len: int, pad_id: int):
 
     def assemble(values):
         args = [jnp.asarray(plan.table)] + [jnp.asarray(values[k]).astype(jnp.int32) for k in keys]
-        ids, length = lax.platform_dependent(*args, cuda=call(False), default=call(True))
+        mat = _varying_axes(args)
+        ids, length = lax.platform_dependent(*args, cuda=call(False, mat), default=call(True, mat))
         return ids, length[0]
 
     return assemble

@@ -23,6 +23,9 @@ from render.layout import Choice, Const, Format, Layout, Number, Section, presen
 from render.text import texts_from_values
 
 PAD_ID = 151643  # <|endoftext|>
+# how column values become ids: "jnp" (XLA ops, every platform), "pallas" (one kernel, render.pallas_assembly:
+# Triton on CUDA, Pallas's interpreter elsewhere, for tests), "auto" (pallas on CUDA, jnp elsewhere)
+ASSEMBLIES = ("auto", "jnp", "pallas")
 
 
 class UnsafeBoundaryError(ValueError):
@@ -223,7 +226,7 @@ class Template:
     max_len: int
     pad_id: int
     _sections: tuple = field(repr=False)  # per section: (Section, tuple of compiled columns)
-    assembly: str = "jnp"  # "jnp" (XLA ops) or "pallas" (one kernel: render.pallas_assembly)
+    assembly: str = "auto"  # see ASSEMBLIES
 
     @functools.cached_property
     def _pallas_assemble(self):
@@ -233,16 +236,19 @@ class Template:
 
     def __call__(self, state):
         """ids int32 [max_len] (right-padded with pad_id) and length int32 for ONE unbatched state."""
-        tokens, positions, length = self.tokens_and_positions(state)
-        out = jnp.full((self.max_len,), self.pad_id, jnp.int32)
-        out = out.at[positions].set(tokens, mode="drop")
-        return out, length
+        values = self._values(state)
+        if self.assembly == "jnp":
+            return self._jnp_assemble(values)
+        if self.assembly == "pallas":
+            return self._pallas_assemble(values)
+        try:  # "auto": the one-kernel assembly where it compiles natively (CUDA), XLA ops elsewhere
+            pallas = self._pallas_assemble
+        except ImportError:  # a JAX without Pallas's Triton backend
+            return self._jnp_assemble(values)
+        return jax.lax.platform_dependent(values, cuda=pallas, default=self._jnp_assemble)
 
-    def tokens_and_positions(self, state):
-        """What `__call__` scatters, for ONE unbatched state: every candidate token (int32 [C]), its position
-        in the output (max_len for a token not written) and the length. The written positions are exactly
-        0..length-1, each once (tested): a position written twice would leave the result to the scatter's
-        order, which a GPU does not fix."""
+    def _values(self, state) -> dict:
+        """The format's column values of ONE unbatched state, plus the chat tail's."""
         from render.envs import check_state
 
         check_state(state, self.env_name)
@@ -250,12 +256,23 @@ class Template:
             raise ValueError("Template takes one unbatched state; use jax.vmap(tpl)(batched_state) for a batch")
         values = self.fmt.values(state)
         values["chat_tail"] = jnp.zeros((1, 1), jnp.int32)
-        if self.assembly == "pallas":
-            return self._pallas_assemble(values)
-        return self._assemble(values)
+        return values
 
-    def _assemble(self, values):
+    def tokens_and_positions(self, state):
+        """What the jnp assembly scatters, for ONE unbatched state: every candidate token (int32 [C]), its
+        position in the output (max_len for a token not written) and the length. The written positions are
+        exactly 0..length-1, each once (tested): a position written twice would leave the result to the
+        scatter's order, which a GPU does not fix."""
+        return self._jnp_tokens_and_positions(self._values(state))
+
+    def _jnp_assemble(self, values):
         """Column values -> (ids, length) with XLA ops."""
+        tokens, positions, length = self._jnp_tokens_and_positions(values)
+        out = jnp.full((self.max_len,), self.pad_id, jnp.int32)
+        return out.at[positions].set(tokens, mode="drop"), length
+
+    def _jnp_tokens_and_positions(self, values):
+        """Column values -> (tokens, positions, length), see `tokens_and_positions`."""
         per_col = []  # (section index, column index, ids, rel, len)
         lens = []
         for section, columns in self._sections:
@@ -304,7 +321,7 @@ class Template:
 
 
 def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id: int = PAD_ID,
-                     assembly: str = "jnp") -> Template:
+                     assembly: str = "auto") -> Template:
     """Compile `fmt` with `tokenizer` under the chat framing of `system`; checks every boundary."""
     from render.chat import chat_frame
 
@@ -318,6 +335,6 @@ def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id:
         sections.append((section, cols))
         max_len += section.rows * sum(c.width for c in cols)
     prefix_ids = _encode(tokenizer, [head])[0]
-    if assembly not in ("jnp", "pallas"):
-        raise ValueError(f"assembly must be 'jnp' or 'pallas', got {assembly!r}")
+    if assembly not in ASSEMBLIES:
+        raise ValueError(f"assembly must be one of {', '.join(map(repr, ASSEMBLIES))}, got {assembly!r}")
     return Template(env_name, fmt, head, tail, list(prefix_ids), int(max_len), pad_id, tuple(sections), assembly)

@@ -13,6 +13,7 @@ from rl.ppo import SHUFFLES
 
 ENCODERS = ("none", "inscan", "vllm")
 OBS_FORMATS = ("compact", "full")
+TEMPLATE_ASSEMBLIES = ("auto", "jnp", "pallas")  # render.build_template's `assembly` (same ids, different kernels)
 POOLINGS = ("last", "mean")
 LLM_DTYPES = ("auto", "float32", "bfloat16")
 
@@ -55,6 +56,7 @@ class TrainConfig:
     llm_layer: int = -1
     pooling: str = "last"
     obs_format: str = "compact"
+    template_assembly: str = "auto"  # auto: one Pallas kernel on a CUDA GPU, XLA ops elsewhere (docs/RENDER.md)
     llm_dtype: str = "auto"
     system_prompt: str | None = None
     fusion: str = "norm"
@@ -84,6 +86,7 @@ class TrainConfig:
         _choice("env", self.env, ENV_NAMES)
         _choice("encoder", self.encoder, ENCODERS)
         _choice("obs_format", self.obs_format, OBS_FORMATS)
+        _choice("template_assembly", self.template_assembly, TEMPLATE_ASSEMBLIES)
         _choice("pooling", self.pooling, POOLINGS)
         _choice("llm_dtype", self.llm_dtype, LLM_DTYPES)
         _choice("fusion", self.fusion, FUSIONS)

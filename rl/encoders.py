@@ -31,10 +31,10 @@ class LLMSetup:
         return (self.model.params, self.prefix_cache) if self.model is not None else (None, None)
 
 
-def build_template(tokenizer, env_name: str, fmt: str, system_prompt: str | None):
+def build_template(tokenizer, env_name: str, fmt: str, system_prompt: str | None, assembly: str = "auto"):
     from render import build_template as _build
 
-    return _build(tokenizer, env_name, fmt=fmt, system_prompt=system_prompt)
+    return _build(tokenizer, env_name, fmt=fmt, system_prompt=system_prompt, assembly=assembly)
 
 
 def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMSetup:
@@ -46,7 +46,7 @@ def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMS
 
     system_prompt = cfg.system_prompt if system_prompt is None else system_prompt
     tokenizer = load_tokenizer(cfg.model)
-    template = build_template(tokenizer, cfg.env, cfg.obs_format, system_prompt)
+    template = build_template(tokenizer, cfg.env, cfg.obs_format, system_prompt, cfg.template_assembly)
     if not with_model:
         return LLMSetup(None, tokenizer, template, None, 0)
     dtype = None if cfg.llm_dtype == "auto" else cfg.llm_dtype

@@ -20,7 +20,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from rl.config import (ENCODERS, LLM_DTYPES, OBS_FORMATS, POOLINGS, PRESETS, TrainConfig, load_config)
+from rl.config import (ENCODERS, LLM_DTYPES, OBS_FORMATS, POOLINGS, PRESETS, TEMPLATE_ASSEMBLIES, TrainConfig,
+                       load_config)
 from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
@@ -28,7 +29,8 @@ from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
 from rl.sharding import (agree_with_main_process, check_divisible, check_same_on_all_processes, is_main_process,
                          maybe_initialize_distributed, resolve_device_count)
 
-CHOICES = {"env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "pooling": POOLINGS,
+CHOICES = {"env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "template_assembly": TEMPLATE_ASSEMBLIES,
+           "pooling": POOLINGS,
            "llm_dtype": LLM_DTYPES, "fusion": FUSIONS,
            "shuffle": SHUFFLES}
 

@@ -30,6 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from render import build_template  # noqa: E402
+from render.template import ASSEMBLIES  # noqa: E402
 from render.envs import CLASSIC, CRAFTAX  # noqa: E402
 from render.sample_states import sample_states, typical_states  # noqa: E402
 
@@ -125,6 +126,21 @@ def env_step_in_loop(step, first, steps: int, iters: int, *, with_obs: bool = Tr
     return per_iteration_in_loop(lambda i, s: step(key(i), s)[1], first[1], steps, iters)
 
 
+def env_step_with_template_in_loop(step, first, tpl, steps: int, iters: int) -> float:
+    """One batched env step followed by the templates of its new states, inside a loop, obs and ids carried:
+    the loop body of an in-scan rollout step. Minus `env_step_in_loop`, it is what adding the template to the
+    step costs, with whatever the compiler shares or overlaps between the two."""
+    batch = first[1].env_state.player_position.shape[0]
+
+    def body(i, carry):
+        obs, s = step(jax.random.fold_in(jax.random.PRNGKey(1), i), carry[1])
+        ids, lens = jax.vmap(tpl)(s.env_state)
+        return obs, s, ids, lens
+
+    carry = (*first, jnp.zeros((batch, tpl.max_len), jnp.int32), jnp.zeros((batch,), jnp.int32))
+    return per_iteration_in_loop(body, carry, steps, iters)
+
+
 def env_step_time(step, first, iters: int) -> float:
     """Seconds of one batched env step (from `batched_env_step`, obs and state) in its own jitted call."""
     return timed(jax.jit(step), jax.random.PRNGKey(0), first[1], iters=iters)
@@ -172,8 +188,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=ENVS)
     parser.add_argument("--loop-steps", type=int, default=10, help="env steps per timed loop (templates: 4x)")
     parser.add_argument("--profile", action="store_true", help="also print the template's per-kernel GPU time")
-    parser.add_argument("--assembly", nargs="+", default=["jnp"], choices=["jnp", "pallas"],
-                        help="template assembly implementations to time (a non-default one is reported as FMT+NAME)")
+    parser.add_argument("--assembly", nargs="+", default=["auto"], choices=list(ASSEMBLIES),
+                        help="template assemblies to time (build_template's `assembly`; a non-default one is "
+                             "reported as FMT+NAME and checked equal to the jnp assembly)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
@@ -203,12 +220,13 @@ def main(argv=None) -> dict:
                    "informative_tiles": informative_tiles(env_name, chunks) if chunks else None}
         for fmt, assembly in [(f, a) for f in FORMATS for a in args.assembly]:
             tpl = build_template(tokenizer, env_name, fmt, assembly=assembly)
-            if assembly != "jnp":
+            if assembly != "auto":
                 fmt = f"{fmt}+{assembly}"
             fn = jax.jit(jax.vmap(tpl))
             t = timed(fn, states, iters=args.iters)
             if assembly != "jnp":  # the kernel's compiled (GPU) form is not in the CPU test suite: check it here
-                reference = jax.jit(jax.vmap(build_template(tokenizer, env_name, fmt.split("+")[0])))(states)
+                jnp_tpl = build_template(tokenizer, env_name, fmt.split("+")[0], assembly="jnp")
+                reference = jax.jit(jax.vmap(jnp_tpl))(states)
                 same = all(bool((a == b).all()) for a, b in zip(fn(states), reference))
                 print(f"{env_name} {fmt}: ids and lengths equal to the jnp assembly on {args.num_envs} states: {same}")
                 if not same:
@@ -218,6 +236,10 @@ def main(argv=None) -> dict:
                 "values_s": timed(jax.jit(jax.vmap(tpl.fmt.values)), states, iters=args.iters),
                 "template_in_loop_s": (tl := template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters)),
                 "ratio_in_loop": tl / step_loop_s,
+                "env_step_with_template_in_loop_s": (both := env_step_with_template_in_loop(
+                    step, first, tpl, args.loop_steps, loop_iters)),
+                "template_added_to_env_step_s": both - step_loop_s,
+                "ratio_added": (both - step_loop_s) / step_loop_s,
                 "template_in_loop_reduce_s": (tlr := template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters,
                                                                       consume="reduce")),
                 "ratio_in_loop_before_2026_11_26": tlr / step_loop_state_only_s,
@@ -239,6 +261,11 @@ def main(argv=None) -> dict:
         for fmt, r in env_res["formats"].items():
             print(f"{env_name:28} {fmt:14} template {r['template_in_loop_s'] * 1e3:8.3f} ms  env step "
                   f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_in_loop']:7.2%}")
+    print("added to the env step (env step + template in one loop body, minus the env step alone):")
+    for env_name, env_res in results["envs"].items():
+        for fmt, r in env_res["formats"].items():
+            print(f"{env_name:28} {fmt:14} template {r['template_added_to_env_step_s'] * 1e3:8.3f} ms  env step "
+                  f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_added']:7.2%}")
     print("the same, measured as before 2026-11-26 (ids reduced; env step without its obs):")
     for env_name, env_res in results["envs"].items():
         for fmt, r in env_res["formats"].items():

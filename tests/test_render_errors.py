@@ -97,6 +97,8 @@ def test_bad_names_are_refused(tokenizer):
         build_template(tokenizer, CLASSIC, fmt="short")
     with pytest.raises(TypeError, match="system_prompt must be"):
         build_template(tokenizer, CLASSIC, system_prompt=42)
+    with pytest.raises(ValueError, match="assembly must be one of 'auto', 'jnp', 'pallas', got 'triton'"):
+        build_template(tokenizer, CLASSIC, assembly="triton")
 
 
 def test_system_prompt_string_and_file(tokenizer, tmp_path):

@@ -136,6 +136,15 @@ def test_per_env_minibatches_take_each_envs_permuted_time_slots():
     np.testing.assert_array_equal(mb_traj.obs[..., 1], -expect)
 
 
+def test_template_assembly_choices_are_render_s():
+    from render.template import ASSEMBLIES
+    from rl.config import TEMPLATE_ASSEMBLIES, TrainConfig
+
+    assert TEMPLATE_ASSEMBLIES == ASSEMBLIES
+    with pytest.raises(ValueError, match="--template-assembly 'triton' is not one of: auto, jnp, pallas"):
+        TrainConfig(template_assembly="triton").validate()
+
+
 def test_per_env_shuffle_needs_num_steps_divisible_by_num_minibatches():
     from rl.config import PRESETS, TrainConfig
     from rl.ppo import make_optimizer, ppo_update
