@@ -191,6 +191,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--assembly", nargs="+", default=["auto"], choices=list(ASSEMBLIES),
                         help="template assemblies to time (build_template's `assembly`; a non-default one is "
                              "reported as FMT+NAME and checked equal to the jnp assembly)")
+    parser.add_argument("--earlier-measure", action="store_true",
+                        help="also time the loop bodies of runs before 2026-11-26 (ids reduced, env step's obs dropped)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
@@ -210,7 +212,8 @@ def main(argv=None) -> dict:
         step_s = env_step_time(step, first, args.iters)
         loop_iters = max(2, args.iters // 4)
         step_loop_s = env_step_in_loop(step, first, args.loop_steps, loop_iters)
-        step_loop_state_only_s = env_step_in_loop(step, first, args.loop_steps, loop_iters, with_obs=False)
+        step_loop_state_only_s = (env_step_in_loop(step, first, args.loop_steps, loop_iters, with_obs=False)
+                                  if args.earlier_measure else None)
         states = sample_states(env_name, args.num_envs, 100)
         chunks = [sample_states(env_name, args.stat_states, seed) for seed in range(4)] if args.stat_states else []
         typical = [typical_states(env_name, args.stat_states, seed) for seed in range(2)] if args.stat_states else []
@@ -240,12 +243,13 @@ def main(argv=None) -> dict:
                     step, first, tpl, args.loop_steps, loop_iters)),
                 "template_added_to_env_step_s": both - step_loop_s,
                 "ratio_added": (both - step_loop_s) / step_loop_s,
-                "template_in_loop_reduce_s": (tlr := template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters,
-                                                                      consume="reduce")),
-                "ratio_in_loop_before_2026_11_26": tlr / step_loop_state_only_s,
                 "tokens": length_stats(tpl, chunks) if chunks else None,
                 "tokens_typical": length_stats(tpl, typical) if typical else None,
             }
+            if args.earlier_measure:
+                tlr = template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters, consume="reduce")
+                env_res["formats"][fmt].update(template_in_loop_reduce_s=tlr,
+                                               ratio_in_loop_before_2026_11_26=tlr / step_loop_state_only_s)
             if args.profile:
                 from scripts.kernel_profile import kernel_table, print_kernel_table
 
@@ -266,8 +270,9 @@ def main(argv=None) -> dict:
         for fmt, r in env_res["formats"].items():
             print(f"{env_name:28} {fmt:14} template {r['template_added_to_env_step_s'] * 1e3:8.3f} ms  env step "
                   f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_added']:7.2%}")
-    print("the same, measured as before 2026-11-26 (ids reduced; env step without its obs):")
-    for env_name, env_res in results["envs"].items():
+    if args.earlier_measure:
+        print("the same, measured as before 2026-11-26 (ids reduced; env step without its obs):")
+    for env_name, env_res in results["envs"].items() if args.earlier_measure else ():
         for fmt, r in env_res["formats"].items():
             print(f"{env_name:28} {fmt:14} template {r['template_in_loop_reduce_s'] * 1e3:8.3f} ms  env step "
                   f"{env_res['env_step_in_loop_state_only_s'] * 1e3:8.3f} ms  "
