@@ -186,6 +186,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--stat-states", type=int, default=512, help="states per seed for length stats (4 seeds); 0 skips the statistics "
                         "(they do not depend on the device: docs/RENDER.md has them from a CPU run)")
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=ENVS)
+    parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     parser.add_argument("--loop-steps", type=int, default=10, help="env steps per timed loop (templates: 4x)")
     parser.add_argument("--profile", action="store_true", help="also print the template's per-kernel GPU time")
     parser.add_argument("--assembly", nargs="+", default=["auto"], choices=list(ASSEMBLIES),
@@ -221,7 +222,7 @@ def main(argv=None) -> dict:
                    "env_step_in_loop_s": step_loop_s, "env_step_in_loop_state_only_s": step_loop_state_only_s,
                    "formats": {},
                    "informative_tiles": informative_tiles(env_name, chunks) if chunks else None}
-        for fmt, assembly in [(f, a) for f in FORMATS for a in args.assembly]:
+        for fmt, assembly in [(f, a) for f in args.formats for a in args.assembly]:
             tpl = build_template(tokenizer, env_name, fmt, assembly=assembly)
             if assembly != "auto":
                 fmt = f"{fmt}+{assembly}"
