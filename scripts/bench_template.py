@@ -187,7 +187,9 @@ def main(argv=None) -> dict:
                         "(they do not depend on the device: docs/RENDER.md has them from a CPU run)")
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=ENVS)
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
-    parser.add_argument("--loop-steps", type=int, default=10, help="env steps per timed loop (templates: 4x)")
+    parser.add_argument("--loop-steps", type=int, default=40,
+                        help="env steps per timed loop (templates: 4x); a loop's fixed cost is spread over its steps "
+                             "(runs before 2026-11-26 used 10)")
     parser.add_argument("--profile", action="store_true", help="also print the template's per-kernel GPU time")
     parser.add_argument("--assembly", nargs="+", default=["auto"], choices=list(ASSEMBLIES),
                         help="template assemblies to time (build_template's `assembly`; a non-default one is "
