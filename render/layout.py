@@ -19,6 +19,11 @@ from typing import Callable, Mapping, Union
 import numpy as np
 
 
+class UnsupportedLayout(ValueError):
+    """A layout that an assembly of the template cannot build (`render.pallas_assembly`); assembly='auto' then
+    uses the XLA ops."""
+
+
 @dataclass(frozen=True)
 class Choice:
     """A column that shows one of a fixed list of strings, picked by an integer index (a constant has one)."""

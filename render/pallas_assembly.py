@@ -1,8 +1,9 @@
 """The template's assembly step (column values -> right-padded token ids) as ONE Pallas kernel.
 
-The jnp assembly in `render.template` is correct everywhere but costs ~10 XLA kernels on a GPU (table
-gathers, concatenations of every column's tokens and positions, one scatter), ~30-40 us of kernel time
-plus launch gaps for 1,024 states (docs/BENCHMARKS.md). Here one kernel program per state does the same work.
+The jnp assembly in `render.template` runs everywhere but costs ~10 XLA kernels on a GPU (table gathers,
+concatenations of every column's tokens and positions, one scatter). Here one kernel program per state does the
+same work: on an H200 the whole template for 1,024 states took 65.9 instead of 84.0 us of kernel time (compact,
+21 instead of 32 kernels) and 73.3 instead of 101.7 us (full; docs/BENCHMARKS.md).
 
 Every (section, row, column) slot of the layout is one lane of a vector, in text order. What a lane needs to
 know about its column (choice or number, where its strings' ids and lengths sit in the one flat table, width,
@@ -30,7 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from render.layout import Choice, present_key
+from render.layout import Choice, UnsupportedLayout, present_key
 
 # per-lane fields stored in the flat table, one vector of `lanes` entries each
 FIELDS = ("is_number", "ids_at", "lens_at", "width", "count", "skip", "label_at", "label_len", "int_digits",
@@ -93,7 +94,9 @@ def _plan(sections) -> _Plan:
                 per_row += [dict(lane, skip=skip) for skip in range(0, comp.width, LANE_WIDTH)]
             else:
                 if comp.width > LANE_WIDTH:
-                    raise ValueError(f"a number column of {comp.width} tokens is wider than a lane ({LANE_WIDTH})")
+                    raise UnsupportedLayout(
+                        f"a number column of {comp.width} tokens (label included) is wider than a lane ({LANE_WIDTH}); "
+                        f"use assembly='jnp' or a shorter label")
                 digit_ids, dot_id = comp.digit_ids, comp.dot_id
                 n = comp.number
                 label = list(comp.label_ids)

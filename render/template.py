@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from render.layout import Choice, Const, Format, Layout, Number, Section, present_key
+from render.layout import Choice, Const, Format, Layout, Number, Section, UnsupportedLayout, present_key
 from render.text import texts_from_values
 
 PAD_ID = 151643  # <|endoftext|>
@@ -241,9 +241,12 @@ class Template:
             return self._jnp_assemble(values)
         if self.assembly == "pallas":
             return self._pallas_assemble(values)
-        try:  # "auto": the one-kernel assembly where it compiles natively (CUDA), XLA ops elsewhere
+        # "auto": the one-kernel assembly where Triton compiles it (CUDA), XLA ops elsewhere
+        if jax.default_backend() != "gpu":
+            return self._jnp_assemble(values)
+        try:
             pallas = self._pallas_assemble
-        except ImportError:  # a JAX without Pallas's Triton backend
+        except (ImportError, UnsupportedLayout):  # a JAX without Pallas's Triton backend; a layout it can't do
             return self._jnp_assemble(values)
         return jax.lax.platform_dependent(values, cuda=pallas, default=self._jnp_assemble)
 

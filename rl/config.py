@@ -17,8 +17,10 @@ TEMPLATE_ASSEMBLIES = ("auto", "jnp", "pallas")  # render.build_template's `asse
 POOLINGS = ("last", "mean")
 LLM_DTYPES = ("auto", "float32", "bfloat16")
 
-# Fields that may differ between a run directory's config and a resumed run (they do not change results).
-RESUME_MUTABLE = ("vllm_url", "run_dir")
+# Flags that `--resume` accepts (they do not change results: the server's address, which kernels build the ids).
+RESUME_OVERRIDABLE = ("vllm_url", "template_assembly")
+# Fields that may differ between a run directory's config and a resumed run.
+RESUME_MUTABLE = RESUME_OVERRIDABLE + ("run_dir",)
 
 
 @dataclass(frozen=True)

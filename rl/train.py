@@ -20,8 +20,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from rl.config import (ENCODERS, LLM_DTYPES, OBS_FORMATS, POOLINGS, PRESETS, TEMPLATE_ASSEMBLIES, TrainConfig,
-                       load_config)
+from rl.config import (ENCODERS, LLM_DTYPES, OBS_FORMATS, POOLINGS, PRESETS, RESUME_OVERRIDABLE, TEMPLATE_ASSEMBLIES,
+                       TrainConfig, load_config)
 from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
@@ -248,14 +248,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         maybe_initialize_distributed()  # multi-host launch when JAX_COORDINATOR_ADDRESS etc. are set
         if "resume" in args:
-            extra = sorted(k for k in vars(args) if k in fields | {"preset"} and k != "vllm_url")
+            extra = sorted(k for k in vars(args) if k in fields | {"preset"} and k not in RESUME_OVERRIDABLE)
             if extra:
                 parser.error(f"--resume takes its settings from the run's config.json; drop "
                              f"{', '.join('--' + e.replace('_', '-') for e in extra)}")
             run_dir = Path(args.resume)
             cfg = load_config(run_dir / "config.json")
-            if "vllm_url" in args:
-                cfg = dataclasses.replace(cfg, vllm_url=args.vllm_url)
+            cfg = dataclasses.replace(cfg, **{k: getattr(args, k) for k in RESUME_OVERRIDABLE if k in args})
             train(cfg, run_dir, resume=True, max_updates=getattr(args, "max_updates", None),
                   time_limit=getattr(args, "time_limit", None), quiet="quiet" in args)
         else:

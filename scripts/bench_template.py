@@ -189,11 +189,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     parser.add_argument("--loop-steps", type=int, default=40,
                         help="env steps per timed loop (templates: 4x); a loop's fixed cost is spread over its steps "
-                             "(runs before 2026-11-26 used 10)")
+                             "(the runs in docs/BENCHMARKS.md up to runs A and B used 10)")
     parser.add_argument("--profile", action="store_true", help="also print the template's per-kernel GPU time")
     parser.add_argument("--assembly", nargs="+", default=["auto"], choices=list(ASSEMBLIES),
-                        help="template assemblies to time (build_template's `assembly`; a non-default one is "
-                             "reported as FMT+NAME and checked equal to the jnp assembly)")
+                        help="template assemblies to time (build_template's `assembly`; one other than 'auto' is "
+                             "reported as FMT+NAME). Each one other than 'jnp' is checked equal to the jnp assembly "
+                             "(on CPU 'auto' is the jnp assembly, so that check is trivial there)")
     parser.add_argument("--earlier-measure", action="store_true",
                         help="also time the loop bodies of runs before 2026-11-26 (ids reduced, env step's obs dropped)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")

@@ -86,6 +86,12 @@ def test_run_dir_with_other_config_is_refused(full_run, capsys):
     assert "another run's config" in err and "seed" in err
 
 
+def test_resume_accepts_template_assembly(full_run, capsys):
+    """Which kernels build the ids does not change them, so a resume may switch (e.g. off a broken Triton)."""
+    assert main(["--resume", str(full_run), "--template-assembly", "jnp"]) == 0
+    assert "already finished" in capsys.readouterr().out
+
+
 def test_resume_refuses_extra_flags(full_run, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--resume", str(full_run), "--seed", "3"])
@@ -93,7 +99,7 @@ def test_resume_refuses_extra_flags(full_run, capsys):
 
 
 @pytest.mark.parametrize("flag,value", [("--env", "Craftax-Nope-v1"), ("--encoder", "bert"),
-                                        ("--obs-format", "poetry")])
+                                        ("--obs-format", "poetry"), ("--template-assembly", "triton")])
 def test_unknown_choice_lists_choices(flag, value, capsys):
     with pytest.raises(SystemExit) as e:
         main([flag, value])
