@@ -131,6 +131,9 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir), devices=_device_count(cfg, resume))
     shared = {k: v for k, v in cfg.to_json().items() if k != "vllm_url"}  # each host may use its own server
     check_same_on_all_processes(json.dumps(shared, sort_keys=True), "config (flags or config.json)")
+    if cfg.encoder == "inscan" and cfg.template_assembly == "pallas" and jax.default_backend() != "gpu":
+        raise ValueError(f"--template-assembly pallas needs a GPU (on {jax.default_backend()} Pallas's interpreter "
+                         f"would run it, which fails inside the trainer's shard_map); use auto or jnp")
     if cfg.encoder == "vllm":  # fail fast, before touching the run directory
         from rl.encoders import check_vllm_reachable
 

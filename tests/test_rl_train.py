@@ -152,6 +152,13 @@ def test_unreachable_vllm_url_fails_fast_naming_it(tmp_path, capsys):
     assert url in capsys.readouterr().err
 
 
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the kernel runs natively on a GPU")
+def test_pallas_template_off_gpu_is_refused_before_the_run_dir(tmp_path, capsys):
+    rc = main(BASE + ["--encoder", "inscan", "--template-assembly", "pallas", "--run-dir", str(tmp_path / "p")])
+    assert rc == 1 and "--template-assembly pallas needs a GPU" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+
+
 def test_eval_and_plot(full_run, capsys):
     from rl.eval import main as eval_main
     from rl.plot import main as plot_main
