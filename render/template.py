@@ -328,6 +328,8 @@ def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id:
     """Compile `fmt` with `tokenizer` under the chat framing of `system`; checks every boundary."""
     from render.chat import chat_frame
 
+    if assembly not in ASSEMBLIES:
+        raise ValueError(f"assembly must be one of {', '.join(map(repr, ASSEMBLIES))}, got {assembly!r}")
     head, tail = chat_frame(tokenizer, system)
     layout = Layout(fmt.layout.sections + (Section("chat_tail", (Const(tail),)),))
     check_boundaries(tokenizer, layout, head)
@@ -338,6 +340,4 @@ def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id:
         sections.append((section, cols))
         max_len += section.rows * sum(c.width for c in cols)
     prefix_ids = _encode(tokenizer, [head])[0]
-    if assembly not in ASSEMBLIES:
-        raise ValueError(f"assembly must be one of {', '.join(map(repr, ASSEMBLIES))}, got {assembly!r}")
     return Template(env_name, fmt, head, tail, list(prefix_ids), int(max_len), pad_id, tuple(sections), assembly)

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from render.template import ASSEMBLIES
 from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
 
 ENCODERS = ("none", "inscan", "vllm")
 OBS_FORMATS = ("compact", "full")
-TEMPLATE_ASSEMBLIES = ("auto", "jnp", "pallas")  # render.build_template's `assembly` (same ids, different kernels)
+TEMPLATE_ASSEMBLIES = ASSEMBLIES  # render.build_template's `assembly` (same ids, different kernels)
 POOLINGS = ("last", "mean")
 LLM_DTYPES = ("auto", "float32", "bfloat16")
 

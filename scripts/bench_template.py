@@ -15,6 +15,7 @@ the compact format's K cap is chosen from.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import re
@@ -111,6 +112,11 @@ def batched_env_step(env_name: str, num_envs: int):
     return (lambda key, s: env.step(key, s, actions)[:2]), first
 
 
+def _loop_key(i):
+    """The env step's key at loop iteration i."""
+    return jax.random.fold_in(jax.random.PRNGKey(1), i)
+
+
 def env_step_in_loop(step, first, steps: int, iters: int, *, with_obs: bool = True) -> float:
     """One batched env step (from `batched_env_step`) inside a loop.
 
@@ -118,12 +124,9 @@ def env_step_in_loop(step, first, steps: int, iters: int, *, with_obs: bool = Tr
     carries only the state, so the compiler drops the observation's computation (the measure of runs before
     2026-11-26, kept for comparison).
     """
-    def key(i):
-        return jax.random.fold_in(jax.random.PRNGKey(1), i)
-
     if with_obs:
-        return per_iteration_in_loop(lambda i, c: step(key(i), c[1]), first, steps, iters)
-    return per_iteration_in_loop(lambda i, s: step(key(i), s)[1], first[1], steps, iters)
+        return per_iteration_in_loop(lambda i, c: step(_loop_key(i), c[1]), first, steps, iters)
+    return per_iteration_in_loop(lambda i, s: step(_loop_key(i), s)[1], first[1], steps, iters)
 
 
 def env_step_with_template_in_loop(step, first, tpl, steps: int, iters: int) -> float:
@@ -133,7 +136,7 @@ def env_step_with_template_in_loop(step, first, tpl, steps: int, iters: int) -> 
     batch = first[1].env_state.player_position.shape[0]
 
     def body(i, carry):
-        obs, s = step(jax.random.fold_in(jax.random.PRNGKey(1), i), carry[1])
+        obs, s = step(_loop_key(i), carry[1])
         ids, lens = jax.vmap(tpl)(s.env_state)
         return obs, s, ids, lens
 
@@ -232,8 +235,7 @@ def main(argv=None) -> dict:
             fn = jax.jit(jax.vmap(tpl))
             t = timed(fn, states, iters=args.iters)
             if assembly != "jnp":  # the kernel's compiled (GPU) form is not in the CPU test suite: check it here
-                jnp_tpl = build_template(tokenizer, env_name, fmt.split("+")[0], assembly="jnp")
-                reference = jax.jit(jax.vmap(jnp_tpl))(states)
+                reference = jax.jit(jax.vmap(dataclasses.replace(tpl, assembly="jnp")))(states)
                 same = all(bool((a == b).all()) for a, b in zip(fn(states), reference))
                 print(f"{env_name} {fmt}: ids and lengths equal to the jnp assembly on {args.num_envs} states: {same}")
                 if not same:
@@ -276,11 +278,11 @@ def main(argv=None) -> dict:
                   f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_added']:7.2%}")
     if args.earlier_measure:
         print("the same, measured as before 2026-11-26 (ids reduced; env step without its obs):")
-    for env_name, env_res in results["envs"].items() if args.earlier_measure else ():
-        for fmt, r in env_res["formats"].items():
-            print(f"{env_name:28} {fmt:14} template {r['template_in_loop_reduce_s'] * 1e3:8.3f} ms  env step "
-                  f"{env_res['env_step_in_loop_state_only_s'] * 1e3:8.3f} ms  "
-                  f"ratio {r['ratio_in_loop_before_2026_11_26']:7.2%}")
+        for env_name, env_res in results["envs"].items():
+            for fmt, r in env_res["formats"].items():
+                print(f"{env_name:28} {fmt:14} template {r['template_in_loop_reduce_s'] * 1e3:8.3f} ms  env step "
+                      f"{env_res['env_step_in_loop_state_only_s'] * 1e3:8.3f} ms  "
+                      f"ratio {r['ratio_in_loop_before_2026_11_26']:7.2%}")
     print("one jitted call each (includes host dispatch of the state pytree):")
     print(f"{'env':28} {'format':14} {'kernels':>7} {'template ms':>11} {'env step ms':>11} {'ratio':>7} "
           f"{'values ms':>9} {'mean tok':>8} {'p99':>6} {'max':>5} {'max_len':>7} {'prefix':>6}")
