@@ -12,8 +12,8 @@ from craftax.craftax_classic.constants import OBS_DIM, Action, BlockType
 from render.layout import Choice, Const, Format, Layout, Number, Section
 from render.rows import RowBuilder, compact_format
 from render.view import (
-    compact_rows,
     count,
+    first_k,
     fixed_point,
     gather_window,
     mob_codes,
@@ -107,7 +107,8 @@ def _compact_format() -> Format:
     mobs = [n.lower() for n in MOB_NAMES_LIST]
     blocks = [COMPACT_BLOCK_NAMES.get(b, b.name.lower().replace("_", " ")) for b in BlockType]
     things = tuple(" " + n for n in mobs + blocks)  # index: mob code, then NO_MOB + block
-    map_section = Section("map", (Choice(coords), Choice(things), Const("\n")), rows=k, optional_rows=True)
+    map_section = Section("map", (Choice(coords), Choice(things), Const("\n")), rows=len(NEAREST),
+                          optional_rows=True, max_rows_shown=k)
 
     inv = RowBuilder("items", never_empty=True)
     for name in MATERIALS:
@@ -135,8 +136,8 @@ def _compact_format() -> Format:
         has_mob = t["mob"] < NO_MOB
         thing = jnp.where(has_mob, t["mob"], NO_MOB + t["block"])
         informative = has_mob | ~jnp.asarray(background)[t["block"]]
-        tiles, present, _ = compact_rows(informative, NEAREST, k)
-        return jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1), present
+        tiles = jnp.asarray(NEAREST)  # one row per window tile, nearest first; the first k informative ones show
+        return jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1), first_k(informative[tiles], k)
 
     return compact_format(ENV_NAME, map_section, inv, st, map_rows)
 

@@ -15,8 +15,8 @@ from craftax.craftax.util.game_logic_utils import is_boss_vulnerable
 from render.layout import Choice, Const, Format, Layout, Number, Section
 from render.rows import RowBuilder, compact_format
 from render.view import (
-    compact_rows,
     count,
+    first_k,
     fixed_point,
     gather_window,
     mob_codes,
@@ -207,7 +207,8 @@ def _compact_format() -> Format:
     coords = tuple(f"{r}, {c}:" for r, c in OFFSETS)  # compact prints "row, col"
     things = _compact_things()
     item_base, block_base = NO_MOB, NO_MOB + len(ItemType)
-    map_section = Section("map", (Choice(coords), Choice(things), Const("\n")), rows=k, optional_rows=True)
+    map_section = Section("map", (Choice(coords), Choice(things), Const("\n")), rows=len(NEAREST),
+                          optional_rows=True, max_rows_shown=k)
 
     inv = RowBuilder("items", never_empty=True)
     for label, get in INVENTORY:
@@ -262,8 +263,8 @@ def _compact_format() -> Format:
             t["mob"] < NO_MOB, t["mob"], jnp.where(t["item"] > 0, item_base + t["item"], block_base + t["block"])
         )
         informative = t["lit"] & ((t["mob"] < NO_MOB) | (t["item"] > 0) | ~jnp.asarray(background)[t["block"]])
-        tiles, present, _ = compact_rows(informative, NEAREST, k)
-        return jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1), present
+        tiles = jnp.asarray(NEAREST)  # one row per window tile, nearest first; the first k informative ones show
+        return jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1), first_k(informative[tiles], k)
 
     return compact_format(ENV_NAME, map_section, inv, st, map_rows)
 

@@ -88,7 +88,9 @@ class Section:
     """`rows` rows that all have the same `columns`.
 
     optional_rows: the format also returns a 0/1 `present` flag per row; absent rows show nothing
-        (used for the compact map's variable number of tiles: present rows come first).
+        (used for the compact map's variable set of tiles: a row per window tile, the informative ones present).
+    max_rows_shown: with optional_rows, at most this many rows are present (the format guarantees it, e.g. with
+        `render.view.first_k`); the template's `max_len` then counts only this many rows.
     never_empty: every row shows at least one non-empty column (the format guarantees it, e.g.
         with a "nothing" choice); the boundary check then knows the row can't vanish as a whole.
     """
@@ -98,6 +100,17 @@ class Section:
     rows: int = 1
     optional_rows: bool = False
     never_empty: bool = False
+    max_rows_shown: int | None = None
+
+    def __post_init__(self):
+        if self.max_rows_shown is not None and not (self.optional_rows and 0 < self.max_rows_shown <= self.rows):
+            raise ValueError(f"section {self.name!r}: max_rows_shown={self.max_rows_shown} needs optional_rows=True "
+                             f"and 1 <= max_rows_shown <= rows ({self.rows})")
+
+    @property
+    def rows_shown(self) -> int:
+        """The most rows that can show text."""
+        return self.rows if self.max_rows_shown is None else self.max_rows_shown
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ def _kernel(plan: _Plan, max_len: int, pad_id: int, table_ref, *refs):
     number_ids = jnp.where(k < 0, label, number_ids)
     ids = jnp.where(col(is_number), number_ids, ids)
 
-    write = t < col(length)
+    write = (t < col(length)) & (col(start) + t < max_len)  # the second test only guards a format's broken promise
     # masked-off lanes point past the end: Triton skips them, the interpreter drops them
     plgpu.store(ids_ref.at[jnp.where(write, col(start) + t, max_len)], ids, mask=write)
     p = jnp.arange(_pow2(max_len), dtype=jnp.int32)

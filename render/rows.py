@@ -40,7 +40,7 @@ def compact_format(env_name: str, map_section: Section, inventory: RowBuilder, s
                    map_rows: Callable) -> Format:
     """The `compact` format shared by both envs: `Map:`, the selected tiles, `Inventory:` and a status row.
 
-    map_rows(state) -> (int32 [K, 3] tile rows for `map_section`, number of rows present).
+    map_rows(state) -> (int32 [rows, 3] tile rows for `map_section`, bool [rows] which rows are present).
     """
     layout = Layout((
         Section("header", (Const("Map:\n"),)),

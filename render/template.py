@@ -338,6 +338,6 @@ def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id:
     for section in layout.sections:
         cols = tuple(_compile_column(tokenizer, col, pad_id) for col in section.columns)
         sections.append((section, cols))
-        max_len += section.rows * sum(c.width for c in cols)
+        max_len += section.rows_shown * sum(c.width for c in cols)
     prefix_ids = _encode(tokenizer, [head])[0]
     return Template(env_name, fmt, head, tail, list(prefix_ids), int(max_len), pad_id, tuple(sections), assembly)

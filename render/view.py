@@ -37,15 +37,18 @@ def mob_codes(mob_groups, position: jnp.ndarray, rows: int, cols: int, none_code
     `render_craftax_text` (which writes 0 for dead or off-screen slots too, so they can erase a visible
     mob, and wraps negative positions), only live on-screen mobs are written. "Smallest code" matches
     upstream's argmax over its one-hot when two mobs share a tile.
+
+    A [tiles, mobs] comparison and a min, not a scatter: XLA fuses it with its neighbours, where each
+    scatter would be a GPU kernel of its own (one per mob group).
     """
-    codes = jnp.full((rows * cols,), none_code, dtype=jnp.int32)
-    centre = jnp.array([rows // 2, cols // 2], dtype=jnp.int32)
-    for pos, mask, code in mob_groups:
-        local = pos - position[None, :] + centre
-        on_screen = jnp.all((local >= 0) & (local < jnp.array([rows, cols])), axis=-1) & mask
-        flat = jnp.where(on_screen, local[:, 0] * cols + local[:, 1], rows * cols)
-        codes = codes.at[flat].min(code.astype(jnp.int32), mode="drop")
-    return codes
+    pos = jnp.concatenate([p for p, _, _ in mob_groups])
+    mask = jnp.concatenate([m for _, m, _ in mob_groups])
+    code = jnp.concatenate([c.astype(jnp.int32) for _, _, c in mob_groups])
+    local = pos - position[None, :] + jnp.array([rows // 2, cols // 2], dtype=pos.dtype)
+    on_screen = jnp.all((local >= 0) & (local < jnp.array([rows, cols])), axis=-1) & mask
+    flat = jnp.where(on_screen, local[:, 0] * cols + local[:, 1], -1)
+    here = flat[None, :] == jnp.arange(rows * cols)[:, None]
+    return jnp.min(jnp.where(here, code[None, :], none_code), axis=1).astype(jnp.int32)
 
 
 def fixed_point(x, decimals: int, int_digits: int) -> jnp.ndarray:
@@ -65,16 +68,6 @@ def optional_count(x, int_digits: int) -> jnp.ndarray:
     return jnp.where(c > 0, c, -1)
 
 
-def compact_rows(informative: jnp.ndarray, order: np.ndarray, k: int):
-    """Pick up to `k` informative tiles, nearest first.
-
-    Returns (tile index per row int32 [k], present per row bool [k], number of informative tiles).
-    Stable compaction by cumsum + scatter (no sort at run time: `order` is static).
-    """
-    inf = informative[order]
-    rank = jnp.cumsum(inf.astype(jnp.int32)) - 1
-    slot = jnp.where(inf & (rank < k), rank, k)
-    tiles = jnp.zeros((k,), jnp.int32).at[slot].set(jnp.asarray(order), mode="drop")
-    total = jnp.sum(inf.astype(jnp.int32))
-    present = jnp.arange(k) < total
-    return tiles, present, total
+def first_k(flags: jnp.ndarray, k: int) -> jnp.ndarray:
+    """`flags` with all but its first `k` True entries cleared (the compact map's cap on listed tiles)."""
+    return flags & (jnp.cumsum(flags.astype(jnp.int32)) <= k)

@@ -144,6 +144,13 @@ def env_step_with_template_in_loop(step, first, tpl, steps: int, iters: int) -> 
     return per_iteration_in_loop(body, carry, steps, iters)
 
 
+def loop_overhead(batch: int, steps: int, iters: int) -> float:
+    """Seconds per iteration of a loop whose body is one trivial elementwise op on int32 [batch]: the loop's own
+    cost per iteration (its condition and bookkeeping), which every loop measure above includes and which a
+    rollout's scan pays once per step whatever its body holds."""
+    return per_iteration_in_loop(lambda i, x: x + 1, jnp.zeros((batch,), jnp.int32), steps, iters)
+
+
 def env_step_time(step, first, iters: int) -> float:
     """Seconds of one batched env step (from `batched_env_step`, obs and state) in its own jitted call."""
     return timed(jax.jit(step), jax.random.PRNGKey(0), first[1], iters=iters)
@@ -198,6 +205,10 @@ def main(argv=None) -> dict:
                         help="template assemblies to time (build_template's `assembly`; one other than 'auto' is "
                              "reported as FMT+NAME). Each one other than 'jnp' is checked equal to the jnp assembly "
                              "(on CPU 'auto' is the jnp assembly, so that check is trivial there)")
+    parser.add_argument("--added-measure", action="store_true",
+                        help="also time env step + template in one loop body (one more env-step compile per format and "
+                             "assembly; its results did not reproduce between processes, docs/BENCHMARKS.md)")
+    parser.add_argument("--hlo-dir", type=Path, help="write each template's compiled program (HLO text) here")
     parser.add_argument("--earlier-measure", action="store_true",
                         help="also time the loop bodies of runs before 2026-11-26 (ids reduced, env step's obs dropped)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")
@@ -217,8 +228,9 @@ def main(argv=None) -> dict:
     for env_name in args.envs:
         step, first = batched_env_step(env_name, args.num_envs)
         step_s = env_step_time(step, first, args.iters)
-        loop_iters = max(2, args.iters // 4)
+        loop_iters = max(3, args.iters // 4)
         step_loop_s = env_step_in_loop(step, first, args.loop_steps, loop_iters)
+        overhead_s = loop_overhead(args.num_envs, 4 * args.loop_steps, loop_iters)
         step_loop_state_only_s = (env_step_in_loop(step, first, args.loop_steps, loop_iters, with_obs=False)
                                   if args.earlier_measure else None)
         states = sample_states(env_name, args.num_envs, 100)
@@ -226,6 +238,7 @@ def main(argv=None) -> dict:
         typical = [typical_states(env_name, args.stat_states, seed) for seed in range(2)] if args.stat_states else []
         env_res = {"env_step_s": step_s, "env_step": "rl.envs.BatchedEnv.step (optimistic resets)",
                    "env_step_in_loop_s": step_loop_s, "env_step_in_loop_state_only_s": step_loop_state_only_s,
+                   "loop_overhead_s": overhead_s,
                    "formats": {},
                    "informative_tiles": informative_tiles(env_name, chunks) if chunks else None}
         for fmt, assembly in [(f, a) for f in args.formats for a in args.assembly]:
@@ -240,18 +253,23 @@ def main(argv=None) -> dict:
                 print(f"{env_name} {fmt}: ids and lengths equal to the jnp assembly on {args.num_envs} states: {same}")
                 if not same:
                     raise SystemExit(f"{fmt}: the {assembly} assembly disagrees with the jnp assembly")
+            tl = template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters)
             env_res["formats"][fmt] = {
                 "template_s": t, "ratio_to_env_step": t / step_s, "kernels": kernel_count(fn, states),
                 "values_s": timed(jax.jit(jax.vmap(tpl.fmt.values)), states, iters=args.iters),
-                "template_in_loop_s": (tl := template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters)),
-                "ratio_in_loop": tl / step_loop_s,
-                "env_step_with_template_in_loop_s": (both := env_step_with_template_in_loop(
-                    step, first, tpl, args.loop_steps, loop_iters)),
-                "template_added_to_env_step_s": both - step_loop_s,
-                "ratio_added": (both - step_loop_s) / step_loop_s,
+                "template_in_loop_s": tl, "ratio_in_loop": tl / step_loop_s,
+                "ratio_in_loop_net": (tl - overhead_s) / (step_loop_s - overhead_s),
                 "tokens": length_stats(tpl, chunks) if chunks else None,
                 "tokens_typical": length_stats(tpl, typical) if typical else None,
             }
+            if args.added_measure:
+                both = env_step_with_template_in_loop(step, first, tpl, args.loop_steps, loop_iters)
+                env_res["formats"][fmt].update(env_step_with_template_in_loop_s=both,
+                                               template_added_to_env_step_s=both - step_loop_s,
+                                               ratio_added=(both - step_loop_s) / step_loop_s)
+            if args.hlo_dir:
+                args.hlo_dir.mkdir(parents=True, exist_ok=True)
+                (args.hlo_dir / f"{env_name}_{fmt}.hlo.txt").write_text(fn.lower(states).compile().as_text())
             if args.earlier_measure:
                 tlr = template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters, consume="reduce")
                 env_res["formats"][fmt].update(template_in_loop_reduce_s=tlr,
@@ -270,12 +288,14 @@ def main(argv=None) -> dict:
     for env_name, env_res in results["envs"].items():
         for fmt, r in env_res["formats"].items():
             print(f"{env_name:28} {fmt:14} template {r['template_in_loop_s'] * 1e3:8.3f} ms  env step "
-                  f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_in_loop']:7.2%}")
-    print("added to the env step (env step + template in one loop body, minus the env step alone):")
-    for env_name, env_res in results["envs"].items():
-        for fmt, r in env_res["formats"].items():
-            print(f"{env_name:28} {fmt:14} template {r['template_added_to_env_step_s'] * 1e3:8.3f} ms  env step "
-                  f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_added']:7.2%}")
+                  f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_in_loop']:7.2%}  "
+                  f"net of the loop's own {env_res['loop_overhead_s'] * 1e3:.3f} ms: {r['ratio_in_loop_net']:7.2%}")
+    if args.added_measure:
+        print("added to the env step (env step + template in one loop body, minus the env step alone):")
+        for env_name, env_res in results["envs"].items():
+            for fmt, r in env_res["formats"].items():
+                print(f"{env_name:28} {fmt:14} template {r['template_added_to_env_step_s'] * 1e3:8.3f} ms  env step "
+                      f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_added']:7.2%}")
     if args.earlier_measure:
         print("the same, measured as before 2026-11-26 (ids reduced; env step without its obs):")
         for env_name, env_res in results["envs"].items():

@@ -119,3 +119,10 @@ def test_system_prompt_string_and_file(tokenizer, tmp_path):
     assert default.prefix_ids != head and "Craftax-Classic" in default.head
     with pytest.raises(FileNotFoundError):
         build_template(tokenizer, CLASSIC, system_prompt=tmp_path / "missing.txt")
+
+
+@pytest.mark.parametrize("kwargs", [dict(rows=3, max_rows_shown=2), dict(rows=3, optional_rows=True, max_rows_shown=4),
+                                    dict(rows=3, optional_rows=True, max_rows_shown=0)])
+def test_section_refuses_a_bad_row_cap(kwargs):
+    with pytest.raises(ValueError, match="max_rows_shown"):
+        Section("map", (Const("x\n"),), **kwargs)

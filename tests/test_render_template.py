@@ -260,6 +260,38 @@ def test_compact_lists_informative_tiles_nearest_first(rendered):
     assert fits >= 0.99 * len(full), f"K={COMPACT_MAX_TILES} fits only {fits} of {len(full)} states"
 
 
+@pytest.mark.parametrize("env", ENVS)
+def test_compact_lists_at_most_k_tiles(env, tokenizer, templates, state_chunks):
+    """A view where every tile is informative (stone all around, lit) lists exactly the K nearest tiles; ids equal
+    the tokenizer's, and the Pallas assembly (interpreted) equals the jnp one, so the cap is in both."""
+    import dataclasses
+
+    from craftax.craftax.constants import BlockType
+
+    import render.formats_classic as classic
+    import render.formats_craftax as craftax
+
+    module = craftax if env == CRAFTAX else classic
+    state = jax.tree.map(lambda x: x[0], state_chunks[env][0])
+    if env == CRAFTAX:
+        level = state.player_level
+        state = state.replace(map=state.map.at[level].set(BlockType.STONE.value),
+                              light_map=state.light_map.at[level].set(1.0),
+                              item_map=state.item_map.at[level].set(0))
+    else:
+        state = state.replace(map=state.map.at[:].set(BlockType.STONE.value))
+    tpl = templates[(env, "compact")]
+    ids, length = jax.jit(tpl)(state)
+    text = tpl.text(state)
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == tpl.prefix_ids + np.asarray(ids)[:int(length)].tolist()
+    listed = re.findall(r"^(-?\d+), (-?\d+): ", text.split("<|im_start|>user\n", 1)[1].split("Inventory:")[0], re.M)
+    nearest = [tuple(map(int, module.OFFSETS[i])) for i in module.NEAREST[:module.COMPACT_MAX_TILES]]
+    assert [(int(r), int(c)) for r, c in listed] == nearest
+    pallas = jax.jit(dataclasses.replace(tpl, assembly="pallas"))(state)
+    np.testing.assert_array_equal(np.asarray(pallas[0]), np.asarray(ids))
+    assert int(pallas[1]) == int(length)
+
+
 # ------------------------------------------------------------------------------- upstream (full)
 
 NUM_UPSTREAM = 48  # render_craftax_text reads the device per tile (~0.3 s a state)
