@@ -36,7 +36,8 @@ from render.layout import Choice, UnsupportedLayout, present_key
 # per-lane fields stored in the flat table, one vector of `lanes` entries each
 FIELDS = ("is_number", "ids_at", "lens_at", "width", "count", "skip", "label_at", "label_len", "int_digits",
           "decimals", "optional", "row", "col")
-LANE_WIDTH = 8  # tokens per lane; a wider choice takes several lanes (`skip`: tokens before this lane's share)
+LANE_WIDTHS = (4, 8)  # tokens per lane, the one giving the smallest [lanes, width] tensors is used; a wider choice
+# takes several lanes (`skip`: tokens before this lane's share), a number (label included) must fit one lane
 
 
 def _pow2(n: int) -> int:
@@ -68,8 +69,8 @@ class _Plan:
     max_decimals: int
 
 
-def _plan(sections) -> _Plan:
-    """The flat table and the static lane layout of a template's compiled sections."""
+def _plan(sections, lane_width: int) -> _Plan:
+    """The flat table and the static lane layout of a template's compiled sections, `lane_width` tokens a lane."""
     parts: list[np.ndarray] = []
     size = 0
 
@@ -91,11 +92,11 @@ def _plan(sections) -> _Plan:
             lane.update(width=1, count=1, col=c)
             if isinstance(column, Choice):
                 lane.update(ids_at=add(comp.ids), lens_at=add(comp.lens), width=comp.width, count=len(comp.lens))
-                per_row += [dict(lane, skip=skip) for skip in range(0, comp.width, LANE_WIDTH)]
+                per_row += [dict(lane, skip=skip) for skip in range(0, comp.width, lane_width)]
             else:
-                if comp.width > LANE_WIDTH:
+                if comp.width > lane_width:
                     raise UnsupportedLayout(
-                        f"a number column of {comp.width} tokens (label included) is wider than a lane ({LANE_WIDTH}); "
+                        f"a number column of {comp.width} tokens (label included) is wider than a lane ({lane_width}); "
                         f"use assembly='jnp' or a shorter label")
                 digit_ids, dot_id = comp.digit_ids, comp.dot_id
                 n = comp.number
@@ -114,7 +115,7 @@ def _plan(sections) -> _Plan:
     lanes_padded = lanes + [padding] * (lanes_pow2 - len(lanes))
     fields_at = add(np.array([[lane[f] for lane in lanes_padded] for f in FIELDS]))
     numbers = [lane for lane in lanes if lane["is_number"]]
-    return _Plan(np.concatenate(parts), tuple(plan_sections), len(lanes), lanes_pow2, LANE_WIDTH,
+    return _Plan(np.concatenate(parts), tuple(plan_sections), len(lanes), lanes_pow2, lane_width,
                  fields_at, digits_at, int(dot_id), max([1] + [ln["int_digits"] for ln in numbers]),
                  max([0] + [ln["decimals"] for ln in numbers]))
 
@@ -205,6 +206,20 @@ def _varying_axes(arrays):
     return jax.typeof(probe).mat
 
 
+def _smallest_plan(sections) -> _Plan:
+    """The plan of the lane width (`LANE_WIDTHS`) with the fewest [lanes, width] elements (the kernel's work);
+    on a tie, the wider lanes. UnsupportedLayout if no width fits every number."""
+    plans, errors = [], []
+    for width in LANE_WIDTHS:
+        try:
+            plans.append(_plan(sections, width))
+        except UnsupportedLayout as err:
+            errors.append(err)
+    if not plans:
+        raise errors[-1]
+    return min(plans, key=lambda p: (p.lanes_pow2 * p.width_pow2, -p.width_pow2))
+
+
 def make_pallas_assembler(sections, max_len: int, pad_id: int):
     """Pure function values -> (ids int32 [max_len], length int32) for ONE state, as one Pallas kernel.
 
@@ -212,7 +227,7 @@ def make_pallas_assembler(sections, max_len: int, pad_id: int):
     values plus "chat_tail" (as `Template.__call__` builds them). Vmap it for a batch (one program per state).
     Compiled by Triton on a GPU, run by Pallas's interpreter on other platforms.
     """
-    plan = _plan(sections)
+    plan = _smallest_plan(sections)
     keys = []
     for s in plan.sections:
         keys += [s.name] + ([present_key(s.name)] if s.optional_rows else [])
