@@ -2,8 +2,8 @@
 
 The jnp assembly in `render.template` runs everywhere but costs ~10 XLA kernels on a GPU (table gathers,
 concatenations of every column's tokens and positions, one scatter). Here one kernel program per state does the
-same work: on an H200 the whole template for 1,024 states took 65.9 instead of 84.0 us of kernel time (compact,
-21 instead of 32 kernels) and 73.3 instead of 101.7 us (full; docs/BENCHMARKS.md).
+same work: on an H200 the whole Craftax template for 1,024 states takes 55.6 instead of 75.0 us of kernel time
+(compact, 13 instead of 24 kernels) and 54.9 instead of 94.4 us (full, 8 instead of 24; docs/BENCHMARKS.md, run F).
 
 Every (section, row, column) slot of the layout is one lane of a vector, in text order. What a lane needs to
 know about its column (choice or number, where its strings' ids and lengths sit in the one flat table, width,
