@@ -189,6 +189,19 @@ def informative_tiles(env_name: str, chunks) -> dict:
     }
 
 
+def print_loop_rows(results: dict, title: str, template_key: str, step_key: str, ratio_key: str,
+                    net: bool = False) -> None:
+    """One line per env and format: a loop measure of the template next to the env step's, and their ratio."""
+    print(title)
+    for env_name, env_res in results["envs"].items():
+        for fmt, r in env_res["formats"].items():
+            line = (f"{env_name:28} {fmt:14} template {r[template_key] * 1e3:8.3f} ms  env step "
+                    f"{env_res[step_key] * 1e3:8.3f} ms  ratio {r[ratio_key]:7.2%}")
+            if net:
+                line += f"  net of the loop's own {env_res['loop_overhead_s'] * 1e3:.3f} ms: {r['ratio_in_loop_net']:7.2%}"
+            print(line)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", type=int, default=1024)
@@ -284,25 +297,14 @@ def main(argv=None) -> dict:
         results["envs"][env_name] = env_res
 
     print(f"\ndevice {results['device']}, {args.num_envs} states per call, median of {args.iters}")
-    print("in one jitted loop (the trainer's view: no per-call dispatch; ids carried, env step with its obs):")
-    for env_name, env_res in results["envs"].items():
-        for fmt, r in env_res["formats"].items():
-            print(f"{env_name:28} {fmt:14} template {r['template_in_loop_s'] * 1e3:8.3f} ms  env step "
-                  f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_in_loop']:7.2%}  "
-                  f"net of the loop's own {env_res['loop_overhead_s'] * 1e3:.3f} ms: {r['ratio_in_loop_net']:7.2%}")
+    print_loop_rows(results, "in one jitted loop (the trainer's view: no per-call dispatch; ids carried, env step "
+                    "with its obs):", "template_in_loop_s", "env_step_in_loop_s", "ratio_in_loop", net=True)
     if args.added_measure:
-        print("added to the env step (env step + template in one loop body, minus the env step alone):")
-        for env_name, env_res in results["envs"].items():
-            for fmt, r in env_res["formats"].items():
-                print(f"{env_name:28} {fmt:14} template {r['template_added_to_env_step_s'] * 1e3:8.3f} ms  env step "
-                      f"{env_res['env_step_in_loop_s'] * 1e3:8.3f} ms  ratio {r['ratio_added']:7.2%}")
+        print_loop_rows(results, "added to the env step (env step + template in one loop body, minus the env step "
+                        "alone):", "template_added_to_env_step_s", "env_step_in_loop_s", "ratio_added")
     if args.earlier_measure:
-        print("the same, measured as before 2026-11-26 (ids reduced; env step without its obs):")
-        for env_name, env_res in results["envs"].items():
-            for fmt, r in env_res["formats"].items():
-                print(f"{env_name:28} {fmt:14} template {r['template_in_loop_reduce_s'] * 1e3:8.3f} ms  env step "
-                      f"{env_res['env_step_in_loop_state_only_s'] * 1e3:8.3f} ms  "
-                      f"ratio {r['ratio_in_loop_before_2026_11_26']:7.2%}")
+        print_loop_rows(results, "the same, measured as before 2026-11-26 (ids reduced; env step without its obs):",
+                        "template_in_loop_reduce_s", "env_step_in_loop_state_only_s", "ratio_in_loop_before_2026_11_26")
     print("one jitted call each (includes host dispatch of the state pytree):")
     print(f"{'env':28} {'format':14} {'kernels':>7} {'template ms':>11} {'env step ms':>11} {'ratio':>7} "
           f"{'values ms':>9} {'mean tok':>8} {'p99':>6} {'max':>5} {'max_len':>7} {'prefix':>6}")
