@@ -61,7 +61,7 @@ class _Plan:
     sections: tuple[_Section, ...]
     lanes: int  # used lanes (slots of the layout)
     lanes_pow2: int
-    width_pow2: int  # tokens per lane
+    lane_width: int  # tokens per lane (a power of two, one of LANE_WIDTHS)
     fields_at: int
     digits_at: int
     dot_id: int
@@ -157,7 +157,7 @@ def _kernel(plan: _Plan, max_len: int, pad_id: int, table_ref, *refs):
     # token counts
     is_number = f["is_number"] != 0
     choice = jnp.clip(value, 0, f["count"] - 1)
-    choice_len = jnp.clip(table_ref[f["lens_at"] + choice] - f["skip"], 0, plan.width_pow2)
+    choice_len = jnp.clip(table_ref[f["lens_at"] + choice] - f["skip"], 0, plan.lane_width)
     number = jnp.maximum(value, 0)
     scale = _power_of_10(f["decimals"], plan.max_decimals)
     whole, frac = lax.div(number, scale), lax.rem(number, scale)
@@ -171,7 +171,7 @@ def _kernel(plan: _Plan, max_len: int, pad_id: int, table_ref, *refs):
     total = jnp.sum(length)
 
     # token ids [lanes, width]
-    t = jnp.arange(plan.width_pow2, dtype=jnp.int32)[None, :]
+    t = jnp.arange(plan.lane_width, dtype=jnp.int32)[None, :]
     col = lambda x: x[:, None]
     ids = table_ref[col(f["ids_at"] + choice * f["width"]) + jnp.minimum(t + col(f["skip"]), col(f["width"]) - 1)]
     k = t - col(f["label_len"])  # position among the digits
@@ -217,21 +217,22 @@ def _smallest_plan(sections) -> _Plan:
             errors.append(err)
     if not plans:
         raise errors[-1]
-    return min(plans, key=lambda p: (p.lanes_pow2 * p.width_pow2, -p.width_pow2))
+    return min(plans, key=lambda p: (p.lanes_pow2 * p.lane_width, -p.lane_width))
 
 
-def make_pallas_assembler(sections, max_len: int, pad_id: int):
+def make_pallas_assembler(sections, max_len: int, pad_id: int, lane_width: int | None = None):
     """Pure function values -> (ids int32 [max_len], length int32) for ONE state, as one Pallas kernel.
 
     `sections`: the template's compiled sections (`Template._sections`); `values`: the format's column
     values plus "chat_tail" (as `Template.__call__` builds them). Vmap it for a batch (one program per state).
-    Compiled by Triton on a GPU, run by Pallas's interpreter on other platforms.
+    Compiled by Triton on a GPU, run by Pallas's interpreter on other platforms. `lane_width` (tokens per lane,
+    one of LANE_WIDTHS) defaults to the one giving the smallest tensors; UnsupportedLayout if a number can't fit.
     """
-    plan = _smallest_plan(sections)
+    plan = _smallest_plan(sections) if lane_width is None else _plan(sections, lane_width)
     keys = []
     for s in plan.sections:
         keys += [s.name] + ([present_key(s.name)] if s.optional_rows else [])
-    elements = plan.lanes_pow2 * plan.width_pow2
+    elements = plan.lanes_pow2 * plan.lane_width
     warps = int(min(16, max(1, elements // 512)))  # ~16 elements of each [lanes, width] tensor per thread
 
     def call(interpret: bool, mat):

@@ -175,6 +175,28 @@ def test_pallas_assembly_equals_jnp_assembly(env, fmt, templates, state_chunks, 
     np.testing.assert_array_equal(np.asarray(got_ids), ids[pick])
 
 
+@pytest.mark.parametrize("lane_width", [4, 8])
+def test_pallas_assembly_at_each_lane_width(lane_width, templates, state_chunks, rendered):
+    """Both lane widths the kernel may pick give the jnp ids (Classic full fits both; at 4, its choices wider than
+    4 tokens split across lanes); a number wider than the lane is refused with UnsupportedLayout (Classic compact's
+    labelled counts need 8)."""
+    from render.layout import UnsupportedLayout
+    from render.pallas_assembly import make_pallas_assembler
+
+    tpl = templates[(CLASSIC, "full")]
+    ids, lens, _ = rendered[(CLASSIC, "full")]
+    pick = np.argsort(lens[:CHUNK], kind="stable")[[0, -1]]
+    states = jax.tree.map(lambda x: x[pick], state_chunks[CLASSIC][0])
+    assemble = make_pallas_assembler(tpl._sections, tpl.max_len, tpl.pad_id, lane_width=lane_width)
+    got_ids, got_lens = jax.jit(jax.vmap(lambda s: assemble(tpl._values(s))))(states)
+    np.testing.assert_array_equal(np.asarray(got_lens), lens[pick])
+    np.testing.assert_array_equal(np.asarray(got_ids), ids[pick])
+    compact = templates[(CLASSIC, "compact")]
+    if lane_width == 4:
+        with pytest.raises(UnsupportedLayout, match="wider than a lane"):
+            make_pallas_assembler(compact._sections, compact.max_len, compact.pad_id, lane_width=4)
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the Triton-compiled kernel needs a GPU")
 @pytest.mark.parametrize("env", ENVS)
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -262,8 +284,9 @@ def test_compact_lists_informative_tiles_nearest_first(rendered):
 
 @pytest.mark.parametrize("env", ENVS)
 def test_compact_lists_at_most_k_tiles(env, tokenizer, templates, state_chunks):
-    """A view where every tile is informative (stone all around, lit) lists exactly the K nearest tiles; ids equal
-    the tokenizer's, and the Pallas assembly (interpreted) equals the jnp one, so the cap is in both."""
+    """A view where every tile is informative (stone all around, lit) lists exactly the K nearest tiles (the format's
+    cap, `first_k`); ids equal the tokenizer's, and the Pallas assembly (interpreted) equals the jnp one on these
+    rows, present up to K and absent after."""
     import dataclasses
 
     from craftax.craftax.constants import BlockType
