@@ -53,10 +53,9 @@ def timed(fn, *args, iters: int) -> float:
 NOT_KERNELS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy-start", "copy-done")
 
 
-def kernel_count(fn, *args) -> int:
-    """Operations that launch work in the compiled program's entry computation (fusions, scatters,
+def kernel_count(text: str) -> int:
+    """Operations that launch work in a compiled program's entry computation (`text`: its HLO; fusions, scatters,
     library calls...): a proxy for GPU kernel launches, which dominate a small template's time."""
-    text = fn.lower(*args).compile().as_text()
     entry = text[text.index("ENTRY"):]
     entry = entry[: entry.index("\n}")]
     ops = [re.search(r"([a-z][a-z0-9\-]*)\(", line.split("=", 1)[1]) for line in entry.splitlines()[1:] if "=" in line]
@@ -72,33 +71,20 @@ def per_iteration_in_loop(body, carry, steps: int, iters: int) -> float:
     return timed(run, carry, iters=iters) / steps
 
 
-def template_in_loop(tpl, states, steps: int, iters: int, *, consume: str = "carry") -> float:
+def template_in_loop(tpl, states, steps: int, iters: int) -> float:
     """The template inside a loop; each iteration's input depends on the previous output, so XLA can neither
-    hoist it out of the loop nor drop the ids.
-
-    consume="carry" (the trainer's view: the ids are handed on, here as loop carry; the next states move by
-    min(first id, 0) = 0); consume="reduce" (the measure of runs before 2026-11-26, kept for comparison): the
-    states move by the minimum over all ids, a reduction the trainer does not pay.
-    """
-    def body_reduce(i, s):
-        ids, lens = jax.vmap(tpl)(s)
-        nudge = jnp.minimum(jnp.min(ids, axis=1), 0) + jnp.minimum(lens, 0)
-        return s.replace(player_position=s.player_position + nudge[:, None].astype(s.player_position.dtype))
-
-    def body_carry(i, carry):
+    hoist it out of the loop nor drop the ids. The ids are handed on (loop carry), as the trainer hands them to
+    the LLM; the next states move by min(first id, 0) = 0."""
+    def body(i, carry):
         s, _, _ = carry
         ids, lens = jax.vmap(tpl)(s)
         nudge = jnp.minimum(ids[:, 0], 0) + jnp.minimum(lens, 0)
         s = s.replace(player_position=s.player_position + nudge[:, None].astype(s.player_position.dtype))
         return s, ids, lens
 
-    if consume == "reduce":
-        return per_iteration_in_loop(body_reduce, states, steps, iters)
-    if consume != "carry":
-        raise ValueError(f"consume must be 'carry' or 'reduce', got {consume!r}")
     batch = states.player_position.shape[0]
     carry = (states, jnp.zeros((batch, tpl.max_len), jnp.int32), jnp.zeros((batch,), jnp.int32))
-    return per_iteration_in_loop(body_carry, carry, steps, iters)
+    return per_iteration_in_loop(body, carry, steps, iters)
 
 
 def batched_env_step(env_name: str, num_envs: int):
@@ -117,16 +103,10 @@ def _loop_key(i):
     return jax.random.fold_in(jax.random.PRNGKey(1), i)
 
 
-def env_step_in_loop(step, first, steps: int, iters: int, *, with_obs: bool = True) -> float:
-    """One batched env step (from `batched_env_step`) inside a loop.
-
-    with_obs=True (the trainer's view: the policy reads the observation, so it is carried); with_obs=False
-    carries only the state, so the compiler drops the observation's computation (the measure of runs before
-    2026-11-26, kept for comparison).
-    """
-    if with_obs:
-        return per_iteration_in_loop(lambda i, c: step(_loop_key(i), c[1]), first, steps, iters)
-    return per_iteration_in_loop(lambda i, s: step(_loop_key(i), s)[1], first[1], steps, iters)
+def env_step_in_loop(step, first, steps: int, iters: int) -> float:
+    """One batched env step (from `batched_env_step`) inside a loop, its observation carried (the policy reads it,
+    so the compiler can't drop its computation)."""
+    return per_iteration_in_loop(lambda i, c: step(_loop_key(i), c[1]), first, steps, iters)
 
 
 def env_step_with_template_in_loop(step, first, tpl, steps: int, iters: int) -> float:
@@ -222,8 +202,6 @@ def main(argv=None) -> dict:
                         help="also time env step + template in one loop body (one more env-step compile per format and "
                              "assembly; its results did not reproduce between processes, docs/BENCHMARKS.md)")
     parser.add_argument("--hlo-dir", type=Path, help="write each template's compiled program (HLO text) here")
-    parser.add_argument("--earlier-measure", action="store_true",
-                        help="also time the loop bodies of runs before 2026-11-26 (ids reduced, env step's obs dropped)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU check")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
@@ -244,13 +222,11 @@ def main(argv=None) -> dict:
         loop_iters = max(3, args.iters // 4)
         step_loop_s = env_step_in_loop(step, first, args.loop_steps, loop_iters)
         overhead_s = loop_overhead(args.num_envs, 4 * args.loop_steps, loop_iters)
-        step_loop_state_only_s = (env_step_in_loop(step, first, args.loop_steps, loop_iters, with_obs=False)
-                                  if args.earlier_measure else None)
         states = sample_states(env_name, args.num_envs, 100)
         chunks = [sample_states(env_name, args.stat_states, seed) for seed in range(4)] if args.stat_states else []
         typical = [typical_states(env_name, args.stat_states, seed) for seed in range(2)] if args.stat_states else []
         env_res = {"env_step_s": step_s, "env_step": "rl.envs.BatchedEnv.step (optimistic resets)",
-                   "env_step_in_loop_s": step_loop_s, "env_step_in_loop_state_only_s": step_loop_state_only_s,
+                   "env_step_in_loop_s": step_loop_s,
                    "loop_overhead_s": overhead_s,
                    "formats": {},
                    "informative_tiles": informative_tiles(env_name, chunks) if chunks else None}
@@ -267,8 +243,9 @@ def main(argv=None) -> dict:
                 if not same:
                     raise SystemExit(f"{fmt}: the {assembly} assembly disagrees with the jnp assembly")
             tl = template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters)
+            hlo = fn.lower(states).compile().as_text()
             env_res["formats"][fmt] = {
-                "template_s": t, "ratio_to_env_step": t / step_s, "kernels": kernel_count(fn, states),
+                "template_s": t, "ratio_to_env_step": t / step_s, "kernels": kernel_count(hlo),
                 "values_s": timed(jax.jit(jax.vmap(tpl.fmt.values)), states, iters=args.iters),
                 "template_in_loop_s": tl, "ratio_in_loop": tl / step_loop_s,
                 "ratio_in_loop_net": (tl - overhead_s) / (step_loop_s - overhead_s),
@@ -282,11 +259,7 @@ def main(argv=None) -> dict:
                                                ratio_added=(both - step_loop_s) / step_loop_s)
             if args.hlo_dir:
                 args.hlo_dir.mkdir(parents=True, exist_ok=True)
-                (args.hlo_dir / f"{env_name}_{fmt}.hlo.txt").write_text(fn.lower(states).compile().as_text())
-            if args.earlier_measure:
-                tlr = template_in_loop(tpl, states, 4 * args.loop_steps, loop_iters, consume="reduce")
-                env_res["formats"][fmt].update(template_in_loop_reduce_s=tlr,
-                                               ratio_in_loop_before_2026_11_26=tlr / step_loop_state_only_s)
+                (args.hlo_dir / f"{env_name}_{fmt}.hlo.txt").write_text(hlo)
             if args.profile:
                 from scripts.kernel_profile import kernel_table, print_kernel_table
 
@@ -302,9 +275,6 @@ def main(argv=None) -> dict:
     if args.added_measure:
         print_loop_rows(results, "added to the env step (env step + template in one loop body, minus the env step "
                         "alone):", "template_added_to_env_step_s", "env_step_in_loop_s", "ratio_added")
-    if args.earlier_measure:
-        print_loop_rows(results, "the same, measured as before 2026-11-26 (ids reduced; env step without its obs):",
-                        "template_in_loop_reduce_s", "env_step_in_loop_state_only_s", "ratio_in_loop_before_2026_11_26")
     print("one jitted call each (includes host dispatch of the state pytree):")
     print(f"{'env':28} {'format':14} {'kernels':>7} {'template ms':>11} {'env step ms':>11} {'ratio':>7} "
           f"{'values ms':>9} {'mean tok':>8} {'p99':>6} {'max':>5} {'max_len':>7} {'prefix':>6}")

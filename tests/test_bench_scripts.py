@@ -23,14 +23,13 @@ def test_bench_train_smoke(tmp_path):
 def test_bench_template_smoke(tmp_path):
     import bench_template
 
-    res = bench_template.main(["--smoke", "--envs", "Craftax-Classic-Symbolic-v1", "--earlier-measure",
+    res = bench_template.main(["--smoke", "--envs", "Craftax-Classic-Symbolic-v1", "--formats", "compact",
                                "--added-measure", "--hlo-dir", str(tmp_path / "hlo"), "--out", str(tmp_path / "t.json")])
     env = res["envs"]["Craftax-Classic-Symbolic-v1"]
-    assert env["env_step_in_loop_s"] > 0 and env["env_step_in_loop_state_only_s"] > 0 and env["loop_overhead_s"] > 0
+    assert env["env_step_in_loop_s"] > 0 and env["loop_overhead_s"] > 0
     assert env["informative_tiles"]["max"] > 0
-    for fmt in ("compact", "full"):
-        r = env["formats"][fmt]
-        assert r["template_in_loop_s"] > 0 and r["template_in_loop_reduce_s"] > 0 and r["kernels"] > 0
-        assert r["env_step_with_template_in_loop_s"] > 0 and "ratio_added" in r and "ratio_in_loop_net" in r
-        assert "ENTRY" in (tmp_path / "hlo" / f"Craftax-Classic-Symbolic-v1_{fmt}.hlo.txt").read_text()
-        assert 0 < r["tokens"]["mean"] <= r["tokens"]["max"] <= r["tokens"]["max_len"]
+    r = env["formats"]["compact"]
+    assert r["template_in_loop_s"] > 0 and r["kernels"] > 0
+    assert r["env_step_with_template_in_loop_s"] > 0 and "ratio_added" in r and "ratio_in_loop_net" in r
+    assert "ENTRY" in (tmp_path / "hlo" / "Craftax-Classic-Symbolic-v1_compact.hlo.txt").read_text()
+    assert 0 < r["tokens"]["mean"] <= r["tokens"]["max"] <= r["tokens"]["max_len"]
