@@ -58,8 +58,9 @@ def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMS
     return LLMSetup(model, tokenizer, template, cache, int(model.config.hidden_size))
 
 
-def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str, chunk: int = 64) -> Callable:
-    """Pure function (llm_params, prefix_cache, raw_states [B]) -> hidden float32 [B, D] for use under jit.
+def make_ids_encoder(llm_config, *, layer: int, pooling: str, chunk: int = 64) -> Callable:
+    """Pure function (llm_params, prefix_cache, ids int [B, T], lengths int [B]) -> hidden float32 [B, D] for use
+    under jit: the one LLM call that the trainer (in-scan) and the labeller (`rl.label`) share.
 
     Prompts are encoded `chunk` at a time, sorted by length, each chunk padded only to the shortest length bucket
     that holds it (`jaxllm.encode_bucketed`): the LLM's cost follows the prompts' real lengths rather than the
@@ -68,10 +69,21 @@ def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str, chunk
     """
     from jaxllm import encode_bucketed
 
-    def encode_states(llm_params, prefix_cache, raw_states):
-        ids, lengths = jax.vmap(template)(raw_states)
+    def encode_ids(llm_params, prefix_cache, ids, lengths):
         return encode_bucketed(llm_params, llm_config, ids, lengths, layer=layer, pooling=pooling,
                                prefix=prefix_cache, chunk=chunk)
+
+    return encode_ids
+
+
+def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str, chunk: int = 64) -> Callable:
+    """Pure function (llm_params, prefix_cache, raw_states [B]) -> hidden float32 [B, D] for use under jit:
+    the template's ids of every state, then `make_ids_encoder`'s LLM call."""
+    encode_ids = make_ids_encoder(llm_config, layer=layer, pooling=pooling, chunk=chunk)
+
+    def encode_states(llm_params, prefix_cache, raw_states):
+        ids, lengths = jax.vmap(template)(raw_states)
+        return encode_ids(llm_params, prefix_cache, ids, lengths)
 
     return encode_states
 
