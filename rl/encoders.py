@@ -95,14 +95,14 @@ def make_token_fn(template) -> Callable:
 
 def check_vllm_reachable(url: str, timeout: float) -> None:
     """Raise ConnectionError naming `url` unless its `/health` answers within `timeout` seconds."""
-    from jaxllm.vllm import VLLMClient
+    from jaxllm.http.client import VLLMClient
 
     client = VLLMClient(url, timeout=timeout, retries=0)
     try:
         client.health()
     except Exception as e:  # the client's VLLMError (or a bad URL): say what the trainer needed
         raise ConnectionError(f"vLLM server at {url} is not reachable ({e}); start one (scripts/start_vllm.sh, "
-                              f"or `python -m jaxllm.serve --model tiny --port PORT`) or pass --vllm-url") from None
+                              f"or `python -m jaxllm.http.server --model tiny --port PORT`) or pass --vllm-url") from None
     finally:
         client.close()
 
@@ -111,7 +111,7 @@ class VLLMEncoder:
     """Hidden states from an HTTP server speaking vLLM's `/v1/embeddings` (token ids, never strings)."""
 
     def __init__(self, url: str, template, *, timeout: float = 30.0):
-        from jaxllm.vllm import VLLMClient
+        from jaxllm.http.client import VLLMClient
 
         self.url = url
         self.prefix = list(template.prefix_ids)

@@ -243,7 +243,7 @@ def _device_count(cfg: TrainConfig, resume: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from jaxllm.vllm import VLLMError
+    from jaxllm.http.client import VLLMError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     from jaxllm import load_model
-    from jaxllm.serve import BatchingEncoder, EmbeddingService, build_encode_fn, make_http_server
-    from jaxllm.vllm import VLLMClient
+    from jaxllm.http.client import VLLMClient
+    from jaxllm.http.server import BatchingEncoder, EmbeddingService, build_encode_fn, make_http_server
 
     model = load_model(args.model, dtype=args.dtype)
     config = model.config

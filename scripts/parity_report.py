@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
                        "hf_device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"}
 
     if args.vllm_url:
-        from jaxllm.vllm import VLLMClient
+        from jaxllm.http.client import VLLMClient
 
         with VLLMClient(args.vllm_url) as client:
             served = client.embed(whole)

@@ -32,9 +32,9 @@ def free_port():
 
 @pytest.fixture(scope="session")
 def start_tiny_server():
-    """Factory: start `python -m jaxllm.serve --model tiny --dtype float32 [extra args]` on a free loopback port,
+    """Factory: start `python -m jaxllm.http.server --model tiny --dtype float32 [extra args]` on a free loopback port,
     wait until /health answers, and return (url, process). Every server it started is stopped at session end."""
-    from jaxllm.vllm import VLLMClient, VLLMError
+    from jaxllm.http.client import VLLMClient, VLLMError
 
     repo = Path(__file__).resolve().parent.parent
     procs = []
@@ -43,7 +43,7 @@ def start_tiny_server():
         port = _free_port()
         env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                "JAX_COMPILATION_CACHE_DIR": str(_CACHE_DIR)}
-        proc = subprocess.Popen([sys.executable, "-m", "jaxllm.serve", "--model", "tiny", "--dtype", "float32",
+        proc = subprocess.Popen([sys.executable, "-m", "jaxllm.http.server", "--model", "tiny", "--dtype", "float32",
                                  "--port", str(port), *extra_args], cwd=repo, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(proc)
@@ -53,7 +53,7 @@ def start_tiny_server():
             client.wait_until_ready(wait_s=240, poll_s=0.2)
         except VLLMError:
             proc.kill()
-            pytest.fail(f"jaxllm.serve did not become ready:\n{proc.communicate()[1][-3000:]}")
+            pytest.fail(f"jaxllm.http.server did not become ready:\n{proc.communicate()[1][-3000:]}")
         finally:
             client.close()
         return url, proc

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxllm.vllm import VLLMClient, VLLMError, parse_embeddings, parse_error_message
+from jaxllm.http.client import VLLMClient, VLLMError, parse_embeddings, parse_error_message
 
 FIXTURES = Path(__file__).parent / "parity" / "fixtures"
 

@@ -1,4 +1,4 @@
-"""The contract: `python -m jaxllm.serve --model tiny --dtype float32 --port P` answers what
+"""The contract: `python -m jaxllm.http.server --model tiny --dtype float32 --port P` answers what
 `load_model("tiny", dtype="float32").encode(...)` (layer -1, pooling last) gives for the same ids,
 refuses bad input with a 4xx while it keeps serving, and a client sees a clear error when it goes away.
 """
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jaxllm import load_model
-from jaxllm.vllm import VLLMClient, VLLMError
+from jaxllm.http.client import VLLMClient, VLLMError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def test_server_going_away_gives_a_clear_error_within_the_timeout(server):
 
 
 def test_unloadable_model_exits_with_a_clear_message(free_port):
-    result = subprocess.run([sys.executable, "-m", "jaxllm.serve", "--model", "no-such-checkpoint", "--port",
+    result = subprocess.run([sys.executable, "-m", "jaxllm.http.server", "--model", "no-such-checkpoint", "--port",
                              str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode != 0

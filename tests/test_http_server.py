@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from jaxllm.serve import BatchingEncoder, EmbeddingService, bucket, make_http_server
-from jaxllm.vllm import VLLMClient, VLLMError
+from jaxllm.http.client import VLLMClient, VLLMError
+from jaxllm.http.server import BatchingEncoder, EmbeddingService, bucket, make_http_server
 
 VOCAB = 1000
 MAX_LEN = 100

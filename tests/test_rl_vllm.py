@@ -1,4 +1,4 @@
-"""`--encoder vllm` end to end against the project's own vLLM-API server (`python -m jaxllm.serve`)."""
+"""`--encoder vllm` end to end against the project's own vLLM-API server (`python -m jaxllm.http.server`)."""
 import json
 
 import jax

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from jaxllm import encode, load_model
-from jaxllm.serve import BatchingEncoder, EmbeddingService, build_encode_fn, make_http_server
-from jaxllm.vllm import VLLMClient
+from jaxllm.http.client import VLLMClient
+from jaxllm.http.server import BatchingEncoder, EmbeddingService, build_encode_fn, make_http_server
 from scripts.parity_report import vector_errors
 
 CHUNKS = 2  # the scan runs over CHUNKS steps of NUM_PROMPTS / CHUNKS envs each

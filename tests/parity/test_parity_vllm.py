@@ -33,7 +33,7 @@ pytestmark = [
 def test_flax_matches_vllm_on_craftax_prompts():
     from jaxllm import load_model, load_tokenizer
     from jaxllm.resolve import resolve_checkpoint_dir
-    from jaxllm.vllm import VLLMClient
+    from jaxllm.http.client import VLLMClient
 
     num_prompts = int(os.environ.get("VLLM_PARITY_PROMPTS", "256"))
     steps = int(os.environ.get("VLLM_PARITY_STEPS", "256"))

@@ -2,7 +2,7 @@
 
 It sends token ids (never strings, so tokenization cannot diverge from the in-scan encoder) and gets
 back one vector per prompt. It talks to stock vLLM started by ``scripts/start_vllm.sh`` and to this
-project's own server (``python -m jaxllm.serve``), which speak the same subset:
+project's own server (``python -m jaxllm.http.server``), which speak the same subset:
 
     GET  /health          -> 200 once the model is ready
     GET  /v1/models       -> {"object": "list", "data": [{"id": ..., "max_model_len": ...}, ...]}

@@ -1,8 +1,8 @@
 """A small server of vLLM's embeddings API subset in front of the project's own JAX encoder.
 
-    python -m jaxllm.serve --model tiny --dtype float32 --port 8000 [--host 127.0.0.1 --layer -1 --pooling last]
+    python -m jaxllm.http.server --model tiny --dtype float32 --port 8000 [--host 127.0.0.1 --layer -1 --pooling last]
 
-It answers the requests ``jaxllm.vllm.VLLMClient`` sends to stock vLLM, with the same response and error
+It answers the requests ``jaxllm.http.client.VLLMClient`` sends to stock vLLM, with the same response and error
 shapes (vLLM >= 0.10.1), so the trainer's ``--encoder vllm`` and the parity suite run end-to-end on
 machines without vLLM, and so the cost of the HTTP round trip can be measured next to the in-scan path:
 
@@ -271,7 +271,7 @@ def make_http_server(service: EmbeddingService, host: str = "127.0.0.1", port: i
             self.wfile.write(body)
 
         def _error(self, error: RequestError) -> None:
-            sys.stderr.write(f"[jaxllm.serve] {self.command} {self.path}: {error.status} {error.message}\n")
+            sys.stderr.write(f"[jaxllm.http.server] {self.command} {self.path}: {error.status} {error.message}\n")
             self._send(error.status, error.body())
 
         def do_GET(self) -> None:
@@ -320,7 +320,7 @@ def make_http_server(service: EmbeddingService, host: str = "127.0.0.1", port: i
 
 # --------------------------------------------------------------------------------------- CLI
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m jaxllm.serve", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jaxllm.http.server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="checkpoint dir, preset ('tiny', 'qwen3-4b') or cached hub id")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000)
@@ -353,7 +353,7 @@ def build_encode_fn(model: Any, layer: int, pooling: str) -> EncodeFn:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    log = lambda msg: print(f"[jaxllm.serve] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda msg: print(f"[jaxllm.http.server] {msg}", file=sys.stderr, flush=True)  # noqa: E731
 
     from jaxllm import load_model
 
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         server = make_http_server(service, args.host, args.port)
     except OSError as exc:
-        raise SystemExit(f"[jaxllm.serve] cannot listen on {args.host}:{args.port}: {exc} "
+        raise SystemExit(f"[jaxllm.http.server] cannot listen on {args.host}:{args.port}: {exc} "
                          "(is another server using the port? pick another with --port)") from None
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     log(f"listening on http://{args.host}:{server.server_address[1]}; loading {args.model}")
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
         model = load_model(args.model, dtype=args.dtype, seed=args.seed)
     except (OSError, ValueError) as exc:  # missing/corrupt checkpoint, unknown preset, bad dtype
         server.server_close()
-        raise SystemExit(f"[jaxllm.serve] cannot load --model {args.model!r}: {exc}") from None
+        raise SystemExit(f"[jaxllm.http.server] cannot load --model {args.model!r}: {exc}") from None
     config = model.config
     max_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     max_batch = bucket(args.max_batch, 1, 1 << 30)
