@@ -14,6 +14,7 @@ from jax import lax
 
 from .config import Qwen3Config
 from .model import Params, forward, normalize_layer_index
+from .packed_attention import Segments
 
 Pooling = Literal["last", "mean"]
 POOLINGS = ("last", "mean")
@@ -138,3 +139,94 @@ def encode_bucketed(params: Params, config: Qwen3Config, ids: jax.Array, lengths
 
     vectors = lax.map(encode_chunk, (sorted_ids, sorted_lengths)).reshape(batch, -1)
     return vectors[jnp.argsort(order)]
+
+
+def default_capacity(batch: int, max_len: int) -> int:
+    """Token capacity of `encode_packed` when none is given: half the padded batch (at least one longest
+    prompt), a multiple of 128. Typical batches then fit one pass; a batch of long prompts takes two."""
+    return _round_up(max(max_len, batch * max_len // 2), 128)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-int(n) // multiple) * multiple
+
+
+def _plan_pass(lengths: jax.Array, remaining: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Greedy in index order: of the prompts still `remaining`, those whose running token total fits `capacity`.
+    Returns (taken bool [B], first slot of each prompt int [B], one past its last slot int [B])."""
+    tokens = jnp.where(remaining, lengths, 0)
+    end = jnp.cumsum(tokens)
+    taken = remaining & (end <= capacity)
+    tokens = jnp.where(taken, tokens, 0)
+    end = jnp.cumsum(tokens)
+    return taken, end - tokens, end
+
+
+def _pack(ids: jax.Array, lengths: jax.Array, taken: jax.Array, start: jax.Array, end: jax.Array,
+          capacity: int) -> tuple[jax.Array, Segments]:
+    """The token row [1, capacity] of the taken prompts laid end to end, and its Segments."""
+    batch, t = ids.shape
+    slot = jnp.arange(capacity)
+    owner = jnp.minimum(jnp.searchsorted(end, slot, side="right"), batch - 1)  # first prompt ending after slot
+    valid = slot < end[-1]
+    position = jnp.where(valid, slot - start[owner], 0)
+    tokens = jnp.where(valid, ids[owner, jnp.minimum(position, t - 1)], 0)
+    real = taken & (lengths > 0)
+    segments = Segments(segment=jnp.where(valid, owner, batch), valid=valid, position=position,
+                        seqlens=jnp.where(real, lengths, -1), offsets=jnp.append(jnp.where(real, start, -1), -1),
+                        max_len=t)
+    return tokens[None], segments
+
+
+def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: jax.Array, *, layer: int = -1,
+                  pooling: Pooling = "last", prefix: PrefixCache | None = None, capacity: int | None = None,
+                  attention_impl: str | None = None) -> jax.Array:
+    """`encode` that computes only real tokens: same inputs, same vectors (up to float rounding).
+
+    The prompts' real tokens are laid end to end in a row of `capacity` token slots (no per-prompt padding); each
+    slot's position restarts at the prefix length for every prompt, and attention keeps each prompt to its own
+    tokens plus the cached prefix (`packed_attention`). Prompts are taken greedily in index order while they fit;
+    the ones that do not fit go into further passes of the same compiled row (`lax.while_loop`), so any capacity
+    >= ids.shape[1] gives the same vectors, and one pass is the common case when the capacity suits the prompts'
+    length statistics. capacity None: `default_capacity`. Rows of length 0 give `encode`'s fallback vector.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    if ids.ndim != 2:
+        raise ValueError(f"ids must be int [B, T] (right-padded token ids), got shape {ids.shape}")
+    batch, t = ids.shape
+    capacity = default_capacity(batch, t) if capacity is None else int(capacity)
+    if capacity < t:
+        raise ValueError(f"capacity {capacity} tokens cannot hold one prompt of max_len {t} (ids.shape[1]); "
+                         f"use a capacity >= {t}")
+    k_idx = normalize_layer_index(layer, config)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    offset = 0 if prefix is None else prefix.length
+    pk, pv = (None, None) if prefix is None else (prefix.keys, prefix.values)
+    dim = config.hidden_size
+    if pooling == "last":
+        fallback = jnp.zeros((dim,), jnp.float32) if prefix is None else prefix.last_hidden[k_idx]
+    else:
+        fallback = jnp.zeros((dim,), jnp.float32) if prefix is None else prefix.hidden_sums[k_idx] / prefix.length
+    vectors = jnp.broadcast_to(fallback, (batch, dim))
+
+    def one_pass(state):
+        vectors, remaining = state
+        taken, start, end = _plan_pass(lengths, remaining, capacity)
+        row, segments = _pack(ids.astype(jnp.int32), lengths, taken, start, end, capacity)
+        h, _ = forward(params, config, row, layer=k_idx, prefix_k=pk, prefix_v=pv, position_offset=offset,
+                       attention_impl=attention_impl, segments=segments)
+        h = h[0].astype(jnp.float32)  # [capacity, D]
+        if pooling == "last":
+            vec = h[jnp.clip(end - 1, 0, capacity - 1)]
+        else:
+            real = jnp.where(segments.valid[:, None], h, 0.0)  # empty slots may hold anything: select, not multiply
+            total = jax.ops.segment_sum(real, segments.segment, num_segments=batch + 1)[:batch]
+            count = lengths.astype(jnp.float32)
+            if prefix is not None:
+                total, count = total + prefix.hidden_sums[k_idx][None], count + prefix.length
+            vec = total / jnp.maximum(count, 1.0)[:, None]
+        return jnp.where(taken[:, None], vec, vectors), remaining & ~taken
+
+    vectors, _ = lax.while_loop(lambda state: jnp.any(state[1]), one_pass, (vectors, lengths > 0))
+    return vectors

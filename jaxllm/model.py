@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .config import Qwen3Config
+from .fp8 import linear
+from .packed_attention import Segments, default_packed_attention_impl, packed_attention
 
 Params = dict[str, Any]
 LAYER_KEYS = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
@@ -42,7 +44,7 @@ def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float, dtype: Any) 
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Half-split (`rotate_half`) rotary embedding. x: [B, T, H, hd]; cos/sin: [T, hd]."""
+    """Half-split (`rotate_half`) rotary embedding. x: [B, T, H, hd]; cos/sin: [T, hd] (shared by the batch)."""
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
@@ -110,7 +112,8 @@ def _split_prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: 
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None = None,
-              prefix_v: jax.Array | None = None, implementation: str | None = None) -> jax.Array:
+              prefix_v: jax.Array | None = None, implementation: str | None = None,
+              segments: Segments | None = None) -> jax.Array:
     """Causal GQA attention, scale head_dim**-0.5, softmax in float32.
 
     q: [B, T, Hq, hd]; k, v: [B, T, Hkv, hd]. With a prefix (prefix_k/prefix_v: [P, Hkv, hd], shared by the
@@ -118,7 +121,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | No
     implementation: "xla" or "cudnn" (jax.nn.dot_product_attention; with a prefix, prefix keys are prepended
     and the causal structure is a [1, 1, T, P+T] mask shared by batch and heads, keeping the fused kernel usable),
     "cudnn_split" / "xla_split" (prefix handled by `_split_prefix_attention`), None = `default_attention_impl`.
+    With `segments` (packed prompts, B = 1): `packed_attention`; implementation "xla" or "cudnn" (the "_split"
+    suffix is ignored: the packed forms always handle the prefix apart), None = `default_packed_attention_impl`.
     """
+    if segments is not None:
+        impl = (implementation or default_packed_attention_impl(q.dtype)).removesuffix("_split")
+        return packed_attention(q, k, v, prefix_k, prefix_v, segments, impl)
     impl = implementation or default_attention_impl(q.dtype)
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention implementation must be one of {ATTENTION_IMPLS} or None, got {impl!r}")
@@ -137,20 +145,22 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | No
 
 def decoder_layer(h: jax.Array, lp: Params, cos: jax.Array, sin: jax.Array, config: Qwen3Config,
                   prefix_k: jax.Array | None = None, prefix_v: jax.Array | None = None,
-                  attention_impl: str | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """One Qwen3 decoder layer on h [B, T, D]. Returns the new h and this layer's post-RoPE (k, v)."""
+                  attention_impl: str | None = None,
+                  segments: Segments | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """One Qwen3 decoder layer on h [B, T, D]. Returns the new h and this layer's post-RoPE (k, v).
+    Matrices are plain [in, out] arrays or `fp8.Fp8Matrix` (W8A8); `segments`: packed prompts (B = 1)."""
     batch, t, _ = h.shape
     hd = config.head_dim
     x = rms_norm(h, lp["input_layernorm"], config.rms_norm_eps)
-    q = (x @ lp["q_proj"]).reshape(batch, t, config.num_attention_heads, hd)
-    k = (x @ lp["k_proj"]).reshape(batch, t, config.num_key_value_heads, hd)
-    v = (x @ lp["v_proj"]).reshape(batch, t, config.num_key_value_heads, hd)
+    q = linear(x, lp["q_proj"]).reshape(batch, t, config.num_attention_heads, hd)
+    k = linear(x, lp["k_proj"]).reshape(batch, t, config.num_key_value_heads, hd)
+    v = linear(x, lp["v_proj"]).reshape(batch, t, config.num_key_value_heads, hd)
     q = apply_rope(rms_norm(q, lp["q_norm"], config.rms_norm_eps), cos, sin)
     k = apply_rope(rms_norm(k, lp["k_norm"], config.rms_norm_eps), cos, sin)
-    attn = attention(q, k, v, prefix_k, prefix_v, attention_impl)
-    h = h + attn.reshape(batch, t, config.q_size) @ lp["o_proj"]
+    attn = attention(q, k, v, prefix_k, prefix_v, attention_impl, segments)
+    h = h + linear(attn.reshape(batch, t, config.q_size), lp["o_proj"])
     x = rms_norm(h, lp["post_attention_layernorm"], config.rms_norm_eps)
-    h = h + (jax.nn.silu(x @ lp["gate_proj"]) * (x @ lp["up_proj"])) @ lp["down_proj"]
+    h = h + linear(jax.nn.silu(linear(x, lp["gate_proj"])) * linear(x, lp["up_proj"]), lp["down_proj"])
     return h, (k, v)
 
 
@@ -172,23 +182,27 @@ def embed(params: Params, ids: jax.Array) -> jax.Array:
 
 def forward(params: Params, config: Qwen3Config, ids: jax.Array, *, layer: int = -1, collect: bool = False,
             collect_kv: bool = False, prefix_k: jax.Array | None = None, prefix_v: jax.Array | None = None,
-            position_offset: int = 0, attention_impl: str | None = None) -> tuple[jax.Array, Any]:
+            position_offset: int = 0, attention_impl: str | None = None,
+            segments: Segments | None = None) -> tuple[jax.Array, Any]:
     """Runs the model up to HF hidden-state index `layer` (only the layers that index needs).
 
     Returns (hidden state at `layer` [B, T, D], per-layer scan outputs (h after each layer [n, B, T, D] if
     `collect`, else None; (k, v) each [n, B, T, Hkv, hd] if `collect_kv`, else None)). prefix_k/prefix_v:
     [L, P, Hkv, hd] of a cached prefix; positions then start at `position_offset` (= P).
+    `segments`: ids [1, C] are packed prompts (`packed_attention.Segments`); each slot's position is
+    position_offset + its position inside its prompt.
     """
     k_idx = normalize_layer_index(layer, config)
     h = embed(params, ids)
     t = ids.shape[1]
-    cos, sin = rope_cos_sin(position_offset + jnp.arange(t), config.head_dim, config.rope_theta, h.dtype)
+    positions = jnp.arange(t) if segments is None else segments.position
+    cos, sin = rope_cos_sin(position_offset + positions, config.head_dim, config.rope_theta, h.dtype)
     def body(h, i):
         # Index the full layer stacks inside the loop (a dynamic slice per layer) rather than slicing the first
         # k_idx layers up front, which would copy the weights of the layers used (gigabytes for Qwen3-4B).
         lp = jax.tree.map(lambda a: a[i], params["layers"])
         pk, pv = (None, None) if prefix_k is None else (prefix_k[i], prefix_v[i])
-        h, kv = decoder_layer(h, lp, cos, sin, config, pk, pv, attention_impl)
+        h, kv = decoder_layer(h, lp, cos, sin, config, pk, pv, attention_impl, segments)
         return h, (h if collect else None, kv if collect_kv else None)
 
     outputs = (None, None)

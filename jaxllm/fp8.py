@@ -1,0 +1,112 @@
+"""FP8 (e4m3) weights and matmuls, W8A8 with dynamic activation scales (as vLLM's FP8 W8A8 / FP8_DYNAMIC).
+
+Projection and MLP weights are stored as float8_e4m3fn with one float32 scale per output channel, converted once
+at load (`quantize_params`). At run time each token's activation row is scaled by its own absolute maximum and cast
+to e4m3, the two fp8 operands meet in one GEMM with float32 accumulation, and the product is rescaled by
+(token scale x channel scale). Everything else (embeddings, norms, attention and its softmax, the residual stream)
+stays in the activation dtype (bfloat16).
+
+On a GPU with FP8 tensor cores (compute capability >= 8.9: Ada, Hopper) the GEMM runs on them (cuBLASLt); elsewhere
+the same fp8 values are multiplied in float32 (`emulated`): identical rounding of the operands, only slower.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+E4M3 = jnp.float8_e4m3fn
+E4M3_MAX = float(jnp.finfo(E4M3).max)  # 448
+# Leaves of params["layers"] stored in fp8 (matrices [L, in, out] in the bf16 layout).
+QUANTIZED_LEAVES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_TINY = 1e-12  # floor of a scale, so an all-zero row or column quantises to zeros instead of NaN
+
+
+@flax.struct.dataclass
+class Fp8Matrix:
+    """An fp8 weight: `weight` float8_e4m3fn [..., out, in] (contraction on the minor axis, the layout cuBLASLt's
+    fp8 GEMM wants for both operands) and `scale` float32 [..., out]; the matrix it stands for is
+    (weight * scale[..., :, None]).T."""
+
+    weight: jax.Array
+    scale: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The [..., in, out] shape of the matrix it stands for (as the unquantised leaf)."""
+        return self.weight.shape[:-2] + (self.weight.shape[-1], self.weight.shape[-2])
+
+
+def quantize_matrix(w: jax.Array) -> Fp8Matrix:
+    """[..., in, out] matrix -> Fp8Matrix with one scale per output channel (absolute max over `in` / 448)."""
+    wt = jnp.swapaxes(w, -1, -2).astype(jnp.float32)  # [..., out, in]
+    scale = jnp.maximum(jnp.max(jnp.abs(wt), axis=-1) / E4M3_MAX, _TINY)
+    return Fp8Matrix((wt / scale[..., None]).astype(E4M3), scale)
+
+
+def dequantize_matrix(m: Fp8Matrix, dtype: Any = jnp.float32) -> jax.Array:
+    """The [..., in, out] matrix an Fp8Matrix stands for (for tests and inspection)."""
+    return jnp.swapaxes(m.weight.astype(jnp.float32) * m.scale[..., None], -1, -2).astype(dtype)
+
+
+@jax.jit
+def _quantize_layers(layers: dict[str, Any]) -> dict[str, Any]:
+    return {k: quantize_matrix(v) if k in QUANTIZED_LEAVES else v for k, v in layers.items()}
+
+
+def quantize_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The params pytree with every decoder projection and MLP matrix replaced by an Fp8Matrix (one jitted pass on
+    the device; the unquantised copies can be freed afterwards)."""
+    return {**params, "layers": _quantize_layers(params["layers"])}
+
+
+@functools.lru_cache(maxsize=None)
+def native_fp8_available(backend: str | None = None) -> bool:
+    """Whether the default devices multiply fp8 on tensor cores (NVIDIA compute capability >= 8.9)."""
+    devices = jax.devices(backend)
+    if devices[0].platform != "gpu":
+        return False
+    try:
+        major, minor = (int(x) for x in str(devices[0].compute_capability).split(".")[:2])
+    except (AttributeError, ValueError):
+        return False
+    return (major, minor) >= (8, 9)
+
+
+def warn_if_emulated() -> None:
+    """Says once, in one line, that fp8 is emulated (correct, not faster) on this backend."""
+    if not native_fp8_available():
+        warnings.warn(f"fp8 matmuls are emulated on this {jax.default_backend()} backend (no FP8 tensor cores): "
+                      f"same numerics as on a Hopper GPU, but not faster than bfloat16", stacklevel=3)
+
+
+def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Activations [..., in] -> (e4m3 [..., in], float32 scale [...]): each row scaled by its own absolute max."""
+    xf = x.astype(jnp.float32)
+    scale = jnp.maximum(jnp.max(jnp.abs(xf), axis=-1) / E4M3_MAX, _TINY)
+    return (xf / scale[..., None]).astype(E4M3), scale
+
+
+def fp8_matmul(x: jax.Array, m: Fp8Matrix) -> jax.Array:
+    """x [..., in] @ the matrix of `m`, W8A8: per-token e4m3 activations, per-channel e4m3 weights, float32
+    accumulation, result in x's dtype."""
+    xq, x_scale = quantize_rows(x)
+    dims = (((xq.ndim - 1,), (1,)), ((), ()))
+    if native_fp8_available():
+        y = lax.dot_general(xq, m.weight, dims, preferred_element_type=jnp.float32)
+    else:
+        y = lax.dot_general(xq.astype(jnp.float32), m.weight.astype(jnp.float32), dims,
+                            precision=lax.Precision.HIGHEST)
+    return (y * x_scale[..., None] * m.scale).astype(x.dtype)
+
+
+def linear(x: jax.Array, w: jax.Array | Fp8Matrix) -> jax.Array:
+    """x @ w for a plain [in, out] matrix (in x's dtype) or an Fp8Matrix (W8A8)."""
+    if isinstance(w, Fp8Matrix):
+        return fp8_matmul(x, w)
+    return x @ w

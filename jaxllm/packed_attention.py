@@ -1,0 +1,132 @@
+"""Attention over packed prompts: many prompts laid end to end in one token row, each attending causally to its
+own tokens (and to a shared cached prefix), never to its neighbours'.
+
+`Segments` describes the packing. Two implementations of the same function:
+- "xla": queries in blocks of `block` tokens, each block against the window of keys that can hold its prompts
+  (a prompt is at most `max_len` tokens, so keys further back than that are never in a block's prompts), masked
+  by segment and causality; the prefix joins the same softmax. Any backend; the reference.
+- "cudnn": cuDNN's flash attention on the packed (ragged) layout, one segment per prompt (Hopper and later), plus
+  one unmasked call against the prefix; the two halves merge by their float32 log-sum-exps. It uses JAX's private
+  cuDNN module, as `model.py`'s split attention does.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+PACKED_ATTENTION_IMPLS = ("xla", "cudnn")
+
+
+@flax.struct.dataclass
+class Segments:
+    """How prompts sit in a packed row of C token slots.
+
+    segment:  int32 [C] the prompt each slot belongs to (empty slots: one id shared by all of them).
+    valid:    bool [C] whether the slot holds a prompt's token.
+    position: int32 [C] the slot's position inside its prompt (0 at the prompt's first token).
+    seqlens:  int32 [M] tokens of each packed segment in slot order, -1 for unused entries (cuDNN's layout).
+    offsets:  int32 [M+1] the first slot of each packed segment, -1 for unused entries.
+    max_len:  static bound on any prompt's length (the "xla" key window).
+    """
+
+    segment: jax.Array
+    valid: jax.Array
+    position: jax.Array
+    seqlens: jax.Array
+    offsets: jax.Array
+    max_len: int = flax.struct.field(pytree_node=False)
+
+
+def _block_size(capacity: int, max_block: int = 128) -> int:
+    return max(b for b in range(1, min(capacity, max_block) + 1) if capacity % b == 0)
+
+
+def _windowed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
+                        prefix_v: jax.Array | None, seg: Segments) -> jax.Array:
+    """The "xla" implementation. q [1, C, Hq, hd]; k, v [1, C, Hkv, hd]; prefix_k/v [P, Hkv, hd] or None."""
+    _, c, hq, hd = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    bq = _block_size(c)
+    nb = c // bq
+    back = -(-max(seg.max_len - 1, 0) // bq) * bq  # keys before a block that its prompts can reach
+    width = back + bq
+    pad = lambda x, fill: jnp.concatenate([jnp.full((back,) + x.shape[1:], fill, x.dtype), x], axis=0)
+    window = jnp.arange(nb)[:, None] * bq + jnp.arange(width)[None, :]  # [nb, W] indices into the padded arrays
+    kw, vw = pad(k[0], 0)[window], pad(v[0], 0)[window]  # [nb, W, Hkv, hd]
+    seg_k, slot_k = pad(seg.segment, -1)[window], window - back  # key slot index (negative = padding)
+    qb = q[0].reshape(nb, bq, hkv, g, hd)
+    seg_q = seg.segment.reshape(nb, bq)
+    slot_q = jnp.arange(c).reshape(nb, bq)
+    scale = hd ** -0.5
+    logits = jnp.einsum("nqkgd,nwkd->nkgqw", qb, kw, preferred_element_type=jnp.float32) * scale
+    allowed = (seg_k[:, None, :] == seg_q[:, :, None]) & (slot_k[:, None, :] <= slot_q[:, :, None])
+    logits = jnp.where(allowed[:, None, None], logits, -jnp.inf)  # [nb, Hkv, g, bq, W]
+    if prefix_k is not None:
+        logits_p = jnp.einsum("nqkgd,pkd->nkgqp", qb, prefix_k, preferred_element_type=jnp.float32) * scale
+        logits = jnp.concatenate([logits_p, logits], axis=-1)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if prefix_k is not None:
+        p = prefix_k.shape[0]
+        out = jnp.einsum("nkgqp,pkd->nqkgd", probs[..., :p].astype(v.dtype), prefix_v,
+                         preferred_element_type=jnp.float32)
+        out = out + jnp.einsum("nkgqw,nwkd->nqkgd", probs[..., p:].astype(v.dtype), vw,
+                               preferred_element_type=jnp.float32)
+    else:
+        out = jnp.einsum("nkgqw,nwkd->nqkgd", probs.astype(v.dtype), vw, preferred_element_type=jnp.float32)
+    return out.reshape(1, c, hq, hd).astype(q.dtype)
+
+
+def _cudnn_module():
+    from jax._src.cudnn import fused_attention_stablehlo
+
+    return fused_attention_stablehlo
+
+
+def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
+                     prefix_v: jax.Array | None, seg: Segments) -> jax.Array:
+    """The "cudnn" implementation (same arguments as `_windowed_attention`)."""
+    cudnn = _cudnn_module()
+    scale = q.shape[-1] ** -0.5
+    out_r, lse_r = cudnn.dot_product_attention(
+        q, k, v, q_seqlen=seg.seqlens[None], kv_seqlen=seg.seqlens[None], q_offsets=seg.offsets[None],
+        kv_offsets=seg.offsets[None], scale=scale, mask_type=cudnn.MaskType.CAUSAL, return_residual=True)
+    if prefix_k is None:
+        return out_r
+    out_p, lse_p = cudnn.dot_product_attention(q, prefix_k[None], prefix_v[None], scale=scale,
+                                               mask_type=cudnn.MaskType.NO_MASK, return_residual=True)
+    lse_r, lse_p = (jnp.swapaxes(x, 1, 2).astype(jnp.float32) for x in (lse_r, lse_p))  # [1, C, Hq]
+    # Empty slots belong to no cuDNN segment: their rest half is undefined, so they take the prefix half alone.
+    empty = ~seg.valid[None, :, None] | ~jnp.isfinite(lse_r)
+    lse_r = jnp.where(empty, -jnp.inf, lse_r)
+    lse = jnp.logaddexp(lse_p, lse_r)
+    w_p, w_r = jnp.exp(lse_p - lse)[..., None], jnp.exp(lse_r - lse)[..., None]
+    out_r = jnp.where(empty[..., None], 0.0, out_r.astype(jnp.float32))
+    return (out_p.astype(jnp.float32) * w_p + out_r * w_r).astype(q.dtype)
+
+
+def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
+                     prefix_v: jax.Array | None, segments: Segments, implementation: str = "xla") -> jax.Array:
+    """Attention of packed prompts: q [1, C, Hq, hd], k/v [1, C, Hkv, hd] (post-RoPE), prefix_k/v [P, Hkv, hd] or
+    None. A slot attends to the prefix and to the earlier slots of its own segment (and itself)."""
+    if implementation == "cudnn":
+        return _cudnn_attention(q, k, v, prefix_k, prefix_v, segments)
+    if implementation == "xla":
+        return _windowed_attention(q, k, v, prefix_k, prefix_v, segments)
+    raise ValueError(f"packed attention implementation must be one of {PACKED_ATTENTION_IMPLS}, got "
+                     f"{implementation!r}")
+
+
+def default_packed_attention_impl(dtype: Any) -> str:
+    """cuDNN's packed layout on a Hopper (or later) GPU for 16-bit dtypes, the windowed XLA form otherwise."""
+    if jax.default_backend() != "gpu" or jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return "xla"
+    try:
+        _cudnn_module()
+        major = int(str(jax.devices()[0].compute_capability).split(".")[0])
+    except (ImportError, AttributeError, ValueError):
+        return "xla"
+    return "cudnn" if major >= 9 else "xla"

@@ -1,0 +1,98 @@
+"""`encode_packed` (prompts laid end to end, only real tokens computed) equals `encode` (right-padded rows)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxllm import Qwen3Config, encode, encode_packed, init_params, prefill
+from jaxllm.encoder import _pack, _plan_pass
+
+CONFIG = Qwen3Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10_000.0)
+T = 12  # max_len of the test prompts
+_STATIC = ("config", "layer", "pooling", "capacity")
+_encode = jax.jit(encode, static_argnames=_STATIC[:3])
+_encode_packed = jax.jit(encode_packed, static_argnames=_STATIC)
+
+
+@pytest.fixture(scope="module")
+def model():
+    params = init_params(CONFIG, jnp.float32, 0)
+    head = jnp.asarray(np.random.default_rng(1).integers(0, 256, size=7), jnp.int32)
+    return params, jax.jit(prefill, static_argnums=1)(params, CONFIG, head)
+
+
+def ragged_batch(seed: int, batch: int = 6):
+    """Right-padded ids with lengths including 0 and the maximum T; the pads are random ids (never read)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 256, size=(batch, T)).astype(np.int32)
+    lengths = rng.integers(1, T, size=batch).astype(np.int32)
+    lengths[1], lengths[3] = 0, T
+    return jnp.asarray(ids), jnp.asarray(lengths)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+@pytest.mark.parametrize("with_prefix", [True, False])
+@pytest.mark.parametrize("capacity", [T, 6 * T])  # T overflows into several passes (one prompt each); 6T fits
+def test_packed_equals_padded(model, pooling, with_prefix, capacity):
+    params, cache = model
+    prefix = cache if with_prefix else None
+    ids, lengths = ragged_batch(0)
+    layer = -1 if capacity == T else 1  # the final post-norm state and an inner one
+    want = _encode(params, CONFIG, ids, lengths, layer=layer, pooling=pooling, prefix=prefix)
+    got = _encode_packed(params, CONFIG, ids, lengths, layer=layer, pooling=pooling, prefix=prefix,
+                         capacity=capacity)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_packed_reads_only_real_tokens(model):
+    params, cache = model
+    ids, lengths = ragged_batch(2)
+    pads = jnp.arange(T)[None, :] >= lengths[:, None]
+    other = jnp.where(pads, (ids + 97) % 256, ids)
+    a = _encode_packed(params, CONFIG, ids, lengths, layer=-1, pooling="mean", prefix=cache, capacity=24)
+    b = _encode_packed(params, CONFIG, other, lengths, layer=-1, pooling="mean", prefix=cache, capacity=24)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_packing_lays_prompts_end_to_end():
+    ids, lengths = ragged_batch(3)
+    remaining = lengths > 0
+    taken, start, end = _plan_pass(lengths, remaining, 24)
+    row, seg = _pack(ids, lengths, taken, start, end, 24)
+    n = np.asarray(lengths)
+    expect_taken = np.asarray(remaining) & (np.cumsum(np.where(remaining, n, 0)) <= 24)
+    np.testing.assert_array_equal(taken, expect_taken)
+    expected_row = np.concatenate([np.asarray(ids)[i, :n[i]] for i in range(len(n)) if expect_taken[i]])
+    used = len(expected_row)
+    np.testing.assert_array_equal(np.asarray(row)[0, :used], expected_row)
+    assert np.asarray(seg.valid).sum() == used and not np.asarray(seg.valid)[used:].any()
+    owners = np.concatenate([np.full(n[i], i) for i in range(len(n)) if expect_taken[i]])
+    np.testing.assert_array_equal(np.asarray(seg.segment)[:used], owners)
+    np.testing.assert_array_equal(np.asarray(seg.position)[:used],
+                                  np.concatenate([np.arange(n[i]) for i in range(len(n)) if expect_taken[i]]))
+
+
+def test_capacity_smaller_than_a_prompt_is_refused(model):
+    params, _ = model
+    ids, lengths = ragged_batch(0)
+    with pytest.raises(ValueError, match=f"max_len {T}"):
+        encode_packed(params, CONFIG, ids, lengths, capacity=T - 1)
+
+
+def test_packed_inside_scan_and_vmap_free_of_callbacks(model):
+    params, cache = model
+    ids = jnp.stack([ragged_batch(s)[0] for s in (4, 5)])
+    lengths = jnp.stack([ragged_batch(s)[1] for s in (4, 5)])
+
+    @jax.jit
+    def rollout(params, cache, ids, lengths):
+        step = lambda c, x: (c, encode_packed(params, CONFIG, x[0], x[1], pooling="last", prefix=cache,
+                                              capacity=32))
+        return jax.lax.scan(step, 0, (ids, lengths))[1]
+
+    out = rollout(params, cache, ids, lengths)
+    for s in range(2):
+        want = _encode(params, CONFIG, ids[s], lengths[s], layer=-1, pooling="last", prefix=cache)
+        np.testing.assert_allclose(out[s], want, rtol=2e-5, atol=2e-5)
+    assert "callback" not in str(jax.make_jaxpr(rollout)(params, cache, ids, lengths))
