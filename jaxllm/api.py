@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import fp8
 from . import model as model_lib
 from .config import PRESETS, Qwen3Config
 from .encoder import POOLINGS, PrefixCache, encode, prefill
@@ -27,15 +28,20 @@ def default_dtype() -> Any:
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
+FP8 = "fp8"  # load_model's dtype for W8A8 fp8 matmuls over bfloat16 activations (jaxllm.fp8)
+
+
 def _as_dtype(dtype: Any) -> Any:
     if dtype is None:
         return default_dtype()
+    if isinstance(dtype, str) and dtype == FP8:
+        return jnp.bfloat16
     try:
         dt = jnp.dtype(dtype)
     except TypeError:
-        raise ValueError(f"dtype {dtype!r} is not a dtype; use 'float32', 'bfloat16' or 'float16'") from None
+        raise ValueError(f"dtype {dtype!r} is not a dtype; use 'float32', 'bfloat16', 'float16' or 'fp8'") from None
     if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        raise ValueError(f"dtype {dt} is not supported; use float32, bfloat16 or float16")
+        raise ValueError(f"dtype {dt} is not supported; use float32, bfloat16, float16 or 'fp8'")
     return dt.type
 
 
@@ -54,11 +60,13 @@ def _check_ids(ids: Any, config: Qwen3Config, ndim: int, what: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """A Qwen3 model ready to use: config (static), params (device pytree), dtype."""
+    """A Qwen3 model ready to use: config (static), params (device pytree), dtype (of the activations; with
+    `quantization="fp8"` the projection and MLP matrices in params are `fp8.Fp8Matrix`)."""
 
     config: Qwen3Config
     params: dict[str, Any]
     dtype: Any
+    quantization: str | None = None
 
     def hidden_states(self, ids: Any) -> tuple[jax.Array, ...]:
         """ids int [B, T] -> L+1 arrays [B, T, D] (HF output_hidden_states; the last is post-norm)."""
@@ -96,12 +104,18 @@ class Model:
 def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0) -> Model:
     """A Model from a preset name ("tiny", "qwen3-4b": random init with `seed`), a Qwen3Config (random init),
     a local checkpoint directory, or a hub id already in the local HF cache. dtype None: float32 on a CPU
-    backend, bfloat16 on a GPU.
+    backend, bfloat16 on a GPU; "fp8": bfloat16 weights converted once to W8A8 fp8 matrices (`jaxllm.fp8`;
+    emulated, with a one-line warning, where the backend has no FP8 tensor cores).
     """
     dt = _as_dtype(dtype)
     if isinstance(name, Qwen3Config) or str(name) in PRESETS:
         config = name if isinstance(name, Qwen3Config) else PRESETS[str(name)]
-        return Model(config, init_params(config, dt, seed), dt)
-    ckpt_dir = resolve_checkpoint_dir(name, tuple(PRESETS))
-    config = Qwen3Config.from_json(ckpt_dir / "config.json")
-    return Model(config, load_params(ckpt_dir, config, dt), dt)
+        params = init_params(config, dt, seed)
+    else:
+        ckpt_dir = resolve_checkpoint_dir(name, tuple(PRESETS))
+        config = Qwen3Config.from_json(ckpt_dir / "config.json")
+        params = load_params(ckpt_dir, config, dt)
+    if isinstance(dtype, str) and dtype == FP8:
+        fp8.warn_if_emulated()
+        return Model(config, fp8.quantize_params(params), dt, quantization=FP8)
+    return Model(config, params, dt)
