@@ -147,6 +147,17 @@ def default_capacity(batch: int, max_len: int) -> int:
     return _round_up(max(max_len, batch * max_len // 2), 128)
 
 
+def capacity_for_lengths(lengths, batch: int, max_len: int, sigmas: float = 4.0) -> int:
+    """A packed-call capacity from a sample of prompt lengths (e.g. the template on typical states): the expected
+    tokens of `batch` prompts plus `sigmas` standard deviations of their sum (as if independent), a multiple of
+    128, at least one longest prompt and at most the padded batch. A batch above it takes a second pass."""
+    import numpy as np
+
+    lengths = np.asarray(lengths, np.float64)
+    need = batch * lengths.mean() + sigmas * lengths.std() * batch ** 0.5
+    return min(_round_up(max(need, max_len), 128), _round_up(batch * max_len, 128))
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-int(n) // multiple) * multiple
 

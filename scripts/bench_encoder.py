@@ -44,6 +44,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="jaxllm attention implementations to time (auto: the default, cudnn_split on GPU bf16, else xla); with "
                         "several, each one's vectors are also compared with the first one's")
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
+    p.add_argument("--ragged", action="store_true",
+                   help="instead of rectangular T: B prompts of the template's real lengths (typical play states of "
+                        "--env, compact format, real tokenizer, real prefix), encoded rectangular / bucketed / "
+                        "packed in each --dtypes, against the card's best GEMM rate at the model's projection shapes")
+    p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"], choices=["bfloat16", "fp8", "float32"],
+                   help="--ragged: model dtypes to time")
+    p.add_argument("--methods", nargs="+", default=["rect", "bucketed", "packed"],
+                   choices=["rect", "bucketed", "packed"], help="--ragged: encode paths to time")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--hf-worker", type=Path, default=None, help=argparse.SUPPRESS)  # internal: HF-only subprocess
     args = p.parse_args(argv)
@@ -134,6 +143,118 @@ def bench_jax(args: argparse.Namespace, matmul_tflops: float) -> list[dict[str, 
             rows.append(row | {"ms": seconds * 1e3, "tokens_per_s": tokens, "tflops": tflops,
                                "vs_matmul": tflops / matmul_tflops, "finite": bool(np.isfinite(vec).all())})
     return rows
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def bench_gemms(config: Qwen3Config, tokens: int, dtypes: list[str], iters: int) -> dict[str, Any]:
+    """The card's GEMM rate at the model's own projection shapes ([tokens, in] x [in, out]), per dtype: bf16 x bf16,
+    and fp8 x fp8 (e4m3, both operands contracted on their minor axis, float32 out: cuBLASLt's fp8 GEMM). The best
+    shape's rate is the ceiling an encoder row of that dtype is compared with."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    d, q, kv, i = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
+    shapes = {"q_proj": (d, q), "k_proj": (d, kv), "o_proj": (q, d), "gate_proj": (d, i), "down_proj": (i, d)}
+    out: dict[str, Any] = {"tokens": tokens}
+    for dtype in sorted({"fp8" if dt == "fp8" else "bfloat16" for dt in dtypes}):
+        rates = {}
+        for name, (k_in, n_out) in shapes.items():
+            kx, kw = jax.random.split(jax.random.key(len(rates)))
+            x = jax.random.normal(kx, (tokens, k_in), jnp.float32)
+            w = jax.random.normal(kw, (n_out, k_in), jnp.float32)  # [out, in]
+            if dtype == "fp8":
+                x, w = x.astype(jnp.float8_e4m3fn), w.astype(jnp.float8_e4m3fn)
+                fn = jax.jit(lambda a, b: lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                                                          preferred_element_type=jnp.float32))
+            else:
+                x, w = x.astype(jnp.bfloat16), w.T.astype(jnp.bfloat16)
+                fn = jax.jit(jnp.matmul)
+            seconds = time_calls(lambda: fn(x, w), jax.block_until_ready, max(iters, 10))
+            rates[name] = 2 * tokens * k_in * n_out / seconds / 1e12
+        out[dtype] = {"tflops_by_shape": rates, "best_tflops": max(rates.values())}
+    return out
+
+
+def template_prompts(env: str, batch: int, seed: int = 0):
+    """Token ids [B, max_len], lengths [B] and the prefix ids of the real template (compact format, real
+    tokenizer) on typical play states of `env` (render.sample_states.typical_states)."""
+    import jax
+    import numpy as np
+
+    from jaxllm import load_tokenizer
+    from render import build_template
+    from render.sample_states import typical_states
+
+    template = build_template(load_tokenizer(None), env, fmt="compact")
+    ids, lengths = jax.jit(jax.vmap(template))(typical_states(env, batch, seed))
+    return np.asarray(ids), np.asarray(lengths), np.asarray(template.prefix_ids, np.int32)
+
+
+def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
+    """Rectangular vs bucketed vs packed encoding of prompts of the template's real lengths, per dtype."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxllm import capacity_for_lengths, encode, encode_bucketed, encode_packed, init_params, prefill
+    from jaxllm.fp8 import quantize_params
+
+    config = model_config(args)
+    ids, lengths, prefix_ids = (x % config.vocab_size for x in template_prompts(args.env, args.batch))  # smoke vocab
+    sample = template_prompts(args.env, 512, seed=1)[1]  # the length statistics the capacity is chosen from
+    t = ids.shape[1]
+    capacity = capacity_for_lengths(sample, args.batch, t)
+    real = int(lengths.sum())
+    print(f"{args.env}: B={args.batch}, prefix {len(prefix_ids)} tokens, max_len {t}, real tokens {real} "
+          f"(mean {lengths.mean():.0f}, max {lengths.max()}), packed capacity {capacity}", flush=True)
+    gemms = bench_gemms(config, _round_to(capacity, 1024), args.dtypes, args.iters)
+    print(f"GEMM ceilings at M={gemms['tokens']}: " + ", ".join(
+        f"{k} {v['best_tflops']:.0f} TFLOP/s" for k, v in gemms.items() if k != "tokens"), flush=True)
+    base_dtype = jnp.float32 if args.smoke else jnp.bfloat16
+    base = jax.block_until_ready(init_params(config, base_dtype, 0))
+    ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
+    useful = real * flops_per_token(config, len(prefix_ids), float(lengths.mean()))
+    rows, reference = [], {}
+    for dtype in args.dtypes:
+        params = base if dtype != "fp8" else jax.block_until_ready(quantize_params(base))
+        cache = jax.block_until_ready(jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(prefix_ids)))
+        calls = {
+            "rect": jax.jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c)),
+            "bucketed": jax.jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64)),
+            "packed": jax.jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=capacity)),
+        }
+        ceiling = gemms["fp8" if dtype == "fp8" else "bfloat16"]["best_tflops"]
+        for method in args.methods:
+            row = {"dtype": dtype, "method": method, "batch": args.batch, "real_tokens": real,
+                   "computed_tokens": {"rect": args.batch * t, "packed": capacity}.get(method)}
+            try:
+                vec = np.asarray(calls[method](params, cache, ids, lengths))
+                seconds = time_calls(lambda: calls[method](params, cache, ids, lengths), jax.block_until_ready,
+                                     args.iters)
+            except Exception as e:  # report and keep measuring the rest
+                rows.append(row | {"error": f"{type(e).__name__}: {str(e)[:400]}"})
+                print(rows[-1], flush=True)
+                continue
+            if dtype == "fp8" and method == "packed":  # did the fp8 matmuls become cuBLASLt fp8 GEMMs?
+                hlo = calls[method].lower(params, cache, ids, lengths).compile().as_text()
+                row["cublaslt_fp8_gemm_calls_in_hlo"] = hlo.count("__cublas$lt$matmul$f8")
+            reference.setdefault(dtype, vec)
+            ref = reference.get("bfloat16", vec)
+            cos = (vec * ref).sum(-1) / np.linalg.norm(vec, axis=-1) / np.linalg.norm(ref, axis=-1)
+            tflops = useful / seconds / 1e12
+            rows.append(row | {"ms": seconds * 1e3, "prompts_per_s": args.batch / seconds,
+                               "real_tokens_per_s": real / seconds, "useful_tflops": tflops,
+                               "vs_gemm_ceiling": tflops / ceiling, "min_cosine_vs_first_bf16": float(cos.min()),
+                               "finite": bool(np.isfinite(vec).all())})
+            print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+    return {"gemms": gemms, "capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
+
+
+def _round_to(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def bench_hf(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -246,6 +367,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.hf_worker:
         args.hf_worker.write_text(json.dumps(bench_hf(args)))
         return {}
+    if args.ragged:
+        result = {"device": device_name(), "date": datetime.date.today().isoformat(), "smoke": args.smoke,
+                  "ragged": bench_ragged(args)}
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2))
+        return result
     hf_rows = [] if args.no_hf else run_hf_subprocess(args)  # before JAX claims the GPU's memory
     matmul = bench_matmul(args)
     rows = bench_jax(args, matmul["tflops"])

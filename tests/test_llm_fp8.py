@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxllm import Qwen3Config, encode, encode_packed, load_model
-from jaxllm.fp8 import Fp8Matrix, dequantize_matrix, fp8_matmul, linear, quantize_matrix
+from jaxllm.fp8 import Fp8Matrix, dequantize_matrix, fp8_matmul, linear, native_fp8_available, quantize_matrix
 
 MID = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                   num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=10_000.0)
@@ -61,8 +61,11 @@ def cosine(a, b):
 @pytest.mark.parametrize("name", ["tiny", "mid"])
 def test_fp8_model_stays_close_to_float32(name):
     config = MID if name == "mid" else "tiny"
-    with pytest.warns(UserWarning, match="emulated"):
+    if native_fp8_available():
         fp8 = load_model(config, dtype="fp8")
+    else:
+        with pytest.warns(UserWarning, match="emulated"):
+            fp8 = load_model(config, dtype="fp8")
     ref = load_model(config, dtype="float32")
     assert fp8.quantization == "fp8" and fp8.dtype == jnp.bfloat16
     assert isinstance(fp8.params["layers"]["down_proj"], Fp8Matrix)

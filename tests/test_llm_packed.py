@@ -96,3 +96,26 @@ def test_packed_inside_scan_and_vmap_free_of_callbacks(model):
         want = _encode(params, CONFIG, ids[s], lengths[s], layer=-1, pooling="last", prefix=cache)
         np.testing.assert_allclose(out[s], want, rtol=2e-5, atol=2e-5)
     assert "callback" not in str(jax.make_jaxpr(rollout)(params, cache, ids, lengths))
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's packed attention needs a (Hopper) GPU")
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_cudnn_packed_equals_windowed_on_gpu(pooling):
+    """bf16 on the GPU: the cuDNN packed-layout attention gives the windowed XLA form's vectors (and encode's)."""
+    config = Qwen3Config(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=10_000.0)
+    params = init_params(config, jnp.bfloat16, 0)
+    rng = np.random.default_rng(7)
+    cache = jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(rng.integers(0, 256, 40), jnp.int32))
+    ids = jnp.asarray(rng.integers(0, 256, size=(16, 96)), jnp.int32)
+    lengths = jnp.asarray(rng.integers(0, 97, size=16), jnp.int32).at[0].set(96).at[1].set(0)
+    run = jax.jit(encode_packed, static_argnames=("config", "pooling", "capacity", "attention_impl"))
+    ref = np.asarray(run(params, config, ids, lengths, pooling=pooling, prefix=cache, capacity=512,
+                         attention_impl="xla"), np.float64)
+    got = np.asarray(run(params, config, ids, lengths, pooling=pooling, prefix=cache, capacity=512,
+                         attention_impl="cudnn"), np.float64)
+    padded = np.asarray(_encode(params, config, ids, lengths, layer=-1, pooling=pooling, prefix=cache), np.float64)
+    scale = np.abs(ref).max()
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref).max() <= 2e-2 * scale  # bf16 activations, two attention kernels
+    assert np.abs(padded - ref).max() <= 2e-2 * scale
