@@ -5,6 +5,7 @@ so they jit, vmap and run inside `lax.scan` with no host callback.
 """
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import flax.struct
@@ -141,16 +142,28 @@ def encode_bucketed(params: Params, config: Qwen3Config, ids: jax.Array, lengths
     return vectors[jnp.argsort(order)]
 
 
+DEFAULT_CAPACITY = 32768  # tokens of the largest packed pass (GEMMs of 32K rows run near the card's peak)
+
+
 def default_capacity(batch: int, max_len: int) -> int:
-    """Token capacity of `encode_packed` when none is given: half the padded batch (at least one longest
-    prompt), a multiple of 128. Typical batches then fit one pass; a batch of long prompts takes two."""
-    return _round_up(max(max_len, batch * max_len // 2), 128)
+    """`encode_packed`'s capacity when none is given: the whole padded batch when it is small, else
+    DEFAULT_CAPACITY tokens (at least one longest prompt), a multiple of 128."""
+    return _round_up(max(max_len, min(batch * max_len, DEFAULT_CAPACITY)), 128 if batch * max_len > 128 else 1)
+
+
+def pass_capacities(capacity: int, max_len: int, levels: int = 4) -> tuple[int, ...]:
+    """The static pass sizes of a packed encode, ascending: `capacity` and up to levels-1 halvings of it that still
+    hold one longest prompt. Full passes use the largest; the last pass the smallest that holds what is left."""
+    sizes = [int(capacity)]
+    while len(sizes) < levels and sizes[-1] // 2 >= max_len:
+        sizes.append(_round_up(sizes[-1] // 2, 64) if sizes[-1] // 2 >= 64 else sizes[-1] // 2)
+    return tuple(sorted(set(sizes)))
 
 
 def capacity_for_lengths(lengths, batch: int, max_len: int, sigmas: float = 4.0) -> int:
-    """A packed-call capacity from a sample of prompt lengths (e.g. the template on typical states): the expected
-    tokens of `batch` prompts plus `sigmas` standard deviations of their sum (as if independent), a multiple of
-    128, at least one longest prompt and at most the padded batch. A batch above it takes a second pass."""
+    """A capacity that holds `batch` prompts of these lengths (a sample, e.g. the template on typical states) in
+    one pass: their expected tokens plus `sigmas` standard deviations of the sum (as if independent), a multiple
+    of 128, at least one longest prompt and at most the padded batch."""
     import numpy as np
 
     lengths = np.asarray(lengths, np.float64)
@@ -194,12 +207,14 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
                   attention_impl: str | None = None) -> jax.Array:
     """`encode` that computes only real tokens: same inputs, same vectors (up to float rounding).
 
-    The prompts' real tokens are laid end to end in a row of `capacity` token slots (no per-prompt padding); each
-    slot's position restarts at the prefix length for every prompt, and attention keeps each prompt to its own
-    tokens plus the cached prefix (`packed_attention`). Prompts are taken greedily in index order while they fit;
-    the ones that do not fit go into further passes of the same compiled row (`lax.while_loop`), so any capacity
-    >= ids.shape[1] gives the same vectors, and one pass is the common case when the capacity suits the prompts'
-    length statistics. capacity None: `default_capacity`. Rows of length 0 give `encode`'s fallback vector.
+    The prompts' real tokens are laid end to end in a row of token slots (no per-prompt padding); each slot's
+    position restarts at the prefix length for every prompt, and attention keeps each prompt to its own tokens
+    plus the cached prefix (`packed_attention`). A pass takes the remaining prompts greedily in index order while
+    they fit its row; passes repeat until every prompt is done (`lax.while_loop`). `capacity` is the largest row
+    (tokens per pass; None: `default_capacity`); while more tokens remain than it holds, passes use it, and the
+    last pass uses the smallest of `pass_capacities` that holds the rest (`lax.switch`), so the padding computed
+    is at most about half of that last row. Any capacity >= ids.shape[1] gives the same vectors. Rows of length 0
+    give `encode`'s fallback vector.
     """
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
@@ -220,16 +235,16 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
     else:
         fallback = jnp.zeros((dim,), jnp.float32) if prefix is None else prefix.hidden_sums[k_idx] / prefix.length
     vectors = jnp.broadcast_to(fallback, (batch, dim))
+    sizes = pass_capacities(capacity, t)
 
-    def one_pass(state):
-        vectors, remaining = state
-        taken, start, end = _plan_pass(lengths, remaining, capacity)
-        row, segments = _pack(ids.astype(jnp.int32), lengths, taken, start, end, capacity)
+    def pass_of(size, vectors, remaining):
+        taken, start, end = _plan_pass(lengths, remaining, size)
+        row, segments = _pack(ids.astype(jnp.int32), lengths, taken, start, end, size)
         h, _ = forward(params, config, row, layer=k_idx, prefix_k=pk, prefix_v=pv, position_offset=offset,
                        attention_impl=attention_impl, segments=segments)
         h = h[0].astype(jnp.float32)  # [capacity, D]
         if pooling == "last":
-            vec = h[jnp.clip(end - 1, 0, capacity - 1)]
+            vec = h[jnp.clip(end - 1, 0, size - 1)]
         else:
             real = jnp.where(segments.valid[:, None], h, 0.0)  # empty slots may hold anything: select, not multiply
             total = jax.ops.segment_sum(real, segments.segment, num_segments=batch + 1)[:batch]
@@ -238,6 +253,11 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
                 total, count = total + prefix.hidden_sums[k_idx][None], count + prefix.length
             vec = total / jnp.maximum(count, 1.0)[:, None]
         return jnp.where(taken[:, None], vec, vectors), remaining & ~taken
+
+    def one_pass(state):
+        left = jnp.sum(jnp.where(state[1], lengths, 0))
+        which = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes), left), len(sizes) - 1)
+        return lax.switch(which, [functools.partial(pass_of, size) for size in sizes], *state)
 
     vectors, _ = lax.while_loop(lambda state: jnp.any(state[1]), one_pass, (vectors, lengths > 0))
     return vectors
