@@ -23,7 +23,6 @@ import datetime
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -71,7 +70,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     from jaxllm import load_model
     from jaxllm.http.client import VLLMClient
-    from jaxllm.http.server import BatchingEncoder, EmbeddingService, build_encode_fn, make_http_server
+    from jaxllm.http.batching import BatchingEncoder
+    from jaxllm.http.server import HTTPServer, build_encode_fn
+    from jaxllm.http.service import EmbeddingService, limits_for
 
     model = load_model(args.model, dtype=args.dtype)
     config = model.config
@@ -98,18 +99,16 @@ def main(argv: list[str] | None = None) -> dict:
     url = args.url
     if url is None:
         service = EmbeddingService(args.model)
-        service.attach(encoder, vocab_size=config.vocab_size, max_model_len=config.max_position_embeddings)
+        service.attach(encoder, vocab_size=config.vocab_size, limits=limits_for(config.max_position_embeddings))
         service.ready.set()
-        server = make_http_server(service, "127.0.0.1", 0)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+        server = HTTPServer(service, "127.0.0.1", 0).start()
+        url = server.url
     for fmt in [f.strip() for f in args.encodings.split(",") if f.strip()]:
         with VLLMClient(url, timeout=600, batch_size=args.client_batch, max_concurrency=args.concurrency,
                         encoding_format=fmt) as client:
             results[f"http/{fmt}"] = args.batch / _median_time(lambda: client.embed(whole), args.iters)
     if server is not None:
-        server.shutdown()
-        server.server_close()
+        server.stop()
     encoder.close()
 
     print("| path | prompts/s | vs in-scan |\n|---|---|---|")

@@ -1,5 +1,6 @@
-"""The HTTP scripts stay runnable: bench_http's CPU smoke run, and start_vllm.sh's flag choice per vLLM
-version (checked with a stand-in `vllm` executable that prints its arguments; no vLLM needed)."""
+"""The HTTP scripts stay runnable: bench_http's CPU smoke run, load_server against an in-process server with a
+numpy encoder, and start_vllm.sh's flag choice per vLLM version (checked with a stand-in `vllm` executable that
+prints its arguments; no vLLM needed)."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from jaxllm.http.service import EmbeddingService, limits_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -17,6 +20,27 @@ def test_bench_http_smoke():
     record = main(["--smoke"])
     assert set(record["prompts_per_s"]) == {"in-scan", "whole", "http/float", "http/base64"}
     assert all(rate > 0 for rate in record["prompts_per_s"].values())
+
+
+def test_load_server_counts_every_request_and_stays_on_loopback():
+    import numpy as np
+
+    from jaxllm.http.batching import BatchingEncoder
+    from jaxllm.http.server import HTTPServer
+    from scripts.load_server import main
+
+    encoder = BatchingEncoder(lambda ids, lengths: np.zeros((len(ids), 4), np.float32), max_batch=16, max_len=64)
+    service = EmbeddingService("fake")
+    service.attach(encoder, vocab_size=1000, limits=limits_for(64))
+    service.ready.set()
+    with HTTPServer(service, "127.0.0.1", 0) as server:
+        record = main(["--url", server.url, "--server-pid", str(os.getpid()), "--clients", "8", "--requests", "64",
+                       "--prompts", "2"])
+    encoder.close()
+    assert record["requests_ok"] == 64 and record["errors"] == {} and record["p99_ms"] >= record["p50_ms"] > 0
+    assert record["server_rss_mib_before"] > 0
+    with pytest.raises(SystemExit, match="loopback"):
+        main(["--url", "http://10.1.2.3:8000", "--requests", "1"])
 
 
 @pytest.mark.parametrize("version, mode, pooler_flag, pooler_key", [

@@ -1,4 +1,4 @@
-"""A small server of vLLM's embeddings API subset in front of the project's own JAX encoder.
+"""A server of vLLM's embeddings API subset in front of the project's own JAX encoder (Starlette on uvicorn).
 
     python -m jaxllm.http.server --model tiny --dtype float32 --port 8000 [--host 127.0.0.1 --layer -1 --pooling last]
 
@@ -8,314 +8,232 @@ machines without vLLM, and so the cost of the HTTP round trip can be measured ne
 
     GET  /health         200 (empty body) once the model is loaded and compiled; 503 before
     GET  /v1/models      {"object": "list", "data": [{"id": name, "object": "model", "max_model_len": n, ...}]}
-    POST /v1/embeddings  {"model": any, "input": [[ids], ...] or [ids], "encoding_format": "float" | "base64"}
+    POST /v1/embeddings  {"model": name or absent, "input": [[ids], ...] or [ids], "encoding_format": "float" | "base64"}
 
-Concurrent requests are gathered by one worker thread (``BatchingEncoder``) into a single encoder call:
-prompts are sorted by length, cut into batches of at most ``max_batch``, and each batch is right-padded to
-a bucketed shape (batch rounded up to a power of two, length to one of four sizes per power of two) so the
-number of compiled shapes stays small. Bad requests get a 4xx with a JSON error body and the server keeps serving.
+HTTP parsing, keep-alive, chunked bodies, the listen backlog and method routing are uvicorn's (h11) and
+Starlette's, as in vLLM. This module adds: every error as vLLM's JSON error body (protocol errors included),
+a timeout for a connection's request headers and for its body, the body limit, and the request limits of
+``jaxllm.http.service`` (defaults fit the device's memory). Concurrent requests are gathered by one worker
+thread (``jaxllm.http.batching.BatchingEncoder``) into bucketed encoder calls; bad requests get a 4xx and
+never fail the requests batched beside them.
 """
 from __future__ import annotations
 
 import argparse
-import base64
+import asyncio
 import json
-import queue
 import signal
 import socket
 import sys
 import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
+import anyio
+import h11
 import numpy as np
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["BatchingEncoder", "EmbeddingService", "RequestError", "bucket", "make_http_server", "main"]
+from .batching import BatchingEncoder, EncodeFn, bucket
+from .service import EmbeddingService, Limits, RequestError, body_bytes_for, default_limits, free_device_memory
 
-EncodeFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""(ids int32 [B, T] right-padded, lengths int32 [B]) -> float32 [B, D]."""
+__all__ = ["HTTPServer", "build_app", "build_encode_fn", "main"]
 
-MAX_BODY_BYTES = 256 * 1024 * 1024
-
-
-def bucket(n: int, minimum: int, maximum: int, per_octave: int = 1) -> int:
-    """``n`` rounded up to the next of ``per_octave`` evenly spaced sizes per power of two, within [minimum, maximum].
-
-    per_octave=1 gives powers of two; per_octave=4 gives ..., 1024, 1280, 1536, 1792, 2048, ... (at most 25%
-    padding, still only 4 shapes per doubling).
-    """
-    n = max(n, minimum, 1)
-    base = 1 << (n.bit_length() - 1)  # largest power of two <= n
-    step = max(base // per_octave, 1)
-    return min(-(-n // step) * step, maximum)
+LOG_PREFIX = "[jaxllm.http.server]"
+ROUTES_TEXT = "routes: GET /health, GET /v1/models, POST /v1/embeddings"
 
 
-@dataclass
-class _Job:
-    prompts: list[list[int]]
-    future: Future
+def _log(message: str) -> None:
+    print(f"{LOG_PREFIX} {message}", file=sys.stderr, flush=True)
 
 
-class BatchingEncoder:
-    """Runs ``encode_fn`` on padded, bucketed batches gathered from concurrent callers.
-
-    ``submit(prompts)`` returns a Future of float32 [len(prompts), D]. A worker thread takes the first
-    waiting job, keeps gathering jobs for up to ``max_wait_s`` or until ``max_batch`` prompts are
-    waiting, then encodes them all (several calls when more than ``max_batch`` prompts are waiting).
-    """
-
-    def __init__(self, encode_fn: EncodeFn, *, max_batch: int = 64, max_len: int = 40960, min_len: int = 16,
-                 max_wait_s: float = 0.002, pad_id: int = 0, len_buckets_per_octave: int = 4):
-        if max_batch < 1 or max_len < 1 or min_len < 1 or max_wait_s < 0:
-            raise ValueError(f"need max_batch, max_len, min_len >= 1 and max_wait_s >= 0; got "
-                             f"{max_batch}, {max_len}, {min_len}, {max_wait_s}")
-        self.encode_fn = encode_fn
-        self.max_batch = max_batch
-        self.max_len = max_len
-        self.min_len = min(min_len, max_len)
-        self.max_wait_s = max_wait_s
-        self.pad_id = pad_id
-        self.len_buckets_per_octave = len_buckets_per_octave
-        self.shapes_seen: set[tuple[int, int]] = set()
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._worker = threading.Thread(target=self._run, name="batching-encoder", daemon=True)
-        self._worker.start()
-
-    def padded_shape(self, batch: int, longest: int) -> tuple[int, int]:
-        """The bucketed (B, T) a batch of ``batch`` prompts with longest ``longest`` is padded to."""
-        return (bucket(batch, 1, self.max_batch),
-                bucket(longest, self.min_len, self.max_len, self.len_buckets_per_octave))
-
-    def encode_now(self, prompts: list[list[int]]) -> np.ndarray:
-        """Encode in the calling thread (for warm-up and tests); same padding as the worker."""
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        out: list[np.ndarray | None] = [None] * len(prompts)
-        for start in range(0, len(order), self.max_batch):
-            chunk = order[start:start + self.max_batch]
-            batch_b, batch_t = self.padded_shape(len(chunk), len(prompts[chunk[-1]]))
-            ids = np.full((batch_b, batch_t), self.pad_id, dtype=np.int32)
-            lengths = np.ones((batch_b,), dtype=np.int32)  # padding rows: one pad token, result dropped
-            for row, i in enumerate(chunk):
-                ids[row, :len(prompts[i])] = prompts[i]
-                lengths[row] = len(prompts[i])
-            self.shapes_seen.add((batch_b, batch_t))
-            vectors = np.asarray(self.encode_fn(ids, lengths), dtype=np.float32)
-            for row, i in enumerate(chunk):
-                out[i] = vectors[row]
-        return np.stack(out)
-
-    def submit(self, prompts: list[list[int]]) -> Future:
-        future: Future = Future()
-        self._jobs.put(_Job(prompts, future))
-        return future
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._worker.join(timeout=10)
-
-    def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
-        jobs, waiting = [first], len(first.prompts)
-        deadline = time.monotonic() + self.max_wait_s
-        while waiting < self.max_batch:
-            try:
-                job = self._jobs.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                break
-            if job is None:
-                return jobs, True
-            jobs.append(job)
-            waiting += len(job.prompts)
-        return jobs, False
-
-    def _run(self) -> None:
-        stop = False
-        while not stop:
-            first = self._jobs.get()
-            if first is None:
-                break
-            jobs, stop = self._gather(first)
-            jobs = [job for job in jobs if job.future.set_running_or_notify_cancel()]
-            try:
-                vectors = self.encode_now([p for job in jobs for p in job.prompts])
-            except Exception as exc:  # the encoder failed: every waiting request hears about it
-                for job in jobs:
-                    job.future.set_exception(exc)
-                continue
-            start = 0
-            for job in jobs:
-                job.future.set_result(vectors[start:start + len(job.prompts)])
-                start += len(job.prompts)
+def _error_response(error: RequestError, request: Request | None = None, log: bool = True) -> JSONResponse:
+    if log:
+        where = f"{request.method} {request.url.path}: " if request is not None else ""
+        _log(f"{where}{error.status} {error.message}")
+    headers = {"Connection": "close"} if error.status in (408, 413) else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
-class RequestError(Exception):
-    """A request the server refuses: HTTP ``status``, vLLM error ``kind`` and a message for the caller."""
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body (Content-Length or chunked), refused with 413 past ``limit`` bytes and 408 past
+    ``timeout_s`` seconds. h11 has already refused a Content-Length that is not a decimal number (400)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and int(declared) > limit:
+        raise RequestError(413, f"request body of {declared} bytes is over this server's {limit}-byte limit; "
+                                "send fewer prompts per request")
+    chunks, size = [], 0
+    try:
+        with anyio.fail_after(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise RequestError(413, f"request body is over this server's {limit}-byte limit; send fewer "
+                                            "prompts per request")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(408, f"the request body did not arrive within {timeout_s:g} s",
+                           kind="RequestTimeoutError") from None
+    return b"".join(chunks)
 
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
-
-
-TEXT_REFUSAL = ("this server takes token ids, not text: send 'input' as a list of token-id lists "
-                "(tokenize with the model's tokenizer first, e.g. render's template)")
+def _decode_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise RequestError(400, "the request body nests JSON too deeply") from None
+    except ValueError as exc:
+        raise RequestError(400, f"the request body is not valid JSON ({str(exc)[:200]})") from None
 
 
-class EmbeddingService:
-    """The HTTP-independent part of the server: validation, batching, response bodies.
+def build_app(service: EmbeddingService, body_timeout_s: float = 30.0) -> Starlette:
+    """The ASGI app: vLLM's routes on ``service``, every answer JSON (errors in vLLM's error shape)."""
 
-    It can exist before the model does (the server answers /health with 503 while loading): ``attach``
-    the encoder once the model is loaded, then set ``ready`` after warm-up.
-    """
+    async def health(request: Request) -> Response:
+        if service.ready.is_set():
+            return Response(status_code=200)
+        # not logged: clients poll this while the model loads
+        return _error_response(RequestError(503, "the model is still loading or compiling",
+                                            kind="ServiceUnavailableError"), log=False)
 
-    def __init__(self, model_name: str, encoder: BatchingEncoder | None = None, *, vocab_size: int = 0,
-                 max_model_len: int = 0):
-        self.model_name = model_name
-        self.encoder = encoder
-        self.vocab_size = vocab_size
-        self.max_model_len = max_model_len
-        self.ready = threading.Event()
-        self.created = int(time.time())
+    async def models(request: Request) -> Response:
+        return JSONResponse(service.models())
 
-    def attach(self, encoder: BatchingEncoder, vocab_size: int, max_model_len: int) -> None:
-        """Plug in the loaded model's encoder and limits (``ready`` stays unset until the caller sets it)."""
-        self.encoder, self.vocab_size, self.max_model_len = encoder, vocab_size, max_model_len
+    async def embeddings(request: Request) -> Response:
+        try:
+            raw = await _read_body(request, service.max_body_bytes, body_timeout_s)
+            service.check_ready()
+            prompts, fmt = await run_in_threadpool(lambda: service.parse_prompts(_decode_json(raw)))
+            vectors = await asyncio.wrap_future(service.encoder.submit(prompts))
+            body = await run_in_threadpool(lambda: json.dumps(service.response(vectors, prompts, fmt)).encode())
+            return Response(body, media_type="application/json")
+        except RequestError as error:
+            return _error_response(error, request)
+        except Exception as exc:  # an encoder failure is the server's fault: 500, keep serving
+            return _error_response(RequestError(500, f"{type(exc).__name__}: {str(exc)[:500]}",
+                                                kind="InternalServerError"), request)
 
-    def models(self) -> dict:
-        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "jaxllm",
-                "root": self.model_name, "parent": None, "max_model_len": self.max_model_len or None, "permission": []}
-        return {"object": "list", "data": [card]}
-
-    def parse_prompts(self, request: Any) -> tuple[list[list[int]], str]:
-        """Validated prompts and encoding format of a decoded request body; RequestError when bad."""
-        if not isinstance(request, dict):
-            raise RequestError(400, f"the request body must be a JSON object, got {type(request).__name__}")
-        if "input" not in request:
-            raise RequestError(400, "'input' is required: a list of token-id lists", param="input")
-        raw = request["input"]
-        fmt = request.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise RequestError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}", param="encoding_format")
-        for unsupported in ("dimensions", "truncate_prompt_tokens"):
-            if request.get(unsupported) is not None:
-                raise RequestError(400, f"'{unsupported}' is not supported by this server", param=unsupported)
-        if isinstance(raw, str) or (isinstance(raw, list) and any(isinstance(x, str) for x in raw)):
-            raise RequestError(400, TEXT_REFUSAL, param="input")
-        if not isinstance(raw, list) or not raw:
-            raise RequestError(400, "'input' is empty: send at least one non-empty token-id list", param="input")
-        prompts = [raw] if all(not isinstance(x, list) for x in raw) else raw
-        for i, prompt in enumerate(prompts):
-            if not isinstance(prompt, list) or not prompt:
-                raise RequestError(400, f"input[{i}] must be a non-empty list of token ids", param="input")
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                bad = next(t for t in prompt if not isinstance(t, int) or isinstance(t, bool))
-                if isinstance(bad, str):
-                    raise RequestError(400, TEXT_REFUSAL, param="input")
-                raise RequestError(400, f"input[{i}] holds {bad!r}; token ids must be integers", param="input")
-            low, high = min(prompt), max(prompt)
-            if low < 0 or high >= self.vocab_size:
-                bad = low if low < 0 else high
-                raise RequestError(400, f"input[{i}] has token id {bad} outside the vocabulary [0, {self.vocab_size})",
-                                   param="input")
-            if len(prompt) > self.max_model_len:
-                raise RequestError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                                   f"you requested {len(prompt)} tokens in the input for embedding generation "
-                                   f"(input[{i}]). Please reduce the length of the input.", param="input")
-        return prompts, fmt
-
-    def embeddings(self, request: Any, timeout: float | None = None) -> dict:
-        """The response body of ``POST /v1/embeddings`` (raises RequestError for bad input)."""
-        if not self.ready.is_set():
-            raise RequestError(503, "the model is still loading or compiling; poll GET /health",
-                               kind="ServiceUnavailableError")
-        prompts, fmt = self.parse_prompts(request)
-        vectors = self.encoder.submit(prompts).result(timeout=timeout)
-        if fmt == "base64":
-            encoded = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 405:
+            allowed = " or ".join(m.strip() for m in (exc.headers or {}).get("Allow", "").split(",") if m.strip() != "HEAD")
+            error = RequestError(405, f"method {request.method} is not allowed on {request.url.path}; use "
+                                      f"{allowed or 'GET or POST'} ({ROUTES_TEXT})", kind="MethodNotAllowed")
+        elif exc.status_code == 404:
+            error = RequestError(404, f"no route {request.method} {request.url.path!r}; {ROUTES_TEXT}",
+                                 kind="NotFoundError")
         else:
-            encoded = [v.tolist() for v in vectors]
-        tokens = sum(len(p) for p in prompts)
-        return {"id": f"embd-{time.time_ns():x}", "object": "list", "created": int(time.time()),
-                "model": self.model_name,
-                "data": [{"index": i, "object": "embedding", "embedding": e} for i, e in enumerate(encoded)],
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                          "prompt_tokens_details": None}}
+            error = RequestError(exc.status_code, str(exc.detail))
+        response = _error_response(error, request)
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value
+        return response
+
+    routes = [Route("/health", health, methods=["GET"]), Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/embeddings", embeddings, methods=["POST"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
 
-def make_http_server(service: EmbeddingService, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    """A ThreadingHTTPServer (not yet serving) that routes vLLM's API subset to ``service``."""
+def _protocol_class(header_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with JSON 400s and a deadline for each request's headers.
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection per thread
-        server_version = "jaxllm-serve"
+    uvicorn times out idle keep-alive connections but not a client that opens a connection (or starts the next
+    request) and never finishes its headers; this closes such a connection ``header_timeout_s`` seconds later.
+    It uses H11Protocol's attributes (``cycle``, ``conn``, ``loop``, ``transport``); tests/test_http_server.py
+    checks both behaviours, so a uvicorn release that changes them fails there.
+    """
 
-        def setup(self) -> None:
-            super().setup()
-            # Headers and body go out in two writes; without TCP_NODELAY, Nagle's algorithm holds the body back
-            # until the client's delayed ACK (~40 ms per response on Linux).
-            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    class Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm_header_deadline()
 
-        def log_message(self, fmt, *args):  # one line per error only; successful requests are silent
-            pass
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_header_deadline()
 
-        def _send(self, status: int, payload: dict | None) -> None:
-            body = b"" if payload is None else json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+        def _arm_header_deadline(self) -> None:
+            waiting_after = self.cycle  # the request that must not still be the latest one at the deadline
+            self.loop.call_later(header_timeout_s, self._header_deadline, waiting_after)
 
-        def _error(self, error: RequestError) -> None:
-            sys.stderr.write(f"[jaxllm.http.server] {self.command} {self.path}: {error.status} {error.message}\n")
-            self._send(error.status, error.body())
+        def _header_deadline(self, waiting_after) -> None:
+            no_new_request = self.cycle is waiting_after and (waiting_after is None or waiting_after.response_complete)
+            if no_new_request and self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0].rstrip("/")
-            if path == "/health":
-                if service.ready.is_set():
-                    self._send(200, None)
-                else:  # not logged: clients poll this while the model loads
-                    self._send(503, RequestError(503, "the model is still loading or compiling",
-                                                 kind="ServiceUnavailableError").body())
-            elif path == "/v1/models":
-                self._send(200, service.models())
-            elif path == "/v1/embeddings":
-                self._error(RequestError(405, "use POST for /v1/embeddings", kind="MethodNotAllowed"))
-            else:
-                self._error(RequestError(404, f"no route {path!r}; routes: GET /health, GET /v1/models, "
-                                              "POST /v1/embeddings", kind="NotFoundError"))
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps(RequestError(400, f"malformed HTTP request: {msg} (check Content-Length and the "
+                                                "request line and headers)").body()).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
 
-        def do_POST(self) -> None:
-            path = self.path.split("?", 1)[0].rstrip("/")
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                self.close_connection = True
-                self._error(RequestError(413, f"request body of {length} bytes is over the {MAX_BODY_BYTES} limit; "
-                                              "send fewer prompts per request"))
-                return
-            raw = self.rfile.read(length) if length else b""
-            if path != "/v1/embeddings":
-                self._error(RequestError(404, f"no route POST {path!r}; use POST /v1/embeddings", kind="NotFoundError"))
-                return
-            try:
-                try:
-                    request = json.loads(raw)
-                except ValueError as exc:
-                    raise RequestError(400, f"the request body is not valid JSON ({exc})") from None
-                self._send(200, service.embeddings(request))
-            except RequestError as error:
-                self._error(error)
-            except Exception as exc:  # an encoder failure is the server's fault: 500, keep serving
-                self._error(RequestError(500, f"{type(exc).__name__}: {exc}", kind="InternalServerError"))
+    return Protocol
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+
+class HTTPServer:
+    """``service`` served by uvicorn in a background thread. The socket is bound at construction (a taken port
+    fails at once); ``start()`` serves, ``stop()`` stops.
+
+    header_timeout_s: a connection must finish each request's headers within this; body_timeout_s: the body;
+    keep_alive_s: an idle keep-alive connection is closed after this; backlog: the listen queue;
+    max_connections: open connections and requests in progress beyond which new requests get 503.
+    """
+
+    def __init__(self, service: EmbeddingService, host: str = "127.0.0.1", port: int = 8000, *,
+                 header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, keep_alive_s: float = 5.0,
+                 backlog: int = 2048, max_connections: int = 1024):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.create_server((host, port), family=family, backlog=backlog)
+        self.host, self.port = host, self.socket.getsockname()[1]
+        config = uvicorn.Config(build_app(service, body_timeout_s), http=_protocol_class(header_timeout_s),
+                                lifespan="off", access_log=False, log_config=None, log_level="warning", backlog=backlog,
+                                timeout_keep_alive=keep_alive_s, limit_concurrency=max_connections,
+                                server_header=False)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, wait_s: float = 30.0) -> "HTTPServer":
+        """Serve in a daemon thread; returns once uvicorn accepts connections."""
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.socket]},
+                                        name="http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + wait_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        """Stop accepting, let requests in progress finish (up to ``wait_s``), close the socket."""
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=wait_s)
+            if self._thread.is_alive():
+                self._server.force_exit = True
+                self._thread.join(timeout=2)
+        self.socket.close()
+
+    def __enter__(self) -> "HTTPServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 # --------------------------------------------------------------------------------------- CLI
@@ -331,14 +249,28 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--served-model-name", default=None, help="name in /v1/models (default: --model)")
     parser.add_argument("--max-batch", type=int, default=64, help="prompts per encoder call (rounded to a power of 2)")
     parser.add_argument("--max-model-len", type=int, default=None,
-                        help="longest prompt accepted (default: the model's max_position_embeddings)")
+                        help="longest prompt accepted, 400 above it (default: what fits the device's free memory, "
+                             "at most the model's max_position_embeddings)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="padded tokens (batch x length) per encoder call (default: what fits the device)")
+    parser.add_argument("--max-request-tokens", type=int, default=None,
+                        help="tokens per request, 413 above it (default: --max-batch x --max-model-len)")
+    parser.add_argument("--len-buckets-per-octave", type=int, default=2,
+                        help="padded lengths per doubling: fewer compiles (1) or less padding (4)")
+    parser.add_argument("--warmup-len", type=int, default=0,
+                        help="compile every batch size for lengths up to this before /health says ready")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="how long to gather concurrent requests")
+    parser.add_argument("--header-timeout", type=float, default=10.0, help="seconds to finish a request's headers")
+    parser.add_argument("--body-timeout", type=float, default=30.0, help="seconds to finish a request's body")
+    parser.add_argument("--max-connections", type=int, default=1024,
+                        help="open connections beyond which new requests get 503")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init for presets")
     args = parser.parse_args(argv)
-    if args.max_batch < 1:
-        parser.error(f"--max-batch must be >= 1, got {args.max_batch}")
-    if args.max_model_len is not None and args.max_model_len < 1:
-        parser.error(f"--max-model-len must be >= 1, got {args.max_model_len}")
+    for flag in ("max_batch", "max_model_len", "max_num_batched_tokens", "max_request_tokens", "len_buckets_per_octave",
+                 "max_connections"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     return args
 
 
@@ -351,45 +283,78 @@ def build_encode_fn(model: Any, layer: int, pooling: str) -> EncodeFn:
     return encode_fn
 
 
+def resolve_limits(args: argparse.Namespace, config: Any, dtype: Any, max_batch: int) -> Limits:
+    """The limits in force: the flags given, the device-fitting defaults for the rest."""
+    from jaxllm.model import default_attention_impl
+
+    quadratic = not default_attention_impl(dtype).startswith("cudnn")
+    auto = default_limits(config, free_device_memory(), quadratic_attention=quadratic, max_batch=max_batch,
+                          per_octave=args.len_buckets_per_octave)
+    max_len = min(args.max_model_len or auto.max_model_len, config.max_position_embeddings)
+    request_tokens = args.max_request_tokens or max(max_batch * max_len, max_len)
+    try:
+        return Limits(max_len, args.max_num_batched_tokens or max(auto.max_batch_tokens, max_len), request_tokens,
+                      body_bytes_for(request_tokens))
+    except ValueError as exc:
+        raise SystemExit(f"{LOG_PREFIX} {exc} (set --max-model-len / --max-request-tokens)") from None
+
+
+def warm_up(encoder: BatchingEncoder, max_len: int) -> int:
+    """Compile every (batch bucket, length bucket) with length <= ``max_len`` (at least the smallest); the count."""
+    lengths = sorted({encoder.padded_shape(1, t)[1] for t in range(1, max(max_len, 1) + 1)})
+    batches = sorted({encoder.padded_shape(b, 1)[0] for b in range(1, encoder.max_batch + 1)})
+    shapes = [(b, t) for t in lengths for b in batches if b * t <= encoder.max_batch_tokens] if max_len else [(1, 1)]
+    for b, t in shapes:
+        encoder.encode_call([[0] * t] * b)
+    return len(shapes)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    log = lambda msg: print(f"[jaxllm.http.server] {msg}", file=sys.stderr, flush=True)  # noqa: E731
 
     from jaxllm import load_model
 
     # Bind first, so a taken port fails at once; /health answers 503 while the model loads and compiles.
     service = EmbeddingService(args.served_model_name or args.model)
     try:
-        server = make_http_server(service, args.host, args.port)
+        server = HTTPServer(service, args.host, args.port, header_timeout_s=args.header_timeout,
+                            body_timeout_s=args.body_timeout, max_connections=args.max_connections)
     except OSError as exc:
-        raise SystemExit(f"[jaxllm.http.server] cannot listen on {args.host}:{args.port}: {exc} "
+        raise SystemExit(f"{LOG_PREFIX} cannot listen on {args.host}:{args.port}: {exc} "
                          "(is another server using the port? pick another with --port)") from None
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    log(f"listening on http://{args.host}:{server.server_address[1]}; loading {args.model}")
+    server.start()
+    _log(f"listening on {server.url}; loading {args.model}")
     started = time.monotonic()
     try:
         model = load_model(args.model, dtype=args.dtype, seed=args.seed)
     except (OSError, ValueError) as exc:  # missing/corrupt checkpoint, unknown preset, bad dtype
-        server.server_close()
-        raise SystemExit(f"[jaxllm.http.server] cannot load --model {args.model!r}: {exc}") from None
+        server.stop()
+        raise SystemExit(f"{LOG_PREFIX} cannot load --model {args.model!r}: {exc}") from None
     config = model.config
-    max_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     max_batch = bucket(args.max_batch, 1, 1 << 30)
-    encoder = BatchingEncoder(build_encode_fn(model, args.layer, args.pooling), max_batch=max_batch,
-                              max_len=max_len, max_wait_s=args.max_wait_ms / 1000)
-    service.attach(encoder, vocab_size=config.vocab_size, max_model_len=max_len)
-    encoder.encode_now([[0]])  # compile the smallest bucket before /health says ready
+    limits = resolve_limits(args, config, model.dtype, max_batch)
+    try:
+        encoder = BatchingEncoder(build_encode_fn(model, args.layer, args.pooling), max_batch=max_batch,
+                                  max_len=limits.max_model_len, max_wait_s=args.max_wait_ms / 1000,
+                                  len_buckets_per_octave=args.len_buckets_per_octave,
+                                  max_batch_tokens=limits.max_batch_tokens)
+    except ValueError as exc:
+        server.stop()
+        raise SystemExit(f"{LOG_PREFIX} {exc} (--max-num-batched-tokens / --max-model-len)") from None
+    service.attach(encoder, vocab_size=config.vocab_size, limits=limits)
+    compiled = warm_up(encoder, min(args.warmup_len, limits.max_model_len))
     service.ready.set()
-    log(f"ready: model={service.model_name} dtype={np.dtype(model.dtype).name} layer={args.layer} pooling={args.pooling} "
-        f"max_batch={max_batch} max_model_len={max_len} (load + compile {time.monotonic() - started:.1f} s)")
+    _log(f"ready: model={service.model_name} dtype={np.dtype(model.dtype).name} layer={args.layer} "
+         f"pooling={args.pooling} max_batch={max_batch} max_model_len={limits.max_model_len} "
+         f"max_num_batched_tokens={limits.max_batch_tokens} max_request_tokens={limits.max_request_tokens} "
+         f"({compiled} shapes compiled; load + compile {time.monotonic() - started:.1f} s)")
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    log("shutting down")
-    server.shutdown()
-    server.server_close()
+    _log("shutting down")
+    server.stop()
     encoder.close()
 
 

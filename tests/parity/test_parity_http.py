@@ -7,15 +7,16 @@ the server pads them to bucketed shapes and encodes them whole.
 """
 from __future__ import annotations
 
-import threading
 
 import jax
 import numpy as np
 import pytest
 
 from jaxllm import encode, load_model
+from jaxllm.http.batching import BatchingEncoder
 from jaxllm.http.client import VLLMClient
-from jaxllm.http.server import BatchingEncoder, EmbeddingService, build_encode_fn, make_http_server
+from jaxllm.http.server import HTTPServer, build_encode_fn
+from jaxllm.http.service import EmbeddingService, limits_for
 from scripts.parity_report import vector_errors
 
 CHUNKS = 2  # the scan runs over CHUNKS steps of NUM_PROMPTS / CHUNKS envs each
@@ -50,16 +51,13 @@ def served_vectors(model, prompts, pooling):
     encoder = BatchingEncoder(build_encode_fn(model, -1, pooling), max_batch=4,
                               max_len=model.config.max_position_embeddings)
     service = EmbeddingService("tiny")
-    service.attach(encoder, vocab_size=model.config.vocab_size, max_model_len=model.config.max_position_embeddings)
+    service.attach(encoder, vocab_size=model.config.vocab_size, limits=limits_for(model.config.max_position_embeddings))
     service.ready.set()
-    server = make_http_server(service, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        with VLLMClient(f"http://127.0.0.1:{server.server_address[1]}", batch_size=4, max_concurrency=2) as client:
+        with HTTPServer(service, "127.0.0.1", 0) as server, \
+                VLLMClient(server.url, batch_size=4, max_concurrency=2) as client:
             return client.embed(prompts)
     finally:
-        server.shutdown()
-        server.server_close()
         encoder.close()
 
 
