@@ -2,8 +2,11 @@
 GPU machine. Their numbers are not checked here (speed is measured by the scripts, never by tests); their
 output structure is."""
 import json
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -33,3 +36,23 @@ def test_bench_template_smoke(tmp_path):
     assert r["env_step_with_template_in_loop_s"] > 0 and "ratio_added" in r and "ratio_in_loop_net" in r
     assert "ENTRY" in (tmp_path / "hlo" / "Craftax-Classic-Symbolic-v1_compact.hlo.txt").read_text()
     assert 0 < r["tokens"]["mean"] <= r["tokens"]["max"] <= r["tokens"]["max_len"]
+
+
+@pytest.mark.slow
+def test_bench_reference_smoke(tmp_path):
+    """Our half always; the upstream half only where a Craftax_Baselines checkout is named by
+    CRAFTAX_BASELINES_DIR (CI has none: the upstream code is never part of this repository)."""
+    import bench_reference
+
+    ref = os.environ.get("CRAFTAX_BASELINES_DIR")
+    out = tmp_path / "ref.json"
+    flags = ["--reference-dir", ref] if ref else ["--skip-reference"]
+    bench_reference.main(["--smoke", "--only", "none-1024", "--updates", "1", "--repeats", "1", "--out", str(out),
+                          *flags])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["config"] == "none-1024" and row["num_envs"] == 8
+    assert row["ours_sps_dispatch"] > 0 and row["ours_sps_host_loop"] > 0 and row["ours_first_update_s"] > 0
+    if ref:
+        assert row["reference_sps"] > 0 and row["ratio_dispatch"] > 0
+    with pytest.raises(SystemExit, match="git clone"):
+        bench_reference.main(["--smoke", "--reference-dir", str(tmp_path / "nowhere")])
