@@ -16,7 +16,8 @@ ENCODERS = ("none", "inscan", "vllm")
 OBS_FORMATS = ("compact", "full")
 TEMPLATE_ASSEMBLIES = ASSEMBLIES  # render.build_template's `assembly` (same ids, different kernels)
 POOLINGS = ("last", "mean")
-LLM_DTYPES = ("auto", "float32", "bfloat16")
+LLM_DTYPES = ("auto", "float32", "bfloat16", "fp8")  # fp8: W8A8 matmuls (jaxllm.fp8), bf16 elsewhere
+LLM_ENCODES = ("packed", "bucketed")  # how a batch of prompts meets the LLM (rl.encoders.make_ids_encoder)
 
 # Flags that `--resume` accepts (they do not change results: the server's address, which kernels build the ids).
 RESUME_OVERRIDABLE = ("vllm_url", "template_assembly")
@@ -63,7 +64,11 @@ class TrainConfig:
     llm_dtype: str = "auto"
     system_prompt: str | None = None
     fusion: str = "norm"
-    llm_chunk: int = 64  # prompts per LLM call: sorted by length, each chunk padded only to its length bucket
+    # packed: real tokens end to end, passes of at most llm_capacity tokens (0 = jaxllm.default_capacity);
+    # bucketed: llm_chunk prompts per call, sorted by length, each chunk padded to its length bucket
+    llm_encode: str = "packed"
+    llm_capacity: int = 0
+    llm_chunk: int = 64
     vllm_url: str = "http://127.0.0.1:8000"
     vllm_timeout: float = 30.0
     # run directory
@@ -92,6 +97,10 @@ class TrainConfig:
         _choice("template_assembly", self.template_assembly, TEMPLATE_ASSEMBLIES)
         _choice("pooling", self.pooling, POOLINGS)
         _choice("llm_dtype", self.llm_dtype, LLM_DTYPES)
+        _choice("llm_encode", self.llm_encode, LLM_ENCODES)
+        if self.llm_capacity < 0:
+            raise ValueError(f"--llm-capacity must be >= 0 (tokens per packed LLM pass; 0 = automatic), got "
+                             f"{self.llm_capacity}")
         _choice("fusion", self.fusion, FUSIONS)
         _choice("shuffle", self.shuffle, SHUFFLES)
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
@@ -127,6 +136,8 @@ class TrainConfig:
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
         names = {f.name for f in dataclasses.fields(cls)}
+        # runs written before packed prompts existed encoded bucketed: resume them the same way
+        d = {"llm_encode": "bucketed", **d} if "llm_chunk" in d else d
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"{source}: unknown config fields {unknown}; was it written by another version?")

@@ -58,28 +58,38 @@ def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMS
     return LLMSetup(model, tokenizer, template, cache, int(model.config.hidden_size))
 
 
-def make_ids_encoder(llm_config, *, layer: int, pooling: str, chunk: int = 64) -> Callable:
+def make_ids_encoder(llm_config, *, layer: int, pooling: str, method: str = "packed", capacity: int = 0,
+                     chunk: int = 64) -> Callable:
     """Pure function (llm_params, prefix_cache, ids int [B, T], lengths int [B]) -> hidden float32 [B, D] for use
     under jit: the one LLM call that the trainer (in-scan) and the labeller (`rl.label`) share.
 
-    Prompts are encoded `chunk` at a time, sorted by length, each chunk padded only to the shortest length bucket
-    that holds it (`jaxllm.encode_bucketed`): the LLM's cost follows the prompts' real lengths rather than the
-    template's worst-case `max_len` (for Craftax compact: mean ~360 tokens vs max_len 1,138), and activation
-    memory stays bounded at 1,024 envs.
+    method "packed" (`jaxllm.encode_packed`): only real tokens are computed, laid end to end in passes of at most
+    `capacity` tokens (0: `jaxllm.default_capacity`). "bucketed" (`jaxllm.encode_bucketed`): `chunk` prompts at a
+    time, sorted by length, each chunk padded to the shortest length bucket that holds it. Both cost what the
+    prompts' real lengths cost rather than the template's worst-case `max_len` (Craftax compact: ~274-360 tokens
+    on average vs max_len 1,138); packed also drops the padding inside each chunk and bucket (docs/BENCHMARKS.md).
     """
-    from jaxllm import encode_bucketed
+    from jaxllm import encode_bucketed, encode_packed
+
+    if method not in ("packed", "bucketed"):
+        raise ValueError(f"LLM encode method must be 'packed' or 'bucketed', got {method!r}")
 
     def encode_ids(llm_params, prefix_cache, ids, lengths):
-        return encode_bucketed(llm_params, llm_config, ids, lengths, layer=layer, pooling=pooling,
-                               prefix=prefix_cache, chunk=chunk)
+        if method == "bucketed":
+            return encode_bucketed(llm_params, llm_config, ids, lengths, layer=layer, pooling=pooling,
+                                   prefix=prefix_cache, chunk=chunk)
+        return encode_packed(llm_params, llm_config, ids, lengths, layer=layer, pooling=pooling, prefix=prefix_cache,
+                             capacity=capacity or None)
 
     return encode_ids
 
 
-def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str, chunk: int = 64) -> Callable:
+def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str, method: str = "packed",
+                        capacity: int = 0, chunk: int = 64) -> Callable:
     """Pure function (llm_params, prefix_cache, raw_states [B]) -> hidden float32 [B, D] for use under jit:
     the template's ids of every state, then `make_ids_encoder`'s LLM call."""
-    encode_ids = make_ids_encoder(llm_config, layer=layer, pooling=pooling, chunk=chunk)
+    encode_ids = make_ids_encoder(llm_config, layer=layer, pooling=pooling, method=method, capacity=capacity,
+                                  chunk=chunk)
 
     def encode_states(llm_params, prefix_cache, raw_states):
         ids, lengths = jax.vmap(template)(raw_states)

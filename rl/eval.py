@@ -127,7 +127,7 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
         if setup is None:
             continue
         enc = make_inscan_encoder(setup.template, setup.model.config, layer=cfg.llm_layer, pooling=cfg.pooling,
-                                  chunk=cfg.llm_chunk)
+                                  method=cfg.llm_encode, capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
         play = make_player(trainer, num_episodes, enc)
         for mode in modes:
             if (mode == "other_prompt") == (setup is not llm):

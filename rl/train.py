@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from rl.config import (ENCODERS, LLM_DTYPES, OBS_FORMATS, POOLINGS, PRESETS, RESUME_OVERRIDABLE, TEMPLATE_ASSEMBLIES,
+from rl.config import (ENCODERS, LLM_DTYPES, LLM_ENCODES, OBS_FORMATS, POOLINGS, PRESETS, RESUME_OVERRIDABLE, TEMPLATE_ASSEMBLIES,
                        TrainConfig, load_config)
 from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
@@ -31,7 +31,7 @@ from rl.sharding import (agree_with_main_process, check_divisible, check_same_on
 
 CHOICES = {"env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "template_assembly": TEMPLATE_ASSEMBLIES,
            "pooling": POOLINGS,
-           "llm_dtype": LLM_DTYPES, "fusion": FUSIONS,
+           "llm_dtype": LLM_DTYPES, "llm_encode": LLM_ENCODES, "fusion": FUSIONS,
            "shuffle": SHUFFLES}
 
 

@@ -80,7 +80,8 @@ class Trainer:
             from rl.encoders import make_inscan_encoder
 
             self._encode = make_inscan_encoder(llm.template, llm.model.config, layer=cfg.llm_layer,
-                                               pooling=cfg.pooling, chunk=cfg.llm_chunk)
+                                               pooling=cfg.pooling, method=cfg.llm_encode,
+                                               capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
         specs = runner_specs(uses_hidden=cfg.uses_llm)
         rep, env, steps = P(), P(ENV_AXIS), P(None, ENV_AXIS)
         carry = (env, env, env if cfg.uses_llm else None, rep)  # (env_state, obs, hidden, key)
