@@ -160,17 +160,6 @@ def pass_capacities(capacity: int, max_len: int, levels: int = 4) -> tuple[int, 
     return tuple(sorted(set(sizes)))
 
 
-def capacity_for_lengths(lengths, batch: int, max_len: int, sigmas: float = 4.0) -> int:
-    """A capacity that holds `batch` prompts of these lengths (a sample, e.g. the template on typical states) in
-    one pass: their expected tokens plus `sigmas` standard deviations of the sum (as if independent), a multiple
-    of 128, at least one longest prompt and at most the padded batch."""
-    import numpy as np
-
-    lengths = np.asarray(lengths, np.float64)
-    need = batch * lengths.mean() + sigmas * lengths.std() * batch ** 0.5
-    return min(_round_up(max(need, max_len), 128), _round_up(batch * max_len, 128))
-
-
 def _round_up(n: int, multiple: int) -> int:
     return -(-int(n) // multiple) * multiple
 
@@ -247,7 +236,9 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
             vec = h[jnp.clip(end - 1, 0, size - 1)]
         else:
             real = jnp.where(segments.valid[:, None], h, 0.0)  # empty slots may hold anything: select, not multiply
-            total = jax.ops.segment_sum(real, segments.segment, num_segments=batch + 1)[:batch]
+            # a one-hot product rather than segment_sum: a GPU scatter-add sums in no fixed order
+            owner = (segments.segment[None, :] == jnp.arange(batch)[:, None]).astype(jnp.float32)
+            total = jnp.matmul(owner, real, precision=lax.Precision.HIGHEST)
             count = lengths.astype(jnp.float32)
             if prefix is not None:
                 total, count = total + prefix.hidden_sums[k_idx][None], count + prefix.length
