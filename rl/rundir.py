@@ -4,14 +4,24 @@ Layout of a run directory:
     config.json          the resolved TrainConfig
     metrics.jsonl        one JSON object per update, appended and flushed as the run goes
     checkpoints/<step>/  orbax checkpoints (step = updates done), written atomically by orbax
+    unreadable_checkpoints/<step>/  checkpoints a resume could not restore, set aside (kept for inspection)
+
+Failures end in one line: a run directory that cannot be written is refused before any work; a checkpoint
+that cannot be written stops the run (the previous one stays); a checkpoint that cannot be read is skipped
+for the newest older one that can.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
+import shutil
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -21,7 +31,44 @@ from rl.config import TrainConfig, load_config, save_config
 
 
 class RunDirError(ValueError):
-    """A run directory that cannot be used as asked (another config, missing files...)."""
+    """A run directory that cannot be used as asked (another config, missing files, not writable...)."""
+
+
+class CheckpointError(RunDirError):
+    """A checkpoint that cannot be written, or no checkpoint that can be read."""
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message``, cut to ``limit`` characters (orbax and TensorStore errors run long)."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    text = f"{type(exc).__name__}: {text}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_writable(run_dir: Path) -> None:
+    """Raise RunDirError naming the first of run_dir, run_dir/checkpoints and run_dir/metrics.jsonl that exists
+    and cannot be written (tried by writing, so it also holds for root, read-only mounts and full disks)."""
+    for directory in (run_dir, run_dir / "checkpoints"):
+        if not directory.exists() and directory != run_dir:
+            continue
+        probe = directory / f".write-test-{os.getpid()}"
+        try:
+            with open(probe, "w") as f:
+                f.write("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise RunDirError(f"cannot write to {directory}: {exc.strerror or exc}; pick another --run-dir or "
+                              "fix its permissions / free space") from None
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        try:
+            open(metrics, "a").close()
+        except OSError as exc:
+            raise RunDirError(f"cannot append to {metrics}: {exc.strerror or exc}") from None
 
 
 def open_run_dir(cfg: TrainConfig, run_dir: Path, *, resume: bool) -> Path:
@@ -41,9 +88,14 @@ def open_run_dir(cfg: TrainConfig, run_dir: Path, *, resume: bool) -> Path:
                               f"`--resume {run_dir}` to continue that run")
     elif resume:
         raise RunDirError(f"{run_dir} has no config.json: not a run directory to resume")
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif run_dir.is_dir() and any(run_dir.iterdir()):
         raise RunDirError(f"{run_dir} is not empty and has no config.json; pick an empty or new --run-dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"cannot create the run directory {run_dir}: {exc.strerror or exc}; pick another "
+                          "--run-dir") from None
+    check_writable(run_dir)
     if not cfg_path.exists():
         tmp = cfg_path.with_suffix(".json.tmp")
         save_config(cfg, tmp)
@@ -68,12 +120,14 @@ class MetricsLog:
     """Append-only metrics.jsonl: one JSON object per update, flushed at once so it can be tailed.
 
     `writable=False` (every process but the main one of a multi-process run) makes `append` and
-    `truncate_after` do nothing, so that one process writes the file.
+    `truncate_after` do nothing, so that one process writes the file. Lines that do not parse (a line cut by
+    a kill mid-write, damage) are skipped and reported through `report`, never the good lines after them.
     """
 
-    def __init__(self, path: Path, writable: bool = True):
+    def __init__(self, path: Path, writable: bool = True, report: Callable[[str], None] = _stderr):
         self.path = Path(path)
         self.writable = writable
+        self.report = report
 
     def truncate_after(self, update: int) -> None:
         """Drop lines of updates > `update` (written after the checkpoint a resume restarts from)."""
@@ -92,42 +146,158 @@ class MetricsLog:
             f.flush()
 
     def read(self) -> list[dict[str, Any]]:
+        """The records in file order; unreadable lines are skipped and reported (one line)."""
         if not self.path.exists():
             return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:  # a line cut by a kill mid-write
-                    break
+        out, bad = [], []
+        for number, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict) and isinstance(record.get("update"), int):
+                out.append(record)
+            else:
+                bad.append(number)
+        if bad:
+            shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+            self.report(f"warning: {self.path}: skipped {len(bad)} unreadable line(s) (line {shown}); a line cut "
+                        "by a kill mid-write is recomputed by the resume, other damaged records are lost")
         return out
+
+
+@contextlib.contextmanager
+def _quiet_orbax_errors(after_failure_too: bool = False):
+    """Silence orbax's own ERROR logs (a traceback per worker thread) while it works: a failure reaches the caller
+    as one line instead. ``after_failure_too``: stay silent after a failure (a failed save's threads keep
+    logging after it returned; the run stops on it anyway)."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    except BaseException:
+        if not after_failure_too:
+            logger.setLevel(level)
+        raise
+    logger.setLevel(level)
+
+
+def _drop_closed_loop_reports() -> None:
+    """When a save fails orbax closes its asyncio loop while TensorStore writes still complete; each of their
+    callbacks then reports "RuntimeError: Event loop is closed" with a traceback (dozens of them), noise around a
+    failure that CheckpointError reports. Installed before the first save, it filters only those reports."""
+    if getattr(sys.excepthook, "drops_closed_loop", False):
+        return
+
+    def closed_loop(exc: BaseException | None) -> bool:
+        return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+    previous_hook, previous_unraisable = sys.excepthook, sys.unraisablehook
+
+    def excepthook(kind, value, tb):
+        if not closed_loop(value):
+            previous_hook(kind, value, tb)
+
+    def unraisablehook(info):
+        if not closed_loop(info.exc_value):
+            previous_unraisable(info)
+
+    excepthook.drops_closed_loop = True
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
 
 
 class Checkpoints:
     """Orbax CheckpointManager over DIR/checkpoints; steps are update counts.
 
+    Saves are synchronous (no orbax background threads: a failed save raises CheckpointError here, leaves the
+    previous checkpoints as they were, and nothing is left running that could keep the process alive).
     With several processes every process must create it and call `save` / `restore` with the same
     steps (orbax writes each process's shards into the one shared directory and synchronises itself).
     """
 
     def __init__(self, run_dir: Path, keep: int = 2):
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-        self.manager = ocp.CheckpointManager(Path(run_dir).resolve() / "checkpoints", options=options)
+        self.run_dir = Path(run_dir).resolve()
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False,
+                                               cleanup_tmp_directories=True)
+        try:
+            self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
+        except OSError as exc:
+            raise CheckpointError(f"cannot open {self.run_dir / 'checkpoints'}: {_one_line(exc)}") from None
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
     def save(self, step: int, state: Any) -> None:
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
-        self.manager.wait_until_finished()
+        """Write checkpoint ``step``; CheckpointError (one line, naming the directory) if that fails."""
+        _drop_closed_loop_reports()
+        try:
+            with _quiet_orbax_errors(after_failure_too=True):
+                self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+                self.manager.wait_until_finished()
+        except Exception as exc:  # orbax/TensorStore raise OSError, ValueError or bare Exception
+            for partial in (self.run_dir / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(partial, ignore_errors=True)  # give back what a full disk lent us
+            previous = [s for s in self.all_steps() if s < step]
+            kept = f"checkpoint {previous[-1]} is intact" if previous else "there is no earlier checkpoint"
+            raise CheckpointError(f"cannot write checkpoint {step} in {self.run_dir / 'checkpoints'} ({_one_line(exc)}); "
+                                  f"stopped, {kept}: free space or fix permissions, then --resume "
+                                  f"{self.run_dir}") from None
 
     def restore(self, target: Any, step: int | None = None) -> Any:
+        """Checkpoint ``step`` (default: the newest) into ``target``'s structure; ``target`` None restores it
+        as saved. Raises what orbax raises for a damaged checkpoint."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise RunDirError(f"no checkpoint in {self.manager.directory}")
+        if target is None:
+            return self.manager.restore(step, args=ocp.args.StandardRestore())
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+    def restore_newest(self, target: Any, report: Callable[[str], None] = _stderr) -> tuple[int, Any]:
+        """The newest checkpoint that restores, as (step, state), trying newest first.
+
+        Each one that fails is reported (step and why) and set aside in ``unreadable_checkpoints/`` by process 0,
+        so the run can write that step again. Raises CheckpointError (one line) when none restores.
+        """
+        failures = []
+        for step in reversed(self.all_steps()):
+            try:
+                with _quiet_orbax_errors():
+                    state = self.restore(target, step)
+            except Exception as exc:  # TensorStore raises a bare Exception for a truncated file
+                failures.append((step, _one_line(exc, 200)))
+                report(f"warning: checkpoint {step} in {self.run_dir / 'checkpoints'} does not restore "
+                       f"({failures[-1][1]}); trying the previous one")
+                continue
+            self._set_aside([s for s, _ in failures], report)
+            return step, state
+        if not failures:
+            raise CheckpointError(f"no checkpoint in {self.run_dir / 'checkpoints'}")
+        raise CheckpointError(f"no checkpoint in {self.run_dir / 'checkpoints'} restores: " +
+                              "; ".join(f"{s}: {why}" for s, why in failures))
+
+    def _set_aside(self, steps: list[int], report: Callable[[str], None]) -> None:
+        if not steps:
+            return
+        aside = self.run_dir / "unreadable_checkpoints"
+        if jax.process_index() == 0:
+            aside.mkdir(exist_ok=True)
+            for step in steps:
+                target = aside / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+                shutil.move(str(self.run_dir / "checkpoints" / str(step)), str(target))
+                report(f"checkpoint {step} set aside in {target}")
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("rl.rundir.set_aside")
+        self.manager.reload()
 
     def close(self) -> None:
         self.manager.close()

@@ -211,3 +211,78 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     strip = lambda r: {k: v for k, v in r.items() if k not in WALL_CLOCK}
     assert [strip(r) for r in _metrics(ref)] == [strip(r) for r in _metrics(killed)]
+
+
+# ------------------------------------------------------------------ reliability of the run directory (issue 18)
+def _copy_run(src, dst, drop_checkpoints=()):
+    import shutil
+
+    shutil.copytree(src, dst)
+    for step in drop_checkpoints:
+        shutil.rmtree(dst / "checkpoints" / str(step))
+    return dst
+
+
+def test_metrics_log_skips_and_reports_bad_lines(tmp_path):
+    from rl.rundir import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"update": 1}\n{"upda\n\n[3]\n{"update": 4}\n{"update": 5, "x": 1')
+    reports = []
+    log = MetricsLog(path, report=reports.append)
+    assert [r["update"] for r in log.read()] == [1, 4]
+    assert len(reports) == 1 and "skipped 3 unreadable line(s) (line 2, 4, 6)" in reports[0]
+    log.truncate_after(4)
+    assert path.read_text() == '{"update": 1}\n{"update": 4}\n'
+
+
+def test_unwritable_run_dir_is_refused_in_one_line_before_any_work(full_run, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(BASE + ["--run-dir", str(blocker / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot create the run directory {blocker / 'run'}" in err
+    # A run directory whose checkpoints/ cannot be written (a file where the directory should be: root too).
+    run_dir = tmp_path / "ro"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text((full_run / "config.json").read_text())
+    (run_dir / "checkpoints").write_text("")
+    assert main(["--resume", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot write to {run_dir / 'checkpoints'}" in err
+
+
+def test_failed_checkpoint_save_stops_the_run_at_once(full_run, tmp_path):
+    """A full disk (RLIMIT_FSIZE: a limit root cannot bypass) while checkpoint 4 is written: the process exits
+    non-zero with one line within seconds of the failure, and checkpoint 2 is still the newest and restores."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run_dir = _copy_run(full_run, tmp_path / "full-disk", drop_checkpoints=[4])
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(repo), JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+
+    limited = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, 16_000)); "
+               "sys.argv[0] = 'rl.train'; runpy.run_module('rl.train', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", limited, "--resume", str(run_dir), "--quiet"], cwd=repo, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    failed_at, lines = None, []
+    for line in proc.stderr:
+        lines.append(line)
+        if failed_at is None and "cannot write checkpoint 4" in line:
+            failed_at = time.monotonic()
+    proc.wait(timeout=300)
+    assert failed_at is not None, "".join(lines)[-3000:]
+    assert time.monotonic() - failed_at < 30 and proc.returncode == 1
+    assert "Traceback" not in "".join(lines) and "checkpoint 2 is intact" in "".join(lines)
+    ckpt = Checkpoints(run_dir)
+    assert ckpt.all_steps() == [2]
+    ckpt.close()
+    cfg = load_config(run_dir / "config.json")
+    restored = Checkpoints(run_dir).restore(Trainer(cfg).init_state(), 2)
+    original = Checkpoints(full_run).restore(Trainer(cfg).init_state(), 2)
+    for x, y in zip(jax.tree.leaves(restored), jax.tree.leaves(original)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
