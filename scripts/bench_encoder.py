@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"], choices=["bfloat16", "fp8", "float32"],
                    help="--ragged: model dtypes to time")
+    p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
+                   help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["bucketed", "packed"],
                    choices=["rect", "bucketed", "packed"], help="--ragged: encode paths to time")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
@@ -156,8 +158,8 @@ def bench_gemms(config: Qwen3Config, tokens: int, dtypes: list[str], iters: int)
     import jax.numpy as jnp
     from jax import lax
 
-    d, q, kv, i = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
-    shapes = {"q_proj": (d, q), "gate_proj": (d, i), "down_proj": (i, d)}  # the largest three (k/v are 1/4 of q)
+    d, i = config.hidden_size, config.intermediate_size
+    shapes = {"gate_proj": (d, i), "down_proj": (i, d)}  # the two largest (2/3 of a layer's matmul FLOPs)
     out: dict[str, Any] = {"tokens": tokens}
     for dtype in sorted({"fp8" if dt == "fp8" else "bfloat16" for dt in dtypes}):
         rates = {}
@@ -225,7 +227,8 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         calls = {
             "rect": jax.jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c)),
             "bucketed": jax.jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64)),
-            "packed": jax.jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=capacity)),
+            "packed": jax.jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=capacity,
+                                                                  attention_impl=args.packed_attention)),
         }
         ceiling = gemms["fp8" if dtype == "fp8" else "bfloat16"]["best_tflops"]
         for method in args.methods:
