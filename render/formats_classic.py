@@ -2,8 +2,11 @@
 
 Craftax-Classic has no upstream text renderer; `full` follows `render_craftax_text`'s style with
 Classic's content (no items, light map, floors, potions or armour; tools are separate counts).
+Each format's values function reads a `View` (what a state or an observation shows), never the env state.
 """
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -59,6 +62,32 @@ def local_tiles(state) -> dict[str, jnp.ndarray]:
     return {"block": block.astype(jnp.int32), "mob": mob_codes(groups, pos, ROWS, COLS, NO_MOB)}
 
 
+class View(NamedTuple):
+    """Everything the Classic formats show, for ONE unbatched state: the intermediate view that both an env state
+    (`view_from_state`) and a symbolic observation (`render.observation.classic_view`) are read into. Scalar
+    fields keep craftax's `EnvState` names and units; tiles are the window, row-major (`OFFSETS`)."""
+
+    block: jnp.ndarray  # int32 [63] block type
+    mob: jnp.ndarray  # int32 [63] smallest mob code on the tile (0 zombie, 1 cow, 2 skeleton, 3 arrow), NO_MOB if none
+    inventory: Any  # craftax_classic Inventory: 6 material counts, 6 tool counts
+    player_health: jnp.ndarray
+    player_food: jnp.ndarray
+    player_drink: jnp.ndarray
+    player_energy: jnp.ndarray
+    player_direction: jnp.ndarray  # 1 left, 2 right, 3 up, 4 down
+    light_level: jnp.ndarray  # float32
+    is_sleeping: jnp.ndarray
+
+
+def view_from_state(state) -> View:
+    """The `View` of one unbatched raw Craftax-Classic `EnvState`."""
+    t = local_tiles(state)
+    return View(block=t["block"], mob=t["mob"], inventory=state.inventory, player_health=state.player_health,
+                player_food=state.player_food, player_drink=state.player_drink, player_energy=state.player_energy,
+                player_direction=state.player_direction, light_level=state.light_level,
+                is_sleeping=state.is_sleeping)
+
+
 def _bool(x):
     return jnp.asarray(x).astype(jnp.int32)
 
@@ -87,11 +116,10 @@ def _full_format() -> Format:
 
     layout = Layout((Section("header", (Const("Map:\n"),)), map_section, inv.section()))
 
-    def values(state):
-        t = local_tiles(state)
+    def values(view: View):
         term = (jnp.arange(n_tiles) == n_tiles - 1).astype(jnp.int32)
-        tiles = jnp.stack([jnp.arange(n_tiles, dtype=jnp.int32), t["mob"], t["block"], term], axis=-1)
-        return {"header": jnp.zeros((1, 1), jnp.int32), "map": tiles, "inventory": inv.values(state)}
+        tiles = jnp.stack([jnp.arange(n_tiles, dtype=jnp.int32), view.mob, view.block, term], axis=-1)
+        return {"header": jnp.zeros((1, 1), jnp.int32), "map": tiles, "inventory": inv.values(view)}
 
     return Format(ENV_NAME, "full", layout, values)
 
@@ -131,11 +159,10 @@ def _compact_format() -> Format:
     background = np.zeros(len(BlockType), dtype=bool)
     background[[b.value for b in COMPACT_BACKGROUND]] = True
 
-    def map_rows(state):
-        t = local_tiles(state)
-        has_mob = t["mob"] < NO_MOB
-        thing = jnp.where(has_mob, t["mob"], NO_MOB + t["block"])
-        informative = has_mob | ~jnp.asarray(background)[t["block"]]
+    def map_rows(view: View):
+        has_mob = view.mob < NO_MOB
+        thing = jnp.where(has_mob, view.mob, NO_MOB + view.block)
+        informative = has_mob | ~jnp.asarray(background)[view.block]
         tiles = jnp.asarray(NEAREST)  # one row per window tile, nearest first; the first k informative ones show
         return jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1), first_k(informative[tiles], k)
 

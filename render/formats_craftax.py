@@ -1,5 +1,10 @@
-"""Text formats of Craftax-Symbolic-v1 (full Craftax): `full` (upstream-compatible) and `compact`."""
+"""Text formats of Craftax-Symbolic-v1 (full Craftax): `full` (upstream-compatible) and `compact`.
+
+Each format's values function reads a `View` (what a state or an observation shows), never the env state.
+"""
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -63,16 +68,10 @@ INVENTORY = [  # (label, getter): the counts in craftax's text order
     ("Arrow", lambda s: s.inventory.arrows),
     ("Book", lambda s: s.inventory.books),
 ]
-STATS = [  # integer stats after Health, in craftax's text order
-    ("Food", lambda s: s.player_food),
-    ("Drink", lambda s: s.player_drink),
-    ("Energy", lambda s: s.player_energy),
-    ("Mana", lambda s: s.player_mana),
-    ("XP", lambda s: s.player_xp),
-    ("Dexterity", lambda s: s.player_dexterity),
-    ("Strength", lambda s: s.player_strength),
-    ("Intelligence", lambda s: s.player_intelligence),
-]
+STAT_FIELDS = ("player_food", "player_drink", "player_energy", "player_mana", "player_xp", "player_dexterity",
+               "player_strength", "player_intelligence")  # integer stats after Health, in craftax's text order
+STATS = [(("XP" if f == "player_xp" else f[len("player_"):].capitalize()), lambda s, f=f: getattr(s, f))
+         for f in STAT_FIELDS]
 DIRECTIONS = [Action(i).name.lower() for i in range(5)]  # player_direction 1..4: left right up down
 COUNT_DIGITS = 3  # inventory counts and stats are clipped to 999
 HEALTH = Number(2, 1)  # health printed with one decimal
@@ -93,6 +92,53 @@ def local_tiles(state) -> dict[str, jnp.ndarray]:
         groups.append((mobs.position[level], mobs.mask[level], k * 8 + mobs.type_id[level]))
     mob = mob_codes(groups, pos, ROWS, COLS, NO_MOB)
     return {"block": block.astype(jnp.int32), "item": item.astype(jnp.int32), "mob": mob, "lit": light > LIGHT_THRESHOLD}
+
+
+class View(NamedTuple):
+    """Everything the Craftax formats show, for ONE unbatched state: the intermediate view that both an env state
+    (`view_from_state`) and a symbolic observation (`render.observation.craftax_view`) are read into. Scalar
+    fields keep craftax's `EnvState` names and units; tiles are the window, row-major (`OFFSETS`)."""
+
+    block: jnp.ndarray  # int32 [99] block type (only meaningful where lit)
+    item: jnp.ndarray  # int32 [99] item type
+    mob: jnp.ndarray  # int32 [99] smallest mob code on the tile (class * 8 + type), NO_MOB if none
+    lit: jnp.ndarray  # bool [99] light > LIGHT_THRESHOLD
+    inventory: Any  # craftax Inventory: counts, pickaxe/sword/bow levels, armour [4], potions [6]
+    sword_enchantment: jnp.ndarray
+    bow_enchantment: jnp.ndarray
+    armour_enchantments: jnp.ndarray  # [4]
+    player_health: jnp.ndarray  # float32
+    player_food: jnp.ndarray
+    player_drink: jnp.ndarray
+    player_energy: jnp.ndarray
+    player_mana: jnp.ndarray
+    player_xp: jnp.ndarray
+    player_dexterity: jnp.ndarray
+    player_strength: jnp.ndarray
+    player_intelligence: jnp.ndarray
+    player_direction: jnp.ndarray  # 1 left, 2 right, 3 up, 4 down
+    light_level: jnp.ndarray  # float32
+    is_sleeping: jnp.ndarray
+    is_resting: jnp.ndarray
+    learned_spells: jnp.ndarray  # bool [2]: fireball, iceball
+    player_level: jnp.ndarray  # floor
+    ladder_open: jnp.ndarray  # bool: monsters killed on this floor >= MONSTERS_KILLED_TO_CLEAR_LEVEL
+    boss_vulnerable: jnp.ndarray  # bool
+
+
+def view_from_state(state) -> View:
+    """The `View` of one unbatched raw Craftax `EnvState`."""
+    t = local_tiles(state)
+    return View(
+        block=t["block"], item=t["item"], mob=t["mob"], lit=t["lit"], inventory=state.inventory,
+        sword_enchantment=state.sword_enchantment, bow_enchantment=state.bow_enchantment,
+        armour_enchantments=state.armour_enchantments, player_health=state.player_health,
+        **{name: getattr(state, name) for name in STAT_FIELDS},
+        player_direction=state.player_direction, light_level=state.light_level, is_sleeping=state.is_sleeping,
+        is_resting=state.is_resting, learned_spells=state.learned_spells, player_level=state.player_level,
+        ladder_open=state.monsters_killed[state.player_level] >= MONSTERS_KILLED_TO_CLEAR_LEVEL,
+        boss_vulnerable=is_boss_vulnerable(state),
+    )
 
 
 def _tool_level(level, enchantment):
@@ -151,22 +197,21 @@ def _full_format() -> Format:
     inv.text("\nLearned Iceball:").value(tf, lambda s: _bool(s.learned_spells[1]))
     inv.text("\nFloor: ").value(Number(1), lambda s: jnp.clip(s.player_level, 0, 9))
     inv.text("\nLadder Open:").value(
-        tf, lambda s: _bool(s.monsters_killed[s.player_level] >= MONSTERS_KILLED_TO_CLEAR_LEVEL)
+        tf, lambda s: _bool(s.ladder_open)
     )
-    inv.text("\nIs Boss Vulnerable:").value(Choice((" False\n", " True\n")), lambda s: _bool(is_boss_vulnerable(s)))
+    inv.text("\nIs Boss Vulnerable:").value(Choice((" False\n", " True\n")), lambda s: _bool(s.boss_vulnerable))
 
     layout = Layout((Section("header", (Const("Map:\n"),)), map_section, inv.section()))
     n_tiles = ROWS * COLS
 
-    def values(state):
-        t = local_tiles(state)
-        lit = t["lit"]
-        mob = jnp.where(lit, t["mob"], NO_MOB)
-        item = jnp.where(lit, t["item"], 0)
-        block = jnp.where(lit, t["block"], UNLIT)
+    def values(view: View):
+        lit = view.lit
+        mob = jnp.where(lit, view.mob, NO_MOB)
+        item = jnp.where(lit, view.item, 0)
+        block = jnp.where(lit, view.block, UNLIT)
         term = (jnp.arange(n_tiles) == n_tiles - 1).astype(jnp.int32)
         tiles = jnp.stack([jnp.arange(n_tiles, dtype=jnp.int32), mob, item, block, term], axis=-1)
-        return {"header": jnp.zeros((1, 1), jnp.int32), "map": tiles, "inventory": inv.values(state)}
+        return {"header": jnp.zeros((1, 1), jnp.int32), "map": tiles, "inventory": inv.values(view)}
 
     return Format(ENV_NAME, "full", layout, values)
 
@@ -241,7 +286,7 @@ def _compact_format() -> Format:
         st.text(f" {label.lower()}=").value(Number(COUNT_DIGITS), lambda s, g=get: count(g(s), COUNT_DIGITS))
     st.text(" floor=").value(Number(1), lambda s: jnp.clip(s.player_level, 0, 9))
     st.text(" light=").value(LIGHT, lambda s: fixed_point(s.light_level, 2, 1))
-    st.text(" dark tiles=").value(Number(2), lambda s: count(jnp.sum(~local_tiles(s)["lit"]), 2))
+    st.text(" dark tiles=").value(Number(2), lambda s: count(jnp.sum(~s.lit), 2))
     st.text(" facing").value(Choice(tuple("=" + d for d in DIRECTIONS)), lambda s: jnp.clip(s.player_direction, 0, 4))
     st.value(Choice(("", " sleeping")), lambda s: _bool(s.is_sleeping))
     st.value(Choice(("", " resting")), lambda s: _bool(s.is_resting))
@@ -249,20 +294,19 @@ def _compact_format() -> Format:
     st.value(Choice(("", " knows iceball")), lambda s: _bool(s.learned_spells[1]))
     st.value(
         Choice(("", " ladder open")),
-        lambda s: _bool(s.monsters_killed[s.player_level] >= MONSTERS_KILLED_TO_CLEAR_LEVEL),
+        lambda s: _bool(s.ladder_open),
     )
-    st.value(Choice(("", " boss vulnerable")), lambda s: _bool(is_boss_vulnerable(s)))
+    st.value(Choice(("", " boss vulnerable")), lambda s: _bool(s.boss_vulnerable))
     st.text("\n")
 
     background = np.zeros(len(BlockType), dtype=bool)
     background[[b.value for b in COMPACT_BACKGROUND]] = True
 
-    def map_rows(state):
-        t = local_tiles(state)
+    def map_rows(view: View):
         thing = jnp.where(
-            t["mob"] < NO_MOB, t["mob"], jnp.where(t["item"] > 0, item_base + t["item"], block_base + t["block"])
+            view.mob < NO_MOB, view.mob, jnp.where(view.item > 0, item_base + view.item, block_base + view.block)
         )
-        informative = t["lit"] & ((t["mob"] < NO_MOB) | (t["item"] > 0) | ~jnp.asarray(background)[t["block"]])
+        informative = view.lit & ((view.mob < NO_MOB) | (view.item > 0) | ~jnp.asarray(background)[view.block])
         tiles = jnp.asarray(NEAREST)  # one row per window tile, nearest first; the first k informative ones show
         return jnp.stack([tiles, thing[tiles], jnp.zeros_like(tiles)], axis=-1), first_k(informative[tiles], k)
 

@@ -128,12 +128,15 @@ Values = Mapping[str, "np.ndarray"]  # name -> int32 [..., rows, cols]; name + "
 
 @dataclass(frozen=True)
 class Format:
-    """A text format of one env: its layout and the pure-jnp function from an env state to column values."""
+    """A text format of one env: its layout and the pure-jnp function from a view to column values.
+
+    The view is the env's `View` (`render.formats_craftax.View`, `render.formats_classic.View`): what one state
+    or one symbolic observation shows (`render.envs.view_function`)."""
 
     env_name: str
     name: str
     layout: Layout
-    values: Callable  # unbatched EnvState -> dict[str, jnp.ndarray]
+    values: Callable  # unbatched View -> dict[str, jnp.ndarray]
 
 
 def present_key(section_name: str) -> str:

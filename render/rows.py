@@ -9,7 +9,7 @@ from render.layout import Column, Const, Format, Layout, Section, present_key
 
 
 class RowBuilder:
-    """Collects columns and, for each non-constant one, a function state -> int32 scalar."""
+    """Collects columns and, for each non-constant one, a function view -> int32 scalar."""
 
     def __init__(self, name: str, never_empty: bool = False):
         self.name = name
@@ -30,9 +30,9 @@ class RowBuilder:
     def section(self) -> Section:
         return Section(self.name, tuple(self._columns), rows=1, never_empty=self.never_empty)
 
-    def values(self, state) -> jnp.ndarray:
-        """int32 [1, columns]: the column values of `state` (0 for constants)."""
-        vals = [jnp.zeros((), jnp.int32) if g is None else jnp.asarray(g(state), jnp.int32) for g in self._getters]
+    def values(self, view) -> jnp.ndarray:
+        """int32 [1, columns]: the column values of `view` (0 for constants)."""
+        vals = [jnp.zeros((), jnp.int32) if g is None else jnp.asarray(g(view), jnp.int32) for g in self._getters]
         return jnp.stack(vals)[None, :]
 
 
@@ -40,7 +40,7 @@ def compact_format(env_name: str, map_section: Section, inventory: RowBuilder, s
                    map_rows: Callable) -> Format:
     """The `compact` format shared by both envs: `Map:`, the selected tiles, `Inventory:` and a status row.
 
-    map_rows(state) -> (int32 [rows, 3] tile rows for `map_section`, bool [rows] which rows are present).
+    map_rows(view) -> (int32 [rows, 3] tile rows for `map_section`, bool [rows] which rows are present).
     """
     layout = Layout((
         Section("header", (Const("Map:\n"),)),
@@ -50,12 +50,12 @@ def compact_format(env_name: str, map_section: Section, inventory: RowBuilder, s
         status.section(),
     ))
 
-    def values(state):
-        rows, present = map_rows(state)
+    def values(view):
+        rows, present = map_rows(view)
         zero = jnp.zeros((1, 1), jnp.int32)
         return {
             "header": zero, "map": rows, present_key("map"): present, "items_label": zero,
-            "items": inventory.values(state), "status": status.values(state),
+            "items": inventory.values(view), "status": status.values(view),
         }
 
     return Format(env_name, "compact", layout, values)

@@ -1,4 +1,4 @@
-"""The token template: a layout compiled against a tokenizer into a pure-jnp function state -> ids.
+"""The token template: a layout compiled against a tokenizer into a pure-jnp function state (or obs) -> ids.
 
 Every column is pre-tokenized once: a choice becomes a padded table of token ids per string, a
 number becomes digit tokens computed with integer arithmetic. At run time each column yields its
@@ -198,21 +198,27 @@ def _compile_column(tokenizer, column, pad_id: int):
 # --------------------------------------------------------------------------------------- template
 
 @functools.lru_cache(maxsize=None)
-def _batched_values(fmt: Format):
-    return jax.jit(jax.vmap(fmt.values))
+def _batched_values(fmt: Format, to_view):
+    return jax.jit(jax.vmap(lambda x: fmt.values(to_view(x))))
 
 
-def format_values_numpy(fmt: Format, state, batched: bool) -> dict[str, np.ndarray]:
-    """Column values of a state (or batch) as numpy, computed in one jitted vmapped call."""
+def format_values_numpy(fmt: Format, x, batched: bool, source: str = "state") -> dict[str, np.ndarray]:
+    """Column values of a state or observation (or a batch: `batched`) as numpy, in one jitted vmapped call."""
+    from render.envs import view_function
+
     if not batched:
-        state = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], state)
-    return {k: np.asarray(v) for k, v in _batched_values(fmt)(state).items()}
+        x = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[None], x)
+    to_view = view_function(fmt.env_name, source)
+    return {k: np.asarray(v) for k, v in _batched_values(fmt, to_view)(x).items()}
 
 
 @dataclass(frozen=True, eq=False)
 class Template:
     """Prompt template of one env, format and system prompt (build it with `build_template`).
 
+    source: what `__call__` and `text` read: "state" (a raw craftax EnvState) or "obs" (the env's symbolic
+        observation vector, float [O]); both become the same view, so the ids of one format agree
+        (docs/RENDER.md lists what an observation shows differently).
     prefix_ids: the constant prompt head (chat framing + system prompt + user turn start).
     max_len: static length of `ids` returned by `__call__` (observation + closing chat tokens).
     pad_id: right padding id.
@@ -227,6 +233,7 @@ class Template:
     pad_id: int
     _sections: tuple = field(repr=False)  # per section: (Section, tuple of compiled columns)
     assembly: str = "auto"  # see ASSEMBLIES
+    source: str = "state"  # see render.envs.SOURCES
 
     @functools.cached_property
     def _pallas_assemble(self):
@@ -235,7 +242,8 @@ class Template:
         return make_pallas_assembler(self._sections, self.max_len, self.pad_id)
 
     def __call__(self, state):
-        """ids int32 [max_len] (right-padded with pad_id) and length int32 for ONE unbatched state."""
+        """ids int32 [max_len] (right-padded with pad_id) and length int32 for ONE unbatched state (or
+        observation vector, for `source="obs"`)."""
         values = self._values(state)
         if self.assembly == "jnp":
             return self._jnp_assemble(values)
@@ -251,13 +259,13 @@ class Template:
         return jax.lax.platform_dependent(values, cuda=pallas, default=self._jnp_assemble)
 
     def _values(self, state) -> dict:
-        """The format's column values of ONE unbatched state, plus the chat tail's."""
-        from render.envs import check_state
+        """The format's column values of ONE unbatched state (or observation), plus the chat tail's."""
+        from render.envs import check_input, view_function
 
-        check_state(state, self.env_name)
-        if state.player_position.ndim != 1:
+        check_input(state, self.env_name, self.source, batched=False)
+        if self.source == "state" and state.player_position.ndim != 1:
             raise ValueError("Template takes one unbatched state; use jax.vmap(tpl)(batched_state) for a batch")
-        values = self.fmt.values(state)
+        values = self.fmt.values(view_function(self.env_name, self.source)(state))
         values["chat_tail"] = jnp.zeros((1, 1), jnp.int32)
         return values
 
@@ -308,15 +316,16 @@ class Template:
                 flat_lens.sum().astype(jnp.int32))
 
     def observation_text(self, state):
-        from render.envs import check_state, is_batched
+        """The observation text of a state or observation (a list of strings for a batch)."""
+        from render.envs import check_input, input_is_batched
 
-        check_state(state, self.env_name)
-        batched = is_batched(state)
-        texts = texts_from_values(self.fmt.layout, format_values_numpy(self.fmt, state, batched))
+        check_input(state, self.env_name, self.source)
+        batched = input_is_batched(state, self.source)
+        texts = texts_from_values(self.fmt.layout, format_values_numpy(self.fmt, state, batched, self.source))
         return texts if batched else texts[0]
 
     def text(self, state):
-        """The full prompt string (head + observation + tail); a list of strings for a batched state."""
+        """The full prompt string (head + observation + tail); a list of strings for a batched input."""
         obs = self.observation_text(state)
         if isinstance(obs, list):
             return [self.head + o + self.tail for o in obs]
@@ -324,12 +333,15 @@ class Template:
 
 
 def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id: int = PAD_ID,
-                     assembly: str = "auto") -> Template:
+                     assembly: str = "auto", source: str = "state") -> Template:
     """Compile `fmt` with `tokenizer` under the chat framing of `system`; checks every boundary."""
     from render.chat import chat_frame
+    from render.envs import SOURCES
 
     if assembly not in ASSEMBLIES:
         raise ValueError(f"assembly must be one of {', '.join(map(repr, ASSEMBLIES))}, got {assembly!r}")
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(map(repr, SOURCES))}, got {source!r}")
     head, tail = chat_frame(tokenizer, system)
     layout = Layout(fmt.layout.sections + (Section("chat_tail", (Const(tail),)),))
     check_boundaries(tokenizer, layout, head)
@@ -340,4 +352,5 @@ def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id:
         sections.append((section, cols))
         max_len += section.rows_shown * sum(c.width for c in cols)
     prefix_ids = _encode(tokenizer, [head])[0]
-    return Template(env_name, fmt, head, tail, list(prefix_ids), int(max_len), pad_id, tuple(sections), assembly)
+    return Template(env_name, fmt, head, tail, list(prefix_ids), int(max_len), pad_id, tuple(sections), assembly,
+                    source)

@@ -63,3 +63,40 @@ def start_tiny_server():
         if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+# render: the tokenizer, diverse states and compiled state templates shared by test_render_template.py and
+# test_render_obs.py (building and compiling them is most of those files' time)
+RENDER_ENVS = ("Craftax-Symbolic-v1", "Craftax-Classic-Symbolic-v1")
+RENDER_FORMATS = ("compact", "full")
+RENDER_CHUNK = 512
+RENDER_SEEDS = (0, 1, 2, 3)  # 4 x 512 = 2,048 states per env
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from jaxllm import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def state_chunks():
+    """env -> list of batched EnvStates (4 seeds x 512 states)."""
+    from render.sample_states import sample_states
+
+    return {env: [sample_states(env, RENDER_CHUNK, seed) for seed in RENDER_SEEDS] for env in RENDER_ENVS}
+
+
+@pytest.fixture(scope="session")
+def templates(tokenizer):
+    """(env, fmt) -> the state template."""
+    from render import build_template
+
+    return {(env, fmt): build_template(tokenizer, env, fmt) for env in RENDER_ENVS for fmt in RENDER_FORMATS}
+
+
+@pytest.fixture(scope="session")
+def batched_templates(templates):
+    """(env, fmt) -> jax.jit(jax.vmap(state template)), compiled once per input shape for the whole session."""
+    return {key: jax.jit(jax.vmap(tpl)) for key, tpl in templates.items()}

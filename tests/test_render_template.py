@@ -12,39 +12,20 @@ import jax
 import numpy as np
 import pytest
 
-from jaxllm import load_tokenizer
-from render import build_template, render_text
+from render import render_text
 from render.envs import CLASSIC, CRAFTAX
-from render.sample_states import sample_states
 
 ENVS = (CRAFTAX, CLASSIC)
 FORMATS = ("compact", "full")
-CHUNK = 512
-SEEDS = (0, 1, 2, 3)  # 4 x 512 = 2,048 states per env
+CHUNK = 512  # states per chunk of the conftest's `state_chunks` (4 chunks per env)
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def state_chunks():
-    """env -> list of batched EnvStates (4 seeds x 512 states)."""
-    return {env: [sample_states(env, CHUNK, seed) for seed in SEEDS] for env in ENVS}
-
-
-@pytest.fixture(scope="session")
-def templates(tokenizer):
-    return {(env, fmt): build_template(tokenizer, env, fmt) for env in ENVS for fmt in FORMATS}
-
-
-@pytest.fixture(scope="session")
-def rendered(templates, state_chunks):
+def rendered(templates, batched_templates, state_chunks):
     """(env, fmt) -> (ids [N, T], lengths [N], prompt texts [N]) over all chunks."""
     out = {}
     for (env, fmt), tpl in templates.items():
-        batched = jax.jit(jax.vmap(tpl))
+        batched = batched_templates[(env, fmt)]
         ids, lens, texts = [], [], []
         for chunk in state_chunks[env]:
             i, n = batched(chunk)
