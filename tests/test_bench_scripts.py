@@ -56,3 +56,13 @@ def test_bench_reference_smoke(tmp_path):
         assert row["reference_sps"] > 0 and row["ratio_dispatch"] > 0
     with pytest.raises(SystemExit, match="git clone"):
         bench_reference.main(["--smoke", "--reference-dir", str(tmp_path / "nowhere")])
+
+
+def test_bench_label_smoke(tmp_path):
+    import bench_label
+
+    res = bench_label.main(["--smoke", "--dir", str(tmp_path / "work"), "--out", str(tmp_path / "label.json")])
+    assert res["record"]["files"] == 3 and res["label"]["samples"] == 96 and res["label"]["samples_per_s"] > 0
+    assert res["encoder"]["prompts"] == 32 and res["encoder"]["tokens_mean"] > 0
+    assert res["ratio_end_to_end_to_encoder"] > 0
+    assert json.loads((tmp_path / "label.json").read_text())["label"]["files"] == 3

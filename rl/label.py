@@ -1,0 +1,510 @@
+"""`python -m rl.label IN_DIR_OR_GLOB --out OUT_DIR --model ...`: label trajectory files with LLM hidden states.
+
+Every `obs` of every file goes through the jitted observation template (`render.build_template(...,
+source="obs")`) and the LLM call the trainer runs in-scan (`rl.encoders.make_ids_encoder`), in chunks of
+`--batch` observations split over all visible devices (a `jax.shard_map` over a 1-D mesh); the result is
+`OUT_DIR/<same name>.npz`: the input's arrays plus `hidden_state` float16 [N, D] and the labelling settings
+(`labelling`: model, layer, pooling, format, prompt hash, ...). A reader thread loads the next files and a writer
+thread stores finished chunks while the devices encode, so the devices never wait for the disk.
+
+Resuming: a rerun skips files already labelled with the same settings and continues a half-done file from its
+last completed chunk. While a file is in progress its finished rows live beside the output under temporary names
+(`.NAME.partial.npy`, the rows, and `.NAME.partial.json`, how many are done and with which settings); the output
+appears under its final name only when complete (written to a temporary name, then renamed). Chunks always cover
+the same rows of a file, so a resumed file is bit for bit the file an uninterrupted run writes.
+
+A bad file (unreadable, no `obs`, an observation size that fits no env, or not the env it names, or an output
+labelled with other settings) is reported with its name and the reason; the other files are still labelled and
+the exit code is 1 at the end.
+
+Example:
+    python -m rl.label checkpoints/run/trajectories --out labelled --model qwen3-4b --llm-layer 24
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from rl.trajectories import (HIDDEN_KEY, LABELLING_KEY, RECORDING_KEY, TrajectoryError, load_arrays, meta_array,
+                             read_meta, save_npz_atomic, trajectory_env)
+
+OBS_FORMATS = ("compact", "full")
+POOLINGS = ("last", "mean")
+LLM_DTYPES = ("auto", "float32", "bfloat16", "fp8")
+LLM_ENCODES = ("packed", "bucketed")
+DATA_AXIS = "samples"
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    """What a labelling computes (everything but `batch`, `devices`, `env` and `quiet` is stored in each file)."""
+
+    model: str = "tiny"
+    llm_layer: int = -1
+    pooling: str = "last"
+    obs_format: str = "compact"
+    llm_dtype: str = "auto"
+    llm_encode: str = "packed"
+    llm_capacity: int = 0
+    llm_chunk: int = 64
+    system_prompt: str | None = None
+    batch: int = 1024  # observations per chunk (all devices together): the unit of resuming
+    devices: int = 0  # 0: all visible devices
+    env: str | None = None  # override the env of every file
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+def input_files(spec: str) -> list[Path]:
+    """The .npz files of a directory, a glob pattern or one file, sorted; FileNotFoundError if none."""
+    path = Path(spec)
+    if path.is_dir():
+        files = sorted(path.glob("*.npz"))
+    elif any(ch in spec for ch in "*?["):
+        files = sorted(Path(p) for p in glob.glob(spec) if Path(p).is_file())
+    elif path.is_file():
+        files = [path]
+    else:
+        raise FileNotFoundError(f"{spec}: no such file, directory or matching glob pattern")
+    if not files:
+        raise FileNotFoundError(f"{spec}: no .npz files there")
+    return files
+
+
+def sample_count(path: Path) -> int:
+    """N of a file's `obs`, read from the .npy header only (0 if that fails: the reader reports why)."""
+    try:
+        with zipfile.ZipFile(path) as z, z.open("obs.npy") as f:
+            version = np.lib.format.read_magic(f)
+            shape, _, _ = np.lib.format._read_array_header(f, version)
+            return int(shape[0]) if shape else 0
+    except Exception:
+        return 0
+
+
+def _partial_paths(out: Path) -> tuple[Path, Path]:
+    return out.with_name(f".{out.name}.partial.npy"), out.with_name(f".{out.name}.partial.json")
+
+
+def _file_identity(path: Path) -> dict:
+    st = path.stat()
+    return {"name": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+@dataclass
+class Job:
+    """One input file to label: its arrays, env, and the rows already done (a resumed file)."""
+
+    src: Path
+    out: Path
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, dict]
+    env: str
+    settings: dict  # the `labelling` entry (hidden_size, prompt hash filled in by the labeller)
+    start_row: int = 0
+    rows: Any = None  # np.memmap float16 [N, D] of the partial result
+    chunks_left: int = 0
+
+    @property
+    def n(self) -> int:
+        return self.arrays["obs"].shape[0]
+
+
+@dataclass
+class Bad:
+    src: Path
+    reason: str
+
+
+@dataclass
+class Skipped:
+    src: Path
+
+
+# ------------------------------------------------------------------------------------------------ labeller
+
+class Labeller:
+    """The model, tokenizer, and per env the obs template, prefix cache and jitted chunk function."""
+
+    def __init__(self, cfg: LabelConfig):
+        import jax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+        from jaxllm import load_model, load_tokenizer
+
+        self.cfg = cfg
+        devices = jax.devices()
+        n = cfg.devices or len(devices)
+        if not 1 <= n <= len(devices):
+            raise ValueError(f"--devices {cfg.devices}: {len(devices)} devices are visible")
+        self.mesh = Mesh(np.array(devices[:n]), (DATA_AXIS,))
+        self.batch = -(-cfg.batch // n) * n  # a multiple of the device count
+        self.tokenizer = load_tokenizer(cfg.model)
+        self.model = load_model(cfg.model, dtype=None if cfg.llm_dtype == "auto" else cfg.llm_dtype)
+        self.hidden_size = int(self.model.config.hidden_size)
+        self._replicated = NamedSharding(self.mesh, P())
+        self._rows = NamedSharding(self.mesh, P(DATA_AXIS))
+        self.params = jax.device_put(self.model.params, self._replicated)
+        self._per_env: dict[str, tuple] = {}
+        self._lock = threading.Lock()  # the reader thread asks for settings while the main thread encodes
+
+    def settings(self, env: str) -> dict:
+        """The `labelling` entry of a file of `env` (what makes two labellings comparable)."""
+        tpl = self.template(env)
+        prompt = hashlib.sha256((tpl.head + "\x00" + tpl.tail).encode()).hexdigest()
+        c = self.cfg
+        return {"model": c.model, "llm_layer": c.llm_layer, "pooling": c.pooling, "obs_format": c.obs_format,
+                "prompt_sha256": prompt, "llm_dtype": c.llm_dtype, "llm_encode": c.llm_encode,
+                "hidden_size": self.hidden_size, "env": env}
+
+    def template(self, env: str):
+        return self._setup(env)[0]
+
+    def _setup(self, env: str):
+        with self._lock:
+            return self._setup_locked(env)
+
+    def _setup_locked(self, env: str):
+        if env not in self._per_env:
+            import jax
+            from jax.sharding import PartitionSpec as P
+
+            from jaxllm import prefill
+            from render import build_template
+            from rl.encoders import make_ids_encoder
+
+            c = self.cfg
+            tpl = build_template(self.tokenizer, env, fmt=c.obs_format, system_prompt=c.system_prompt,
+                                 source="obs")
+            cache = jax.jit(prefill, static_argnums=1)(self.params, self.model.config,
+                                                       np.asarray(tpl.prefix_ids, np.int32))
+            cache = jax.device_put(cache, self._replicated)
+            encode_ids = make_ids_encoder(self.model.config, layer=c.llm_layer, pooling=c.pooling,
+                                          method=c.llm_encode, capacity=c.llm_capacity, chunk=c.llm_chunk)
+            fn = jax.jit(jax.shard_map(_chunk_fn(tpl, encode_ids), mesh=self.mesh,
+                                       in_specs=(P(), P(), P(DATA_AXIS), P(DATA_AXIS)), out_specs=P(DATA_AXIS),
+                                       check_vma=False))
+            self._per_env[env] = (tpl, cache, fn)
+        return self._per_env[env]
+
+    def encode_chunk(self, env: str, obs: np.ndarray):
+        """Dispatch one chunk (float [k <= batch, O]): device float16 [batch, D], rows past k meaningless."""
+        import jax
+
+        _, cache, fn = self._setup(env)
+        k = obs.shape[0]
+        padded = np.zeros((self.batch, obs.shape[1]), np.float32)
+        padded[:k] = obs
+        valid = np.arange(self.batch) < k
+        out = fn(self.params, cache, jax.device_put(padded, self._rows), jax.device_put(valid, self._rows))
+        out.copy_to_host_async()
+        return out
+
+
+def _chunk_fn(tpl, encode_ids) -> Callable:
+    """Per device: obs [b, O], valid [b] -> float16 [b, D] (padding rows have length 0: the LLM skips them)."""
+    import jax
+    import jax.numpy as jnp
+
+    def chunk(params, cache, obs, valid):
+        ids, lengths = jax.vmap(tpl)(obs)
+        lengths = jnp.where(valid, lengths, 0)
+        return encode_ids(params, cache, ids, lengths).astype(jnp.float16)
+
+    return chunk
+
+
+# ------------------------------------------------------------------------------------------------ preparing a file
+
+def prepare(src: Path, out_dir: Path, labeller: Labeller) -> Job | Bad | Skipped:
+    """Read and check one input file; decide what is left to do (nothing, all, or the rows after a partial run)."""
+    out = out_dir / src.name
+    try:
+        if out.resolve() == src.resolve():
+            raise TrajectoryError("its output would overwrite it; choose another --out")
+        arrays, meta = load_arrays(src)
+        if HIDDEN_KEY in arrays:
+            arrays.pop(HIDDEN_KEY)  # relabelling a labelled file: the new labels replace the old
+            meta.pop(LABELLING_KEY, None)
+        env = trajectory_env(arrays, meta, labeller.cfg.env)
+        if arrays["obs"].shape[0] == 0:
+            raise TrajectoryError("it has no samples")
+        settings = labeller.settings(env)
+        if out.exists():
+            done = _labelled_settings(out)
+            if done == settings:
+                _remove_partial(out)
+                return Skipped(src)
+            raise TrajectoryError(f"{out} exists, labelled with other settings ({_settings_diff(done, settings)}); "
+                                  "use another --out or remove it")
+        job = Job(src, out, arrays, meta, env, settings)
+        _open_partial(job, labeller)
+        return job
+    except TrajectoryError as e:
+        return Bad(src, str(e))
+
+
+def _labelled_settings(out: Path) -> dict | None:
+    try:
+        with np.load(out, allow_pickle=False) as npz:
+            return read_meta(npz, LABELLING_KEY)
+    except Exception:
+        return None
+
+
+def _settings_diff(old: dict | None, new: dict) -> str:
+    if not old:
+        return "no labelling settings"
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys)
+
+
+def _open_partial(job: Job, labeller: Labeller) -> None:
+    """The memmap of the job's rows; continues a partial run with the same settings and input, else starts anew."""
+    rows_path, state_path = _partial_paths(job.out)
+    shape = (job.n, labeller.hidden_size)
+    start = 0
+    if rows_path.exists() and state_path.exists():
+        try:
+            state = json.loads(state_path.read_text())
+            expected = _state(job, labeller.batch, 0)
+            if all(state[k] == expected[k] for k in ("settings", "input", "batch")):
+                rows = np.lib.format.open_memmap(rows_path, mode="r+")
+                if rows.shape == shape and rows.dtype == np.float16:
+                    job.rows, start = rows, int(state["rows_done"])
+        except (ValueError, KeyError, OSError):
+            pass
+    if job.rows is None:
+        _remove_partial(job.out)
+        job.rows = np.lib.format.open_memmap(rows_path, mode="w+", dtype=np.float16, shape=shape)
+        _write_state(job, labeller.batch, 0)
+    job.start_row = start
+
+
+def _state(job: Job, batch: int, rows_done: int) -> dict:
+    """What a partial result records: the settings, the input file's identity, the chunk size, the rows done."""
+    return {"settings": job.settings, "input": _file_identity(job.src), "batch": batch, "rows_done": rows_done}
+
+
+def _write_state(job: Job, batch: int, rows_done: int) -> None:
+    _, state_path = _partial_paths(job.out)
+    tmp = state_path.with_name(state_path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(_state(job, batch, rows_done)))
+    os.replace(tmp, state_path)
+
+
+def _remove_partial(out: Path) -> None:
+    for p in _partial_paths(out):
+        if p.exists():
+            p.unlink()
+
+
+def _finish(job: Job) -> None:
+    """Write the labelled file (atomically) and drop the partial result."""
+    arrays = dict(job.arrays)
+    arrays[HIDDEN_KEY] = np.asarray(job.rows)
+    for key, value in job.meta.items():
+        if key != LABELLING_KEY and value is not None:
+            arrays[key] = meta_array(value)
+    arrays[LABELLING_KEY] = meta_array(job.settings)
+    save_npz_atomic(job.out, arrays)
+    job.rows = None
+    _remove_partial(job.out)
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+@dataclass
+class Summary:
+    files: int = 0
+    samples: int = 0
+    skipped: int = 0
+    bad: list = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        rate = self.samples / self.seconds if self.seconds > 0 else 0.0
+        return (f"labelled {self.files} files ({self.samples:,} samples) in {self.seconds:.1f} s: {rate:,.0f} "
+                f"samples/s; {self.skipped} already done; {len(self.bad)} bad")
+
+
+def label_files(files: Sequence[Path], out_dir: Path, cfg: LabelConfig, *, quiet: bool = False,
+                labeller: Labeller | None = None, prefetch: int = 2, in_flight: int = 4) -> Summary:
+    """Label `files` into `out_dir` (see the module docstring); returns the summary (bad files listed in it)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    labeller = labeller or Labeller(cfg)
+    summary = Summary()
+    total = sum(sample_count(f) for f in files)
+    bar = _progress(total, len(files), quiet)
+    jobs: queue.Queue = queue.Queue(maxsize=prefetch)
+    results: queue.Queue = queue.Queue(maxsize=in_flight)
+    t0 = time.perf_counter()
+
+    errors: list[BaseException] = []  # of the reader and writer threads, raised by the main thread
+
+    def read():
+        try:
+            for src in files:
+                if errors:
+                    break
+                jobs.put(prepare(src, out_dir, labeller))
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            jobs.put(None)
+
+    def write():
+        while True:
+            item = results.get()
+            if item is None:
+                return
+            if errors:
+                continue  # keep draining so the main thread never blocks on a full queue
+            try:
+                job, start, rows = item
+                stop = min(start + labeller.batch, job.n)
+                job.rows[start:stop] = np.asarray(rows)[: stop - start]
+                job.rows.flush()
+                _write_state(job, labeller.batch, stop)
+                summary.samples += stop - start
+                bar.update(stop - start)
+                if stop == job.n:
+                    _finish(job)
+                    summary.files += 1
+                    bar.file_done()
+            except BaseException as e:
+                errors.append(e)
+
+    reader = threading.Thread(target=read, name="label-reader", daemon=True)
+    writer = threading.Thread(target=write, name="label-writer", daemon=True)
+    reader.start()
+    writer.start()
+    try:
+        while not errors:
+            item = jobs.get()
+            if item is None:
+                break
+            if isinstance(item, (Bad, Skipped)):
+                if isinstance(item, Bad):
+                    summary.bad.append(item)
+                else:
+                    summary.skipped += 1
+                bar.file_done()
+                bar.update(sample_count(item.src))
+                continue
+            bar.update(item.start_row)
+            if item.start_row >= item.n:  # every row was done before a stop: only the output is missing
+                results.put((item, item.n, np.zeros((0, labeller.hidden_size), np.float16)))
+            for start in range(item.start_row, item.n, labeller.batch):
+                if errors:
+                    break
+                obs = item.arrays["obs"][start:start + labeller.batch]
+                results.put((item, start, labeller.encode_chunk(item.env, obs)))
+    finally:
+        results.put(None)
+        writer.join()
+        bar.close()
+        if errors:  # let the reader finish its put, then stop
+            while reader.is_alive():
+                try:
+                    jobs.get(timeout=0.1)
+                except queue.Empty:
+                    pass
+    if errors:
+        raise errors[0]
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+class _progress:
+    """tqdm over samples with a files counter (nothing when quiet)."""
+
+    def __init__(self, total: int, files: int, quiet: bool):
+        self.files, self.done = files, 0
+        self.bar = None
+        if not quiet:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="sample", unit_scale=True, desc="label", file=sys.stderr,
+                            dynamic_ncols=True, smoothing=0.1)
+            self.bar.set_postfix_str(f"files 0/{files}")
+
+    def update(self, n: int) -> None:
+        if self.bar is not None and n:
+            self.bar.update(n)
+
+    def file_done(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"files {self.done}/{self.files}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    from rl.envs import ENV_NAMES
+
+    p = argparse.ArgumentParser(prog="python -m rl.label", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inputs", metavar="IN_DIR_OR_GLOB", help="a directory of .npz files, a glob pattern or one file")
+    p.add_argument("--out", required=True, type=Path, help="output directory (same file names)")
+    p.add_argument("--model", default=LabelConfig.model, help="checkpoint directory, hub id or preset (tiny, qwen3-4b)")
+    p.add_argument("--llm-layer", "--llm_layer", type=int, default=-1, dest="llm_layer",
+                   help="hidden state after this decoder layer (negative: from the end; -1 = final, normed)")
+    p.add_argument("--pooling", choices=POOLINGS, default="last")
+    p.add_argument("--obs-format", "--obs_format", choices=OBS_FORMATS, default="compact", dest="obs_format")
+    p.add_argument("--llm-dtype", "--llm_dtype", choices=LLM_DTYPES, default="auto", dest="llm_dtype")
+    p.add_argument("--llm-encode", "--llm_encode", choices=LLM_ENCODES, default="packed", dest="llm_encode")
+    p.add_argument("--llm-capacity", "--llm_capacity", type=int, default=0, dest="llm_capacity",
+                   help="tokens per packed pass (0: jaxllm.default_capacity)")
+    p.add_argument("--system-prompt", "--system_prompt", default=None, dest="system_prompt",
+                   help="system prompt text or file (default: render's prompt for the env and format)")
+    p.add_argument("--batch", type=int, default=1024, help="observations per chunk, all devices together")
+    p.add_argument("--devices", type=int, default=0, help="devices to use (0: all visible)")
+    p.add_argument("--env", choices=ENV_NAMES, default=None,
+                   help="env of every file (default: the file's recorded env, else told by the observation size)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.batch < 1:
+        print("error: --batch must be >= 1", file=sys.stderr)
+        return 2
+    cfg = LabelConfig(model=args.model, llm_layer=args.llm_layer, pooling=args.pooling, obs_format=args.obs_format,
+                      llm_dtype=args.llm_dtype, llm_encode=args.llm_encode, llm_capacity=args.llm_capacity,
+                      system_prompt=args.system_prompt, batch=args.batch, devices=args.devices, env=args.env)
+    try:
+        files = input_files(args.inputs)
+        summary = label_files(files, args.out, cfg, quiet=args.quiet)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for bad in summary.bad:
+        print(f"bad file {bad.src}: {bad.reason}", file=sys.stderr)
+    print(summary.line(), flush=True)
+    return 1 if summary.bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""rl.label: labelling recorded trajectory files with the tiny model.
+
+A dataset is recorded once per session (`rl.train --preset test --save-trajectories`), labelled once in-process
+(the reference), and the tests check: a labeller killed mid-file (a real subprocess, SIGKILL) and rerun writes the
+reference bit for bit; bad files among good ones are reported by name and reason with exit code 1, the good ones
+still labelled; the vectors equal `rl.encoders.make_ids_encoder`'s on the obs template's ids and the HTTP server's
+on the same prompts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl.label import Labeller, LabelConfig, label_files, main
+from rl.trajectories import ARRAYS, HIDDEN_KEY, LABELLING_KEY, RECORDING_KEY, read_meta
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = "Craftax-Classic-Symbolic-v1"
+BATCH = 8  # observations per chunk: several chunks per file, so a kill lands mid-file
+CFG = LabelConfig(model="tiny", llm_dtype="float32", batch=BATCH)
+
+
+def _env():
+    cache = os.environ.get("JAX_TEST_CACHE_DIR", REPO / ".jax_cache")  # the conftest's persistent compile cache
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> Path:
+    """Trajectory files of Classic random play recorded by `rl.trajectories.TrajectoryWriter` (8 envs x 8 steps x 3
+    rollouts = 192 samples), 40 samples per file -> 5 files (the last one 32 samples)."""
+    out = tmp_path_factory.mktemp("label") / "trajectories"
+    files = record_random_play(out, updates=3, num_envs=8, num_steps=8, samples_per_file=40)
+    assert len(files) == 5
+    return out
+
+
+def record_random_play(out: Path, updates: int, num_envs: int, num_steps: int, samples_per_file: int):
+    import math
+
+    from rl.envs import BatchedEnv
+    from rl.trajectories import TrajectoryWriter, transitions_to_samples
+
+    env = BatchedEnv(ENV, num_envs, reset_ratio=4)
+
+    @jax.jit
+    def rollout(state, obs, key):
+        def step(carry, k):
+            state, obs = carry
+            k_act, k_env = jax.random.split(k)
+            action = jax.random.randint(k_act, (num_envs,), 0, env.num_actions)
+            next_obs, state, reward, done, _ = env.step(k_env, state, action)
+            return (state, next_obs), (obs, action, reward, done)
+
+        (state, obs), (o, a, r, d) = jax.lax.scan(step, (state, obs), jax.random.split(key, num_steps))
+        logp = jnp.full(a.shape, -math.log(env.num_actions), jnp.float32)
+        return state, obs, transitions_to_samples(o, obs, a, r, d, logp)
+
+    key = jax.random.PRNGKey(0)
+    obs, state = env.reset(key)
+    writer = TrajectoryWriter(out, samples_per_file, {"env": ENV, "num_envs": num_envs, "source": "test"})
+    for _ in range(updates):
+        key, k = jax.random.split(key)
+        state, obs, samples = rollout(state, obs, k)
+        writer.add(samples)
+    return writer.close()
+
+
+@pytest.fixture(scope="session")
+def labeller():
+    return Labeller(CFG)
+
+
+@pytest.fixture(scope="session")
+def reference(dataset, labeller, tmp_path_factory) -> Path:
+    """The dataset labelled in one uninterrupted in-process run."""
+    out = tmp_path_factory.mktemp("reference")
+    summary = label_files(sorted(dataset.glob("*.npz")), out, CFG, quiet=True, labeller=labeller)
+    assert summary.files == 5 and not summary.bad and summary.samples == 192
+    return out
+
+
+def _load(path: Path) -> dict:
+    with np.load(path, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def test_recorded_files_hold_the_format(dataset):
+    files = sorted(dataset.glob("*.npz"))
+    assert [f.name for f in files] == [f"traj-{i:012d}.npz" for i in (0, 40, 80, 120, 160)]
+    data = [_load(f) for f in files]
+    assert [d["obs"].shape[0] for d in data] == [40, 40, 40, 40, 32]
+    for d in data:
+        assert set(ARRAYS) <= set(d) and d["obs"].dtype == np.float32 and d["obs"].shape[1] == 1345
+        assert d["action"].dtype == np.int32 and d["done"].dtype == bool
+        assert np.all(d["log_prob"] <= 0) and np.isfinite(d["reward"]).all()
+        rec = json.loads(str(d[RECORDING_KEY]))
+        assert rec["env"] == ENV and rec["num_envs"] == 8 and rec["samples"] == d["obs"].shape[0]
+    obs = np.concatenate([d["obs"] for d in data])
+    nxt = np.concatenate([d["next_obs"] for d in data])
+    # time-major: next_obs of (step t, env e) is obs of (step t + 1, env e) inside an update
+    per_update = obs.reshape(3, 8, 8, -1)
+    np.testing.assert_array_equal(nxt.reshape(3, 8, 8, -1)[:, :-1], per_update[:, 1:])
+    # ... and the last step's next_obs is the next rollout's first obs
+    np.testing.assert_array_equal(nxt.reshape(3, 8, 8, -1)[:-1, -1], per_update[1:, 0])
+
+
+def test_labelled_files_carry_the_inputs_hidden_states_and_settings(dataset, reference):
+    for src in sorted(dataset.glob("*.npz")):
+        a, b = _load(src), _load(reference / src.name)
+        for key in ARRAYS + (RECORDING_KEY,):
+            np.testing.assert_array_equal(a[key], b[key])
+        h = b[HIDDEN_KEY]
+        assert h.dtype == np.float16 and h.shape == (a["obs"].shape[0], 64) and np.isfinite(h).all()
+        assert np.abs(h).sum(1).min() > 0
+        settings = json.loads(str(b[LABELLING_KEY]))
+        assert settings["model"] == "tiny" and settings["pooling"] == "last" and settings["obs_format"] == "compact"
+        assert settings["env"] == ENV and len(settings["prompt_sha256"]) == 64
+    assert not list(reference.glob(".*")), "no temporary or partial files left"
+
+
+def test_kill_mid_file_and_rerun_equals_the_uninterrupted_run(dataset, reference, labeller, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "rl.label", str(dataset), "--out", str(out), "--model", "tiny",
+                             "--llm-dtype", "float32", "--batch", str(BATCH), "--quiet"], cwd=REPO, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    state = out / ".traj-000000000040.npz.partial.json"  # the second file: the first one is done by then
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if json.loads(state.read_text())["rows_done"] >= BATCH:
+                    break
+            except (FileNotFoundError, ValueError, KeyError):
+                pass
+            time.sleep(0.02)
+        assert proc.poll() is None, f"the labeller ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done = json.loads(state.read_text())["rows_done"]
+    assert 0 < done < 40 and not (out / "traj-000000000040.npz").exists(), "killed mid-file"
+    assert (out / "traj-000000000000.npz").exists()
+    summary = label_files(sorted(dataset.glob("*.npz")), out, CFG, quiet=True, labeller=labeller)
+    assert summary.skipped == 1 and summary.files == 4 and summary.samples == 192 - 40 - done
+    for ref in sorted(reference.glob("*.npz")):
+        assert (out / ref.name).read_bytes() == ref.read_bytes(), ref.name
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
+    again = label_files(sorted(dataset.glob("*.npz")), out, CFG, quiet=True, labeller=labeller)
+    assert again.skipped == 5 and again.files == 0
+
+
+def test_bad_files_are_reported_and_the_rest_labelled(dataset, reference, tmp_path, capsys):
+    mixed = tmp_path / "in"
+    mixed.mkdir()
+    good = sorted(dataset.glob("*.npz"))[:2]
+    for f in good:
+        (mixed / f.name).write_bytes(f.read_bytes())
+    (mixed / "corrupt.npz").write_bytes(b"PK\x03\x04 not really a zip file")
+    np.savez(mixed / "craftax_size.npz", obs=np.zeros((4, 8268), np.float32),
+             **{RECORDING_KEY: np.array(json.dumps({"env": ENV}))})
+    np.savez(mixed / "odd_size.npz", obs=np.zeros((4, 1000), np.float32))
+    np.savez(mixed / "no_obs.npz", action=np.zeros(4, np.int32))
+    out = tmp_path / "out"
+    rc = main([str(mixed), "--out", str(out), "--model", "tiny", "--llm-dtype", "float32", "--batch", str(BATCH),
+               "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "corrupt.npz: unreadable as .npz" in err
+    assert "craftax_size.npz: its observations have 8268 floats, but Craftax-Classic-Symbolic-v1" in err
+    assert "odd_size.npz: an observation of 1000 floats fits no env" in err
+    assert "no_obs.npz: it has no 'obs' array" in err
+    for f in good:
+        assert (out / f.name).read_bytes() == (reference / f.name).read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == sorted(f.name for f in good)
+
+
+def _ids_of(labeller, obs):
+    tpl = labeller.template(ENV)
+    return jax.jit(jax.vmap(tpl))(jnp.asarray(obs))
+
+
+def test_vectors_equal_the_inscan_encoder_on_the_same_ids(dataset, reference, labeller):
+    """The labeller's vectors are `rl.encoders.make_ids_encoder`'s (the trainer's LLM call) on the obs template's
+    ids of the same chunk of observations."""
+    from rl.encoders import make_ids_encoder
+
+    name = "traj-000000000160.npz"  # 32 samples: 4 full chunks
+    obs, hidden = _load(dataset / name)["obs"], _load(reference / name)[HIDDEN_KEY]
+    encode = jax.jit(make_ids_encoder(labeller.model.config, layer=-1, pooling="last"))
+    cache = labeller._setup(ENV)[1]
+    for start in range(0, 32, BATCH):
+        ids, lengths = _ids_of(labeller, obs[start:start + BATCH])
+        expected = np.asarray(encode(labeller.params, cache, ids, lengths)).astype(np.float16)
+        np.testing.assert_array_equal(hidden[start:start + BATCH], expected)
+
+
+def test_vectors_equal_the_http_servers(dataset, reference, labeller, start_tiny_server):
+    """The same prompts (prefix + the template's ids) sent to `jaxllm.http.server` as token ids give the labelled
+    vectors (up to float16 rounding and the server's own batching)."""
+    from jaxllm.http.client import VLLMClient
+
+    name = "traj-000000000000.npz"
+    obs, hidden = _load(dataset / name)["obs"][:12], _load(reference / name)[HIDDEN_KEY][:12]
+    ids, lengths = map(np.asarray, _ids_of(labeller, obs))
+    prefix = labeller.template(ENV).prefix_ids
+    url, _ = start_tiny_server()
+    client = VLLMClient(url, timeout=60)
+    try:
+        served = np.asarray(client.embed([prefix + ids[i, : lengths[i]].tolist() for i in range(len(obs))]))
+    finally:
+        client.close()
+    np.testing.assert_allclose(hidden.astype(np.float32), served, rtol=2e-3, atol=2e-3)
