@@ -9,7 +9,6 @@ CRAFTAX = "Craftax-Symbolic-v1"
 CLASSIC = "Craftax-Classic-Symbolic-v1"
 ENV_NAMES = (CRAFTAX, CLASSIC)
 FORMATS = ("compact", "full")
-SOURCES = ("state", "obs")  # what a template reads: a raw env state, or the env's symbolic observation vector
 
 
 def _check_env_name(env_name: str) -> None:
@@ -57,10 +56,14 @@ def get_format(env_name: str, fmt: str) -> Format:
     return formats()[fmt]
 
 
+SOURCES = ("state", "obs")  # what a template reads: a raw env state, or the env's symbolic observation vector
+
+
 def view_function(env_name: str, source: str):
     """The function from ONE unbatched input to the formats' `View` of `env_name`: `source="state"` reads a raw
     craftax `EnvState`, `source="obs"` a symbolic observation vector (`render.observation`)."""
-    _check_env_name(env_name)
+    if env_name not in ENV_NAMES:
+        raise ValueError(f"unknown env {env_name!r}; render supports {', '.join(ENV_NAMES)}")
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
     if source == "obs":

@@ -89,8 +89,9 @@ def sample_count(path: Path) -> int:
     """N of a file's `obs`, read from the .npy header only (0 if that fails: the reader reports why)."""
     try:
         with zipfile.ZipFile(path) as z, z.open("obs.npy") as f:
-            version = np.lib.format.read_magic(f)
-            shape, _, _ = np.lib.format._read_array_header(f, version)
+            major, _ = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, _, _ = read_header(f)
             return int(shape[0]) if shape else 0
     except Exception:
         return 0
@@ -461,7 +462,7 @@ class _progress:
 # ------------------------------------------------------------------------------------------------ CLI
 
 def build_parser() -> argparse.ArgumentParser:
-    from rl.envs import ENV_NAMES
+    from render.envs import ENV_NAMES
 
     p = argparse.ArgumentParser(prog="python -m rl.label", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -109,6 +109,13 @@ def encoder_alone(labeller, env_name: str, files: list[Path], chunks: int) -> di
             "tokens_mean": tokens / prompts, "tokens_per_s": tokens / seconds, "prefix_tokens": len(tpl.prefix_ids)}
 
 
+def save(path: Path | None, result: dict) -> None:
+    """Write the results so far (a run cut short keeps what it measured)."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3-4b")
@@ -148,6 +155,7 @@ def main(argv=None) -> dict:
     result["record"] = {"files": len(files), "seconds_after_compile": rec_s,
                         "bytes": sum(f.stat().st_size for f in files)}
     log(f"recorded {len(files)} files ({result['record']['bytes'] / 1e9:.2f} GB) in {rec_s:.1f} s after compile")
+    save(args.out, result)
 
     cfg = LabelConfig(model=args.model, llm_layer=args.llm_layer, pooling=args.pooling, obs_format=args.obs_format,
                       llm_dtype=args.llm_dtype, llm_encode=args.llm_encode, batch=args.batch, devices=1)
@@ -160,13 +168,14 @@ def main(argv=None) -> dict:
     jax.block_until_ready(labeller.encode_chunk(args.env, warm))
     log("compiled; labelling (disk to disk)")
     t = time.perf_counter()
-    summary = label_files(files, dst, cfg, labeller=labeller, quiet=True)
+    summary = label_files(files, dst, cfg, labeller=labeller, quiet=args.smoke)  # the bar on stderr
     e2e = time.perf_counter() - t
     assert summary.files == len(files) and not summary.bad, summary
     result["label"] = {"files": summary.files, "samples": summary.samples, "seconds": e2e,
                        "samples_per_s": summary.samples / e2e,
                        "output_bytes": sum((dst / f.name).stat().st_size for f in files)}
     log(f"end to end: {summary.samples:,} samples in {e2e:.1f} s = {summary.samples / e2e:,.0f} samples/s")
+    save(args.out, result)
 
     enc = encoder_alone(labeller, args.env, files, args.encoder_chunks)
     result["encoder"] = enc
@@ -175,9 +184,7 @@ def main(argv=None) -> dict:
         f"prompts/s ({enc['tokens_mean']:.0f} tokens/prompt + {enc['prefix_tokens']} cached prefix, "
         f"{enc['tokens_per_s']:,.0f} tokens/s)")
     log(f"end to end / encoder = {result['ratio_end_to_end_to_encoder']:.3f}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    save(args.out, result)
     if args.dir is None:
         shutil.rmtree(work, ignore_errors=True)
     return result

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.label import Labeller, LabelConfig, label_files, main
+from rl.label import Labeller, LabelConfig, label_files, main, sample_count
 from rl.trajectories import ARRAYS, HIDDEN_KEY, LABELLING_KEY, RECORDING_KEY, read_meta
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_recorded_files_hold_the_format(dataset):
     files = sorted(dataset.glob("*.npz"))
     assert [f.name for f in files] == [f"traj-{i:012d}.npz" for i in (0, 40, 80, 120, 160)]
     data = [_load(f) for f in files]
-    assert [d["obs"].shape[0] for d in data] == [40, 40, 40, 40, 32]
+    assert [d["obs"].shape[0] for d in data] == [40, 40, 40, 40, 32] == [sample_count(f) for f in files]
     for d in data:
         assert set(ARRAYS) <= set(d) and d["obs"].dtype == np.float32 and d["obs"].shape[1] == 1345
         assert d["action"].dtype == np.int32 and d["done"].dtype == bool
