@@ -150,10 +150,3 @@ PRESETS: dict[str, Qwen3Config] = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
         rope_theta=1_000_000.0, tie_word_embeddings=True, max_position_embeddings=40960),
 }
-
-
-def preset(name: str) -> Qwen3Config:
-    """Returns the named preset config (`"qwen3-4b"` or `"tiny"`)."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; presets: {sorted(PRESETS)}")
-    return PRESETS[name]

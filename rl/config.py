@@ -11,6 +11,7 @@ from render.template import ASSEMBLIES
 from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
+from rl.sharding import resolve_device_count
 
 ENCODERS = ("none", "inscan", "vllm")
 OBS_FORMATS = ("compact", "full")
@@ -89,8 +90,11 @@ class TrainConfig:
     def uses_llm(self) -> bool:
         return self.encoder != "none"
 
-    def validate(self) -> "TrainConfig":
-        """Raise ValueError naming the bad field and the fix; return self when fine."""
+    def validate(self, num_devices: int | None = None) -> "TrainConfig":
+        """Raise ValueError naming the bad field and the fix; return self when fine.
+
+        `num_devices` (the resolved `--devices`, `resolve_devices`) adds the checks that the batch splits
+        over that many devices."""
         _choice("env", self.env, ENV_NAMES)
         _choice("encoder", self.encoder, ENCODERS)
         _choice("obs_format", self.obs_format, OBS_FORMATS)
@@ -109,7 +113,6 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.devices < 0:
             raise ValueError(f"--devices must be >= 0 (0 = all visible devices), got {self.devices}")
-        # whether num_envs splits over the devices is checked once the count is resolved (rl.sharding)
         if self.num_updates < 1:
             raise ValueError(
                 f"--total-timesteps {self.total_timesteps} is smaller than one update "
@@ -128,7 +131,27 @@ class TrainConfig:
             raise ValueError(
                 f"--skip-n {self.skip_n} must divide --num-steps {self.num_steps} (the LLM re-encodes every env "
                 f"once per skip_n-step window, and a rollout holds whole windows); e.g. --num-steps {fit}")
+        if num_devices is not None:
+            self._check_split(num_devices)
         return self
+
+    def _check_split(self, devices: int) -> None:
+        """The env batch must split evenly over the devices, and so must the optimistic-reset blocks (a device
+        holds whole blocks of `reset_ratio` envs, or lies inside one block) and, for the global shuffle, every
+        minibatch (each device computes an equal share of it)."""
+        if self.num_envs % devices:
+            lo = self.num_envs // devices * devices or devices
+            raise ValueError(f"--num-envs {self.num_envs} does not split over {devices} devices; pick a multiple of "
+                             f"{devices} (e.g. --num-envs {lo}) or change --devices")
+        local = self.num_envs // devices
+        if devices > 1 and local % self.reset_ratio and self.reset_ratio % local:
+            raise ValueError(f"the optimistic-reset pool (one fresh world per block of --reset-ratio "
+                             f"{self.reset_ratio} envs) does not split over {devices} devices of {local} envs each; "
+                             f"pick --reset-ratio so that it divides {local} (or is a multiple of it)")
+        minibatch = self.batch_size // self.num_minibatches
+        if devices > 1 and self.shuffle == "global" and minibatch % devices:
+            raise ValueError(f"a minibatch of {minibatch} samples (--num-steps x --num-envs / --num-minibatches) "
+                             f"does not split over {devices} devices; change one of them, or use --shuffle per_env")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -163,6 +186,22 @@ PRESETS: dict[str, dict[str, Any]] = {
     "test": dict(env="Craftax-Classic-Symbolic-v1", num_envs=8, num_steps=8, total_timesteps=8 * 8 * 3,
                  num_minibatches=2, update_epochs=1, width=32, skip_n=4, checkpoint_every=1),
 }
+
+
+def resolve_devices(cfg: TrainConfig, *, resumed: bool = False) -> TrainConfig:
+    """`cfg` validated, with `devices` resolved to the count used (0 = all visible) and the batch checked to split
+    over it. `resumed`: the count comes from a run directory's config.json (the error says so)."""
+    cfg.validate()  # refuses --devices < 0 before it is resolved
+    try:
+        n = resolve_device_count(cfg.devices)
+    except ValueError as e:
+        if resumed:
+            raise ValueError(f"this run was trained on {cfg.devices} devices (config.json) and resumes only on "
+                             f"{cfg.devices}: {e}") from None
+        raise
+    resolved = dataclasses.replace(cfg, devices=n)
+    resolved._check_split(n)
+    return resolved
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
+
+
+class LLMArgs(NamedTuple):
+    """The LLM arrays the jitted trainer takes as explicit arguments (both None without an in-scan LLM)."""
+
+    params: Any = None
+    prefix_cache: Any = None  # jaxllm.PrefixCache of the template's prompt head
 
 
 @dataclass
@@ -26,15 +33,9 @@ class LLMSetup:
     hidden_size: int
 
     @property
-    def jit_args(self) -> tuple[Any, Any]:
-        """The arrays the jitted trainer takes as explicit arguments: (LLM params, prefix cache)."""
-        return (self.model.params, self.prefix_cache) if self.model is not None else (None, None)
-
-
-def build_template(tokenizer, env_name: str, fmt: str, system_prompt: str | None, assembly: str = "auto"):
-    from render import build_template as _build
-
-    return _build(tokenizer, env_name, fmt=fmt, system_prompt=system_prompt, assembly=assembly)
+    def jit_args(self) -> LLMArgs:
+        """The arrays the jitted trainer takes as explicit arguments."""
+        return LLMArgs(self.model.params, self.prefix_cache) if self.model is not None else LLMArgs()
 
 
 def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMSetup:
@@ -42,20 +43,29 @@ def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMS
 
     `system_prompt` overrides `cfg.system_prompt` (used by rl.eval's other-prompt ablation).
     """
-    from jaxllm import load_model, load_tokenizer
+    from jaxllm import load_model, load_tokenizer, prefill
+    from render import build_template
 
     system_prompt = cfg.system_prompt if system_prompt is None else system_prompt
     tokenizer = load_tokenizer(cfg.model)
-    template = build_template(tokenizer, cfg.env, cfg.obs_format, system_prompt, cfg.template_assembly)
+    template = build_template(tokenizer, cfg.env, fmt=cfg.obs_format, system_prompt=system_prompt,
+                              assembly=cfg.template_assembly)
     if not with_model:
         return LLMSetup(None, tokenizer, template, None, 0)
     dtype = None if cfg.llm_dtype == "auto" else cfg.llm_dtype
     model = load_model(cfg.model, dtype=dtype)
-    from jaxllm import prefill
-
     cache = jax.jit(prefill, static_argnums=1)(model.params, model.config,
                                                np.asarray(template.prefix_ids, np.int32))
     return LLMSetup(model, tokenizer, template, cache, int(model.config.hidden_size))
+
+
+def load_encoder(cfg) -> tuple[LLMSetup | None, "VLLMEncoder | None"]:
+    """What a run of `cfg` encodes with: (None, None) for `--encoder none`; the model, template and prefix cache
+    for `inscan`; the tokenizer, template and a client of the (reachable) server for `vllm`."""
+    if cfg.encoder == "vllm":
+        llm = load_llm(cfg, with_model=False)
+        return llm, VLLMEncoder(cfg.vllm_url, llm.template, timeout=cfg.vllm_timeout)
+    return (load_llm(cfg) if cfg.uses_llm else None), None
 
 
 def make_ids_encoder(llm_config, *, layer: int, pooling: str, method: str = "packed", capacity: int = 0,

@@ -96,10 +96,6 @@ class BatchedEnv:
     def num_actions(self) -> int:
         return int(self._env.num_actions)
 
-    @property
-    def obs_size(self) -> int:
-        return int(self._env.observation_space(self._params).shape[0])
-
     # dynamics -------------------------------------------------------------------------------
     def reset(self, key: jax.Array, env_index: jax.Array | None = None) -> tuple[jax.Array, EnvBatchState]:
         """Fresh worlds for the envs `env_index` (default: all): (obs float32 [B, O], state)."""

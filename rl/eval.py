@@ -1,7 +1,7 @@
 """`python -m rl.eval DIR`: play episodes with a run's latest checkpoint; return and achievement rates.
 
-Every env plays exactly one episode from a fresh world (no resets, so short episodes are not
-over-counted); actions are sampled from the policy, as in training. For policies that read an LLM
+Every env plays one episode from a fresh world and only that first episode counts (so short episodes are
+not over-counted); it runs the trainer's own window scan, so the policy acts exactly as in training. For policies that read an LLM
 hidden state, the same episodes (same seeds) are also played with ablated hidden states:
     real    the hidden states the policy was trained with (refreshed every skip_n steps)
     zeros   all-zero vectors
@@ -18,14 +18,17 @@ import json
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rl.config import load_config
+from rl.encoders import LLMArgs
+from rl.envs import StepInfo
 from rl.rundir import Checkpoints
+from rl.trainer import RolloutCarry, Trainer
 
 MODES = ("real", "zeros", "noise", "shuffled", "other_prompt")
 OTHER_PROMPT = "You are a helpful assistant. Describe what you see."
@@ -38,50 +41,62 @@ def ablate(h: jax.Array, mode: jax.Array, key: jax.Array) -> jax.Array:
     return options[mode]
 
 
+class Episodes(NamedTuple):
+    """Each env's first episode: its return, length and achievements once `finished`."""
+
+    finished: jax.Array  # bool [B]
+    returns: jax.Array  # float32 [B]
+    lengths: jax.Array  # int32 [B]
+    achievements: jax.Array  # bool [B, A]
+
+
+def first_episodes(seen: Episodes, info: StepInfo) -> Episodes:
+    """`seen` with the episodes that ended in a window's StepInfo [T, B] added, for envs that had none yet."""
+    ended = info.episode_length > 0
+    first = jnp.argmax(ended, axis=0)  # each env's first step that ended an episode
+    at_first = lambda x: x[first, jnp.arange(x.shape[1])]
+    new = ended.any(0) & ~seen.finished
+    pick = lambda x, old: jnp.where(new.reshape(new.shape + (1,) * (old.ndim - 1)), at_first(x), old)
+    return Episodes(seen.finished | new, pick(info.episode_return, seen.returns),
+                    pick(info.episode_length, seen.lengths), pick(info.achievements, seen.achievements))
+
+
 def make_player(trainer, num_episodes: int, encode=None):
-    """Jitted episode player: play(params, seed, max_steps, mode, llm_args) -> numpy results.
+    """Episode player: play(params, seed, max_steps, mode, llm_args) -> numpy results.
 
-    Every env plays one episode; `encode` (llm_params, cache, raw_states) -> h refreshes the hidden
-    state every skip_n steps, and `mode` picks the ablation applied to it (one compile for all modes).
+    Every env plays one episode, in windows of the trainer's own scan (`Trainer.run_window`: the trainer's
+    envs, policy sampling and hidden-state handling); `encode` (llm_params, cache, raw_states) -> h refreshes
+    the hidden state at the start of every skip_n-step window, and `mode` picks the ablation applied to it (one
+    compile for all modes). An env's first finished episode is its result (what it plays after the restart is
+    not counted); an env still playing after `max_steps` reports its episode so far.
     """
-    env, cfg, env_params = trainer.env.raw_env, trainer.cfg, trainer.env.env_params
-    n = num_episodes
-    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
-
-    def step(hidden, c, _):
-        key, k_act, k_env = jax.random.split(c["key"], 3)
-        pi, _ = trainer.apply(c["params"], c["obs"], hidden)
-        action = pi.sample(seed=k_act)
-        obs, state, reward, done, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-            jax.random.split(k_env, n), c["state"], action, env_params)
-        alive = c["alive"]
-        ach = jnp.where((alive & done)[:, None], state.achievements.astype(bool), c["ach"])
-        return dict(c, state=state, obs=obs, key=key, alive=alive & ~done, ret=c["ret"] + reward * alive,
-                    length=c["length"] + alive, ach=ach), None
+    cfg, env, n = trainer.cfg, trainer.env, num_episodes
+    reset = jax.jit(lambda key: env.reset(key, jnp.arange(n)))
 
     @partial(jax.jit, static_argnames="window")
-    def run_window(c, mode, llm_params, cache, window):
-        hidden = None
+    def run_window(carry: RolloutCarry, seen: Episodes, params, mode, llm_params, cache, window):
         if encode is not None:
-            key, k = jax.random.split(c["key"])
-            hidden = ablate(encode(llm_params, cache, c["state"]), mode, k)
-            c = dict(c, key=key)
-        c, _ = jax.lax.scan(lambda c, x: step(hidden, c, x), c, None, window)
-        return c
+            key, k = jax.random.split(carry.key)
+            hidden = ablate(encode(llm_params, cache, carry.env_state.env_state), mode, k)
+            carry = carry._replace(hidden=hidden, key=key)
+        carry, (_, info, _) = trainer.run_window(params, carry, window)
+        return carry._replace(hidden=None), first_episodes(seen, info)
 
-    def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=(None, None)):
+    def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs()):
         window = cfg.skip_n if encode is not None else min(64, max_steps)
-        key = jax.random.PRNGKey(seed)
-        k_reset, key = jax.random.split(key)
-        obs, state = reset(jax.random.split(k_reset, n), env_params)
-        c = dict(params=params, state=state, obs=obs, key=key, alive=jnp.ones(n, bool), ret=jnp.zeros(n),
-                 length=jnp.zeros(n, jnp.int32), ach=jnp.zeros((n, len(trainer.env.achievement_names)), bool))
+        k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
+        obs, state = reset(k_reset)
+        carry = RolloutCarry(state, obs, None, key)
+        seen = Episodes(jnp.zeros(n, bool), jnp.zeros(n), jnp.zeros(n, jnp.int32),
+                        jnp.zeros((n, len(env.achievement_names)), bool))
         steps = 0
-        while steps < max_steps and bool(c["alive"].any()):
-            c = run_window(c, jnp.int32(mode), *llm_args, window=window)
+        while steps < max_steps and not bool(seen.finished.all()):
+            carry, seen = run_window(carry, seen, params, jnp.int32(mode), *llm_args, window=window)
             steps += window
-        c = jax.device_get(c)
-        return dict(returns=c["ret"], lengths=c["length"], achievements=c["ach"], unfinished=int(c["alive"].sum()))
+        seen, running = jax.device_get((seen, carry.env_state))
+        return dict(returns=np.where(seen.finished, seen.returns, running.episode_return),
+                    lengths=np.where(seen.finished, seen.lengths, running.episode_length),
+                    achievements=seen.achievements, unfinished=int((~seen.finished).sum()))
 
     return play
 
@@ -99,8 +114,6 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
     """Evaluate the latest checkpoint of `run_dir` (all ablation modes for LLM policies)."""
     import dataclasses
 
-    from rl.trainer import Trainer
-
     # evaluation plays on one device whatever the run trained on (orbax reshards the checkpoint on restore)
     cfg = dataclasses.replace(load_config(Path(run_dir) / "config.json"), devices=1)
     llm = None
@@ -110,7 +123,7 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
         cfg = dataclasses.replace(cfg, encoder="inscan")
         llm = load_llm(cfg)
     trainer = Trainer(cfg, llm)
-    llm_args = llm.jit_args if llm else (None, None)
+    llm_args = llm.jit_args if llm else LLMArgs()
     ckpt = Checkpoints(run_dir)
     step = ckpt.latest_step()
     if step is None:

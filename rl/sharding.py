@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
-
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
@@ -83,10 +81,9 @@ def check_same_on_all_processes(text: str, what: str) -> None:
 
 
 def resolve_device_count(requested: int) -> int:
-    """`--devices` -> how many devices to use (0 = all visible); a clear error if too many."""
+    """`--devices` (>= 0, `TrainConfig.validate`) -> how many devices to use (0 = all visible); a clear error if
+    too many."""
     visible = jax.device_count()
-    if requested < 0:
-        raise ValueError(f"--devices must be >= 0 (0 = all {visible} visible devices), got {requested}")
     if requested > visible:
         hint = ("" if jax.default_backend() != "cpu" else
                 "; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N fakes N devices")
@@ -96,26 +93,6 @@ def resolve_device_count(requested: int) -> int:
         raise ValueError(f"with {jax.process_count()} processes the mesh must hold every process's devices: "
                          f"pass --devices 0 or --devices {visible} (got {requested})")
     return requested or visible
-
-
-def check_divisible(num_envs: int, reset_ratio: int, devices: int, num_steps: int = 1, num_minibatches: int = 1,
-                    shuffle: str = "per_env") -> None:
-    """The env batch must split evenly over the devices, and so must the optimistic-reset blocks (a device
-    holds whole blocks of `reset_ratio` envs, or lies inside one block) and, for the global shuffle, every
-    minibatch (each device computes an equal share of it)."""
-    if num_envs % devices:
-        lo = num_envs // devices * devices or devices
-        raise ValueError(f"--num-envs {num_envs} does not split over {devices} devices; pick a multiple of "
-                         f"{devices} (e.g. --num-envs {lo}) or change --devices")
-    local = num_envs // devices
-    if devices > 1 and local % reset_ratio and reset_ratio % local:
-        raise ValueError(f"the optimistic-reset pool (one fresh world per block of --reset-ratio {reset_ratio} envs) "
-                         f"does not split over {devices} devices of {local} envs each; pick --reset-ratio so that "
-                         f"it divides {local} (or is a multiple of it)")
-    minibatch = num_steps * num_envs // max(num_minibatches, 1)
-    if devices > 1 and shuffle == "global" and minibatch % devices:
-        raise ValueError(f"a minibatch of {minibatch} samples (--num-steps x --num-envs / --num-minibatches) does not "
-                         f"split over {devices} devices; change one of them, or use --shuffle per_env")
 
 
 def make_mesh(devices: int) -> Mesh:
@@ -137,23 +114,6 @@ def keys_per_index(key: jax.Array, index: jax.Array) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
 
 
-def runner_specs(uses_hidden: bool) -> Any:
-    """The `PartitionSpec` tree of a `rl.trainer.RunnerState` (for shard_map): per-env fields split."""
-    from rl.trainer import RunnerState
-
-    env = P(ENV_AXIS)
-    return RunnerState(params=P(), opt_state=P(), env_state=env, obs=env, hidden=env if uses_hidden else None,
-                       rng=P(), update=P())
-
-
-def runner_shardings(runner: Any, mesh: Mesh) -> Any:
-    """A sharding tree matching a `rl.trainer.RunnerState`: `runner_specs` on `mesh`, one per leaf."""
-    specs = runner_specs(uses_hidden=runner.hidden is not None)
-    fields = {name: jax.tree.map(lambda _, spec=getattr(specs, name): NamedSharding(mesh, spec), value)
-              for name, value in runner._asdict().items()}
-    return type(runner)(**fields)
-
-
 def process_local_rows(x: jax.Array) -> np.ndarray:
     """This process's rows of an array split along its first (env) axis, in global order."""
     shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
@@ -164,8 +124,3 @@ def from_process_local_rows(local: np.ndarray, mesh: Mesh, global_rows: int) -> 
     """The inverse of `process_local_rows`: one global env-split array from every process's rows."""
     local = np.asarray(local)
     return jax.make_array_from_process_local_data(env_sharded(mesh), local, (global_rows,) + local.shape[1:])
-
-
-def place(tree: Any, shardings: Any) -> Any:
-    """`jax.device_put` a pytree onto a matching tree of shardings (or one sharding for all leaves)."""
-    return jax.device_put(tree, shardings)

@@ -14,6 +14,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,13 +22,14 @@ import jax
 import numpy as np
 
 from rl.config import (ENCODERS, LLM_DTYPES, LLM_ENCODES, OBS_FORMATS, POOLINGS, PRESETS, RESUME_OVERRIDABLE, TEMPLATE_ASSEMBLIES,
-                       TrainConfig, load_config)
+                       TrainConfig, load_config, resolve_devices)
+from rl.encoders import LLMArgs
 from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
-from rl.sharding import (agree_with_main_process, check_divisible, check_same_on_all_processes, is_main_process,
-                         maybe_initialize_distributed, resolve_device_count)
+from rl.sharding import (agree_with_main_process, check_same_on_all_processes, is_main_process,
+                         maybe_initialize_distributed)
 
 CHOICES = {"env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "template_assembly": TEMPLATE_ASSEMBLIES,
            "pooling": POOLINGS,
@@ -112,23 +114,28 @@ def _record(cfg: TrainConfig, names: Sequence[str], update: int, m: dict, second
     return rec
 
 
-def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
-          time_limit: float | None = None, quiet: bool = False) -> Path:
-    """Run (or continue) a training run; returns its run directory. Raises TrainingDiverged on NaN.
+@dataclass(frozen=True)
+class OpenRun:
+    """A run directory opened for training (`open_run`): its config, checkpoints, metrics log and progress."""
 
-    With several processes (`rl.sharding.maybe_initialize_distributed`) every process calls this with the
-    same arguments; only process 0 writes config.json and metrics.jsonl and prints, all write checkpoints.
+    cfg: TrainConfig  # as written to config.json: run_dir set, --devices resolved
+    run_dir: Path
+    ckpt: Checkpoints
+    log: MetricsLog
+    start: int  # updates already done (the newest checkpoint's)
+
+
+def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False) -> OpenRun:
+    """Validate `cfg`, resolve its device count and open (create, or check and continue) its run directory.
+
+    Everything that can refuse the run does so here, before an LLM is loaded. With several processes every
+    process calls this; only process 0 writes config.json.
     """
-    from rl.trainer import Trainer
-
-    cfg.validate()
-    main_process = is_main_process()
-    quiet = quiet or not main_process
     if run_dir is None and not cfg.run_dir and jax.process_count() > 1:
         raise ValueError(f"with {jax.process_count()} processes pass --run-dir (one directory that every process "
                          f"can reach, e.g. on a shared file system)")
     run_dir = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
-    cfg = dataclasses.replace(cfg, run_dir=str(run_dir), devices=_device_count(cfg, resume))
+    cfg = resolve_devices(dataclasses.replace(cfg, run_dir=str(run_dir)), resumed=resume)
     shared = {k: v for k, v in cfg.to_json().items() if k != "vllm_url"}  # each host may use its own server
     check_same_on_all_processes(json.dumps(shared, sort_keys=True), "config (flags or config.json)")
     if cfg.encoder == "inscan" and cfg.template_assembly == "pallas" and jax.default_backend() != "gpu":
@@ -140,28 +147,44 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
         check_vllm_reachable(cfg.vllm_url, cfg.vllm_timeout)
     _open_run_dir_on_main_process(cfg, run_dir, resume)
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
-    log = MetricsLog(run_dir / "metrics.jsonl", writable=main_process)
+    log = MetricsLog(run_dir / "metrics.jsonl", writable=is_main_process())
     start = ckpt.latest_step() or 0
-    if start >= cfg.num_updates:
-        if main_process:
-            print(f"{run_dir}: run already finished ({start}/{cfg.num_updates} updates); nothing to do", flush=True)
-        ckpt.close()
-        return run_dir
     if not resume and start == 0 and log.read():
         log.truncate_after(0)
+    return OpenRun(cfg, run_dir, ckpt, log, start)
 
-    llm, vllm = None, None
-    if cfg.encoder == "vllm":
-        from rl.encoders import VLLMEncoder, load_llm
 
-        llm = load_llm(cfg, with_model=False)
-        vllm = VLLMEncoder(cfg.vllm_url, llm.template, timeout=cfg.vllm_timeout)
-    elif cfg.encoder == "inscan":
-        from rl.encoders import load_llm
+def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
+          time_limit: float | None = None, quiet: bool = False) -> Path:
+    """Run (or continue) a training run; returns its run directory. Raises TrainingDiverged on NaN.
 
-        llm = load_llm(cfg)
+    With several processes (`rl.sharding.maybe_initialize_distributed`) every process calls this with the
+    same arguments; only process 0 writes config.json and metrics.jsonl and prints, all write checkpoints.
+    """
+    run = open_run(cfg, run_dir, resume=resume)
+    try:
+        if run.start < run.cfg.num_updates:
+            run_updates(run, max_updates=max_updates, time_limit=time_limit, quiet=quiet or not is_main_process())
+        elif is_main_process():
+            print(f"{run.run_dir}: run already finished ({run.start}/{run.cfg.num_updates} updates); nothing to do",
+                  flush=True)
+    finally:
+        run.ckpt.close()
+    return run.run_dir
+
+
+def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: float | None = None,
+                quiet: bool = False) -> None:
+    """The training loop of an opened run: load the encoder, restore the newest checkpoint, then update, log and
+    checkpoint until the run ends, `max_updates` updates were done here or `time_limit` seconds passed."""
+    from rl.encoders import load_encoder
+    from rl.trainer import Trainer
+
+    cfg, run_dir, ckpt, log, start = run.cfg, run.run_dir, run.ckpt, run.log, run.start
+    main_process = is_main_process()
+    llm, vllm = load_encoder(cfg)
     trainer = Trainer(cfg, llm, vllm)
-    llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else (None, None))
+    llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else LLMArgs())
     runner = trainer.init_state(llm_args)
     if start:
         runner = ckpt.restore(runner, start)
@@ -172,49 +195,44 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
     t_start = time.perf_counter()
     done_here, llm_share = 0, None
     saved_at = start if start else None  # update count of the newest checkpoint
-    try:
-        for update in range(start, cfg.num_updates):
-            t0 = time.perf_counter()
-            llm_t0 = vllm.seconds if vllm else 0.0
-            new_runner, m = trainer.step(runner, llm_args)
-            seconds = time.perf_counter() - t0
-            if not math.isfinite(float(m["total_loss"])):
-                if saved_at != update:
-                    ckpt.save(update, runner)
-                raise TrainingDiverged(
-                    f"loss is {float(m['total_loss'])} at update {update + 1}; stopped. The last good state "
-                    f"(update {update}) is checkpointed in {run_dir}/checkpoints; lower --lr or check the inputs")
-            runner = new_runner
-            if vllm is not None:
-                llm_share = (vllm.seconds - llm_t0) / seconds
-            elif cfg.encoder == "none":
-                llm_share = 0.0
-            elif done_here == 1:  # in-scan: estimated once, on an already compiled update
-                llm_share = trainer.time_llm_share(runner, llm_args, seconds)
-            rec = _record(cfg, trainer.env.achievement_names, update + 1, m, seconds, llm_share)
-            if done_here == 0:
-                rec["first_call_includes_compile"] = True
-            log.append(rec)
-            _status(cfg, rec, quiet)
-            done_here += 1
-            finished = update + 1 == cfg.num_updates
-            stop = max_updates is not None and done_here >= max_updates
-            if time_limit is not None:  # clocks differ between processes: process 0 decides for all
-                stop = agree_with_main_process(stop or time.perf_counter() - t_start >= time_limit)
-            if finished or stop or (update + 1) % cfg.checkpoint_every == 0:
-                ckpt.save(update + 1, runner)
-                saved_at = update + 1
-            if stop and not finished:
-                if main_process:
-                    print(f"\nstopped at update {update + 1}/{cfg.num_updates}; continue with --resume {run_dir}",
-                          file=sys.stderr, flush=True)
-                break
-        else:
-            if not quiet:
-                print(f"\nfinished {cfg.num_updates} updates; run directory {run_dir}", file=sys.stderr, flush=True)
-    finally:
-        ckpt.close()
-    return run_dir
+    for update in range(start, cfg.num_updates):
+        t0 = time.perf_counter()
+        llm_t0 = vllm.seconds if vllm else 0.0
+        new_runner, m = trainer.step(runner, llm_args)
+        seconds = time.perf_counter() - t0
+        if not math.isfinite(float(m["total_loss"])):
+            if saved_at != update:
+                ckpt.save(update, runner)
+            raise TrainingDiverged(
+                f"loss is {float(m['total_loss'])} at update {update + 1}; stopped. The last good state "
+                f"(update {update}) is checkpointed in {run_dir}/checkpoints; lower --lr or check the inputs")
+        runner = new_runner
+        if vllm is not None:
+            llm_share = (vllm.seconds - llm_t0) / seconds
+        elif llm is None:
+            llm_share = 0.0
+        elif done_here == 1:  # in-scan: estimated once, on an already compiled update
+            llm_share = trainer.time_llm_share(runner, llm_args, seconds)
+        rec = _record(cfg, trainer.env.achievement_names, update + 1, m, seconds, llm_share)
+        if done_here == 0:
+            rec["first_call_includes_compile"] = True
+        log.append(rec)
+        _status(cfg, rec, quiet)
+        done_here += 1
+        finished = update + 1 == cfg.num_updates
+        stop = max_updates is not None and done_here >= max_updates
+        if time_limit is not None:  # clocks differ between processes: process 0 decides for all
+            stop = agree_with_main_process(stop or time.perf_counter() - t_start >= time_limit)
+        if finished or stop or (update + 1) % cfg.checkpoint_every == 0:
+            ckpt.save(update + 1, runner)
+            saved_at = update + 1
+        if stop and not finished:
+            if main_process:
+                print(f"\nstopped at update {update + 1}/{cfg.num_updates}; continue with --resume {run_dir}",
+                      file=sys.stderr, flush=True)
+            return
+    if not quiet:
+        print(f"\nfinished {cfg.num_updates} updates; run directory {run_dir}", file=sys.stderr, flush=True)
 
 
 def _open_run_dir_on_main_process(cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
@@ -227,19 +245,6 @@ def _open_run_dir_on_main_process(cfg: TrainConfig, run_dir: Path, resume: bool)
             error = e
     if not agree_with_main_process(error is None):
         raise error or RunDirError(f"process 0 refused the run directory {run_dir} (its log says why)")
-
-
-def _device_count(cfg: TrainConfig, resume: bool) -> int:
-    """The resolved --devices (written to config.json); a resume must find the run's device count."""
-    try:
-        n = resolve_device_count(cfg.devices)
-    except ValueError as e:
-        if resume:
-            raise ValueError(f"this run was trained on {cfg.devices} devices (config.json) and resumes only on "
-                             f"{cfg.devices}: {e}") from None
-        raise
-    check_divisible(cfg.num_envs, cfg.reset_ratio, n, cfg.num_steps, cfg.num_minibatches, cfg.shuffle)
-    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:

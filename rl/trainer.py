@@ -14,10 +14,10 @@ batched call per window (no extra small-batch calls). With skip_n=1 no action is
 zeroed vector.
 
 Several devices (`cfg.devices`, docs/MULTIGPU.md): every jitted function is a `jax.shard_map` over a
-1-D device mesh. The runner state's per-env fields are split over it and everything else is
-replicated (`rl.sharding`); each device steps, renders, encodes and acts for its own envs, with
-random keys derived from global env indices, and the PPO losses and gradients are averaged over all
-devices. The result equals a one-device run of the same global batch up to float reassociation.
+1-D device mesh (`rl.sharding`). The runner state's per-env fields are split over it and everything
+else is replicated (`RunnerState.specs`, `RolloutCarry.specs`); each device steps, renders, encodes and
+acts for its own envs, with random keys derived from global env indices, and the PPO losses and
+gradients are averaged over all devices. The result equals a one-device run of the same global batch up to float reassociation.
 """
 from __future__ import annotations
 
@@ -26,14 +26,15 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rl.config import TrainConfig
+from rl.config import TrainConfig, resolve_devices
+from rl.encoders import LLMArgs, make_inscan_encoder, make_token_fn
 from rl.envs import BatchedEnv, EnvBatchState, StepInfo
 from rl.networks import make_network
 from rl.ppo import PPOHyper, Transition, make_optimizer, ppo_update
-from rl.sharding import (ENV_AXIS, check_divisible, from_process_local_rows, keys_per_index, make_mesh,
-                         process_local_rows, replicated, resolve_device_count, runner_shardings, runner_specs)
+from rl.sharding import (ENV_AXIS, from_process_local_rows, keys_per_index, make_mesh, process_local_rows,
+                         replicated)
 
 
 class RunnerState(NamedTuple):
@@ -47,21 +48,46 @@ class RunnerState(NamedTuple):
     rng: jax.Array  # PRNG key (uint32[2])
     update: jax.Array  # int32 scalar: updates done so far
 
+    @staticmethod
+    def specs(uses_hidden: bool) -> "RunnerState":
+        """The `PartitionSpec` of each field (for shard_map): per-env fields split over the env axis."""
+        env = P(ENV_AXIS)
+        return RunnerState(params=P(), opt_state=P(), env_state=env, obs=env, hidden=env if uses_hidden else None,
+                           rng=P(), update=P())
+
+    def shardings(self, mesh: Mesh) -> "RunnerState":
+        """A sharding for every leaf: `specs` on `mesh`."""
+        specs = RunnerState.specs(uses_hidden=self.hidden is not None)
+        return RunnerState(*(jax.tree.map(lambda _, spec=spec: NamedSharding(mesh, spec), value)
+                             for value, spec in zip(self, specs)))
+
+
+class RolloutCarry(NamedTuple):
+    """What the rollout's scan carries from one env step to the next (per-env fields split over devices)."""
+
+    env_state: EnvBatchState
+    obs: jax.Array  # [B, O]
+    hidden: jax.Array | None  # [B, D] the policy reads (held over a window, zeroed on reset), else None
+    key: jax.Array  # PRNG key of the rollout
+
+    @staticmethod
+    def specs(uses_hidden: bool) -> "RolloutCarry":
+        env = P(ENV_AXIS)
+        return RolloutCarry(env, env, env if uses_hidden else None, P())
+
 
 class Trainer:
     """Builds the env, network, optimizer and jitted update of a `TrainConfig`.
 
     `llm` is an `rl.encoders.LLMSetup` for `inscan` / `vllm` (None for `none`). For `vllm` pass
-    `vllm_encoder` (an `rl.encoders.VLLMEncoder`). The env batch is split over `cfg.devices` devices
-    (0 = all visible): `self.mesh`; pass LLM arguments through `place_llm_args` once.
+    `vllm_encoder` (an `rl.encoders.VLLMEncoder`); `rl.encoders.load_encoder` gives both. The env batch is
+    split over `cfg.devices` devices (0 = all visible; `self.cfg` holds the resolved count): `self.mesh`;
+    pass LLM arguments through `place_llm_args` once.
     """
 
     def __init__(self, cfg: TrainConfig, llm=None, vllm_encoder=None):
-        cfg.validate()
-        self.cfg = cfg
-        self.num_devices = resolve_device_count(cfg.devices)
-        check_divisible(cfg.num_envs, cfg.reset_ratio, self.num_devices, cfg.num_steps, cfg.num_minibatches,
-                        cfg.shuffle)
+        self.cfg = cfg = resolve_devices(cfg)
+        self.num_devices = cfg.devices
         self.mesh = make_mesh(self.num_devices)
         self.local_envs = cfg.num_envs // self.num_devices
         self.env = BatchedEnv(cfg.env, cfg.num_envs, cfg.reset_ratio)
@@ -74,25 +100,23 @@ class Trainer:
         self.llm = llm
         self.vllm = vllm_encoder
         if cfg.uses_llm and llm is None:
-            raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_llm)")
+            raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_encoder)")
+        specs = RunnerState.specs(uses_hidden=cfg.uses_llm)
+        carry = RolloutCarry.specs(uses_hidden=cfg.uses_llm)
+        rep, env, steps = P(), P(ENV_AXIS), P(None, ENV_AXIS)
         self._encode = None
         if cfg.encoder == "inscan":
-            from rl.encoders import make_inscan_encoder
-
             self._encode = make_inscan_encoder(llm.template, llm.model.config, layer=cfg.llm_layer,
                                                pooling=cfg.pooling, method=cfg.llm_encode,
                                                capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
-        specs = runner_specs(uses_hidden=cfg.uses_llm)
-        rep, env, steps = P(), P(ENV_AXIS), P(None, ENV_AXIS)
-        carry = (env, env, env if cfg.uses_llm else None, rep)  # (env_state, obs, hidden, key)
-        if cfg.encoder == "vllm":
-            from rl.encoders import make_token_fn
-
+        elif cfg.encoder == "vllm":
+            if vllm_encoder is None:
+                raise ValueError("--encoder vllm needs the server's client (rl.encoders.load_encoder)")
             self._tokens = self._sharded(make_token_fn(llm.template), env, (env, env))
         self.update = self._sharded(self._update, (specs, rep), (specs, rep))
         self.encode_states = self._sharded(self._encode, (rep, rep, env), env) if self._encode else None
         self._reset = self._sharded(lambda key: self.env.reset(key, self._env_index()), rep, (env, env))
-        self._window = self._sharded(lambda p, c: self._run_window(p, c, cfg.skip_n, env_index=self._env_index()),
+        self._window = self._sharded(lambda p, c: self.run_window(p, c, cfg.skip_n, env_index=self._env_index()),
                                      (rep, carry), (carry, steps))
         finish_chunks = lambda runner, c, k, chunks: self._finish_update(runner, c, k, *_concat_steps(chunks))
         self._finish = self._sharded(finish_chunks, (specs, carry, rep, steps), (specs, rep))  # vllm path
@@ -111,24 +135,24 @@ class Trainer:
     def apply(self, params, obs, hidden):
         return self.network.apply(params, obs, hidden)
 
-    def place_llm_args(self, llm_args):
-        """The LLM params and prefix cache, replicated over the mesh (a no-op for `(None, None)`)."""
-        return jax.device_put(llm_args, replicated(self.mesh))
+    def place_llm_args(self, llm_args=LLMArgs()) -> LLMArgs:
+        """The LLM params and prefix cache, replicated over the mesh (a no-op for `LLMArgs()`)."""
+        return jax.device_put(LLMArgs(*llm_args), replicated(self.mesh))
 
     def place(self, runner: RunnerState) -> RunnerState:
         """`runner` with its per-env fields split over the mesh and the rest replicated."""
-        return jax.device_put(runner, runner_shardings(runner, self.mesh))
+        return jax.device_put(runner, runner.shardings(self.mesh))
 
-    def init_state(self, llm_args=(None, None)) -> RunnerState:
+    def init_state(self, llm_args=LLMArgs()) -> RunnerState:
         """Initial params, optimizer state, envs and (for LLM encoders) the first hidden states,
         placed on the mesh. The values do not depend on the device count."""
         key = jax.random.PRNGKey(self.cfg.seed)
         key, k_net, k_env = jax.random.split(key, 3)
         obs, env_state = self._reset(k_env)
         hidden = None
-        if self.cfg.encoder == "inscan":
+        if self._encode is not None:
             hidden = self.encode_states(*self.place_llm_args(llm_args), env_state.env_state)
-        elif self.cfg.encoder == "vllm":
+        elif self.vllm is not None:
             hidden = self._vllm_hidden(env_state)
         # init reads only shapes; zeros (not obs[:1]) since with several processes obs is not all on this host
         dummy_h = None if hidden is None else jnp.zeros((1,) + hidden.shape[1:], hidden.dtype)
@@ -137,88 +161,83 @@ class Trainer:
         return self.place(RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32)))
 
     # rollout ----------------------------------------------------------------------------------
-    def _act(self, params, carry, env_index):
-        env_state, obs, hidden, key = carry
-        key, k_act, k_env = jax.random.split(key, 3)
-        pi, value = self.apply(params, obs, hidden)
+    def _act(self, params, carry: RolloutCarry, env_index):
+        key, k_act, k_env = jax.random.split(carry.key, 3)
+        pi, value = self.apply(params, carry.obs, carry.hidden)
         action = jax.vmap(jax.random.categorical)(keys_per_index(k_act, env_index), pi.logits)
         log_prob = pi.log_prob(action)
-        next_obs, next_state, reward, done, info = self.env.step(k_env, env_state, action, env_index)
+        next_obs, next_state, reward, done, info = self.env.step(k_env, carry.env_state, action, env_index)
+        hidden = carry.hidden
         if hidden is not None:  # a new episode must not see the previous episode's vector
-            next_hidden = jnp.where(done[:, None], jnp.zeros_like(hidden), hidden)
-        else:
-            next_hidden = None
-        tr = Transition(obs, hidden, action, log_prob, value, reward, done)
-        return (next_state, next_obs, next_hidden, key), (tr, info, env_state.env_state)
+            hidden = jnp.where(done[:, None], jnp.zeros_like(hidden), hidden)
+        tr = Transition(carry.obs, carry.hidden, action, log_prob, value, reward, done)
+        return RolloutCarry(next_state, next_obs, hidden, key), (tr, info, carry.env_state.env_state)
 
-    def _run_window(self, params, carry, length: int, keep_states: bool = False, env_index=None):
-        """`length` env+policy steps with the hidden state held (zeroed on reset). `env_index`: global
-        indices of the envs in `carry` (default: 0..B-1, the whole batch on one device)."""
+    def run_window(self, params, carry: RolloutCarry, length: int, keep_states: bool = False, env_index=None):
+        """`length` env+policy steps with the hidden state held (zeroed on reset) -> (carry, (Transition [T, B],
+        StepInfo [T, B], raw env states [T, B] or None)). `env_index`: global indices of the envs in `carry`
+        (default: 0..B-1, the whole batch on one device). Done envs restart (`BatchedEnv.step`)."""
         if env_index is None:
-            env_index = jnp.arange(carry[1].shape[0])
+            env_index = jnp.arange(carry.obs.shape[0])
         carry, (tr, info, states) = jax.lax.scan(lambda c, _: self._act(params, c, env_index), carry, None, length)
         return carry, (tr, info, states if keep_states else None)
 
     def rollout(self, params, env_state, obs, hidden, key, llm_args, keep_states: bool = False, env_index=None):
-        """One rollout of num_steps steps -> (carry, Transition [T, B], StepInfo [T, B], states or None).
+        """One rollout of num_steps steps -> (RolloutCarry, Transition [T, B], StepInfo [T, B], states or None).
 
         Runs on one device's envs inside the update's shard_map (`env_index`: their global indices), or on
         all envs when called directly. `keep_states=True` also returns every step's raw env state (for tests).
         """
         cfg = self.cfg
-        carry = (env_state, obs, hidden, key)
-        if cfg.encoder == "none":
-            carry, (tr, info, states) = self._run_window(params, carry, cfg.num_steps, keep_states, env_index)
+        carry = RolloutCarry(env_state, obs, hidden, key)
+        if self._encode is None:
+            if cfg.encoder == "vllm":
+                raise RuntimeError("the vllm encoder rolls out on the host; use Trainer.step")
+            carry, (tr, info, states) = self.run_window(params, carry, cfg.num_steps, keep_states, env_index)
             return carry, tr, info, states
-        if cfg.encoder == "vllm":
-            raise RuntimeError("the vllm encoder rolls out on the host; use Trainer.step")
 
         def window(carry, _):
-            carry, out = self._run_window(params, carry, cfg.skip_n, keep_states, env_index)
-            env_state, obs, _, key = carry
-            fresh = self._encode(*llm_args, env_state.env_state)
-            return (env_state, obs, fresh, key), out
+            carry, out = self.run_window(params, carry, cfg.skip_n, keep_states, env_index)
+            return carry._replace(hidden=self._encode(*llm_args, carry.env_state.env_state)), out
 
         carry, out = jax.lax.scan(window, carry, None, cfg.num_steps // cfg.skip_n)
         merge = lambda x: x.reshape((-1,) + x.shape[2:])
         return (carry, *jax.tree.map(merge, out))
 
     # update -----------------------------------------------------------------------------------
-    def _finish_update(self, runner: RunnerState, carry, key_ppo, traj: Transition, info: StepInfo):
-        """PPO on this device's rollout (losses and gradients averaged over all devices) -> (runner, metrics)."""
-        env_state, obs, hidden, key = carry
-        _, last_value = self.apply(runner.params, obs, hidden)
+    def _finish_update(self, runner: RunnerState, carry: RolloutCarry, key_ppo, traj: Transition, info: StepInfo):
+        """PPO on this device's rollout (losses and gradients averaged over all devices) -> (runner, metrics).
+        `carry.key` becomes the runner's next key."""
+        _, last_value = self.apply(runner.params, carry.obs, carry.hidden)
         params, opt_state, losses = ppo_update(runner.params, runner.opt_state, self.optimizer, self.apply,
                                                traj, last_value, key_ppo, self.hp, axis_name=ENV_AXIS,
                                                env_index=self._env_index())
         metrics = dict(losses, **episode_metrics(info, ENV_AXIS))
         if traj.hidden is not None:
             metrics["hidden_zero_frac"] = jax.lax.pmean(jnp.mean(jnp.all(traj.hidden == 0, axis=-1)), ENV_AXIS)
-        return RunnerState(params, opt_state, env_state, obs, hidden, key, runner.update + 1), metrics
+        return RunnerState(params, opt_state, carry.env_state, carry.obs, carry.hidden, carry.key,
+                           runner.update + 1), metrics
 
-    def _update(self, runner: RunnerState, llm_args):
+    def _update(self, runner: RunnerState, llm_args: LLMArgs):
         """One full training update (rollout + PPO) as a pure function; jitted as `self.update`."""
         key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
         carry, traj, info, _ = self.rollout(runner.params, runner.env_state, runner.obs, runner.hidden,
                                             k_roll, llm_args, env_index=self._env_index())
-        env_state, obs, hidden, _ = carry
-        return self._finish_update(runner, (env_state, obs, hidden, key), k_ppo, traj, info)
+        return self._finish_update(runner, carry._replace(key=key), k_ppo, traj, info)
 
-    def step(self, runner: RunnerState, llm_args=(None, None)):
+    def step(self, runner: RunnerState, llm_args=LLMArgs()):
         """Advance one update; returns (runner, metrics as numpy). Host loop only for `vllm`."""
-        if self.cfg.encoder != "vllm":
-            runner, metrics = self.update(runner, llm_args)
+        if self.vllm is None:
+            runner, metrics = self.update(runner, LLMArgs(*llm_args))
             return runner, jax.device_get(metrics)
         key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
-        carry = (runner.env_state, runner.obs, runner.hidden, k_roll)
+        carry = RolloutCarry(runner.env_state, runner.obs, runner.hidden, k_roll)
         chunks = []
         for _ in range(self.cfg.num_steps // self.cfg.skip_n):
             carry, out = self._window(runner.params, carry)
             chunks.append(out[:2])
-            env_state, obs, _, k = carry
-            carry = (env_state, obs, self._vllm_hidden(env_state), k)
-        env_state, obs, hidden, _ = carry
-        runner, metrics = self._finish(runner, (env_state, obs, hidden, key), k_ppo, chunks)
+            carry = carry._replace(hidden=self._vllm_hidden(carry.env_state))
+        runner, metrics = self._finish(runner, carry._replace(key=key), k_ppo, chunks)
         return runner, jax.device_get(metrics)
 
     def _vllm_hidden(self, env_state: EnvBatchState) -> jax.Array:
@@ -227,10 +246,10 @@ class Trainer:
         ids, lengths = (process_local_rows(x) for x in self._tokens(env_state.env_state))
         return from_process_local_rows(self.vllm(ids, lengths), self.mesh, self.cfg.num_envs)
 
-    def time_llm_share(self, runner: RunnerState, llm_args, update_seconds: float) -> float:
+    def time_llm_share(self, runner: RunnerState, llm_args: LLMArgs, update_seconds: float) -> float:
         """Estimated share of an update's time spent in the in-scan LLM: one timed batched encode
         (already compiled) x windows per update / measured update time."""
-        if self.cfg.encoder != "inscan":
+        if self._encode is None:
             return 0.0
         jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
         t0 = time.perf_counter()

@@ -348,7 +348,12 @@ def test_resume_on_fewer_devices_is_refused(results, capsys):
 
 def test_device_checks_without_devices():
     """The pure checks, and the multi-host env-var parsing (no initialisation happens on bad input)."""
-    from rl.sharding import check_divisible, maybe_initialize_distributed
+    from rl.config import TrainConfig
+    from rl.sharding import maybe_initialize_distributed
+
+    def check_divisible(num_envs, reset_ratio, devices):
+        TrainConfig(num_envs=num_envs, reset_ratio=reset_ratio, num_steps=1, num_minibatches=1, update_epochs=1,
+                    total_timesteps=num_envs, shuffle="per_env").validate(devices)
 
     check_divisible(1024, 16, 4)
     with pytest.raises(ValueError, match="--num-envs 10 does not split over 4 devices"):
