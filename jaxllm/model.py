@@ -9,7 +9,8 @@ Params layout (a dict; decoder layers stacked on a leading axis of size L for `l
     norm [D]
     lm_head [D, V]        (only for untied checkpoints)
 
-Projection matrices are stored [in, out] (HF stores [out, in]; weights.py transposes at load time).
+Projection matrices are stored [in, out] (HF stores [out, in]; weights.py transposes at load time). The leaves'
+HF names, shapes and init are tabled once in jaxllm/params.py.
 """
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ from .fp8 import linear
 from .packed_attention import Segments, default_packed_attention_impl, packed_attention
 
 Params = dict[str, Any]
-LAYER_KEYS = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
-              "post_attention_layernorm", "gate_proj", "up_proj", "down_proj")
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:

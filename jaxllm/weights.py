@@ -18,24 +18,11 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from .config import Qwen3Config
-from .model import LAYER_KEYS, Params
+from .model import Params
+from .params import LAYER_KEYS, LAYER_LEAVES, TOP_LEAVES, leaf_of
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-# Our stacked layer leaf -> (HF key suffix under `layers.{i}.`, transpose on load).
-_HF_LAYER_KEYS = {
-    "input_layernorm": ("input_layernorm.weight", False),
-    "q_proj": ("self_attn.q_proj.weight", True),
-    "k_proj": ("self_attn.k_proj.weight", True),
-    "v_proj": ("self_attn.v_proj.weight", True),
-    "o_proj": ("self_attn.o_proj.weight", True),
-    "q_norm": ("self_attn.q_norm.weight", False),
-    "k_norm": ("self_attn.k_norm.weight", False),
-    "post_attention_layernorm": ("post_attention_layernorm.weight", False),
-    "gate_proj": ("mlp.gate_proj.weight", True),
-    "up_proj": ("mlp.up_proj.weight", True),
-    "down_proj": ("mlp.down_proj.weight", True),
-}
 # Buffers some exporters write that carry no weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -46,12 +33,7 @@ class CheckpointError(ValueError):
 
 def layer_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
     """Per-layer (unstacked) shapes of the decoder-layer leaves, in our [in, out] layout."""
-    d, i, hd = config.hidden_size, config.intermediate_size, config.head_dim
-    return {
-        "input_layernorm": (d,), "q_proj": (d, config.q_size), "k_proj": (d, config.kv_size),
-        "v_proj": (d, config.kv_size), "o_proj": (config.q_size, d), "q_norm": (hd,), "k_norm": (hd,),
-        "post_attention_layernorm": (d,), "gate_proj": (d, i), "up_proj": (d, i), "down_proj": (i, d),
-    }
+    return {name: leaf.shape(config) for name, leaf in LAYER_LEAVES.items()}
 
 
 def param_shapes(config: Qwen3Config, with_lm_head: bool | None = None) -> dict[str, Any]:
@@ -59,13 +41,9 @@ def param_shapes(config: Qwen3Config, with_lm_head: bool | None = None) -> dict[
     if with_lm_head is None:
         with_lm_head = not config.tie_word_embeddings
     n = config.num_hidden_layers
-    shapes: dict[str, Any] = {
-        "embed_tokens": (config.vocab_size, config.hidden_size),
-        "layers": {k: (n,) + s for k, s in layer_shapes(config).items()},
-        "norm": (config.hidden_size,),
-    }
-    if with_lm_head:
-        shapes["lm_head"] = (config.hidden_size, config.vocab_size)
+    shapes: dict[str, Any] = {name: leaf.shape(config) for name, leaf in TOP_LEAVES.items()
+                              if name != "lm_head" or with_lm_head}
+    shapes["layers"] = {k: (n,) + s for k, s in layer_shapes(config).items()}
     return shapes
 
 
@@ -81,8 +59,7 @@ def init_params(config: Qwen3Config, dtype: Any = jnp.float32, seed: int | jax.A
     base = jax.random.key(seed)
     leaves = []
     for index, (path, shape) in enumerate(flat):
-        name = jax.tree_util.keystr(path)
-        if name.endswith("norm']"):
+        if leaf_of(tuple(k.key for k in path)).init == "ones":
             leaves.append(jnp.ones(shape, dtype))
         else:
             noise = jax.random.normal(jax.random.fold_in(base, index), shape, jnp.float32)
@@ -92,15 +69,16 @@ def init_params(config: Qwen3Config, dtype: Any = jnp.float32, seed: int | jax.A
 
 def _hf_key_plan(config: Qwen3Config, prefix: str, with_lm_head: bool) -> dict[str, list[tuple[str, bool]]]:
     """Our leaf path ('layers/q_proj', 'embed_tokens', ...) -> list of (HF key, transpose), one per layer."""
-    plan: dict[str, list[tuple[str, bool]]] = {
-        "embed_tokens": [(f"{prefix}embed_tokens.weight", False)],
-        "norm": [(f"{prefix}norm.weight", False)],
-    }
-    for leaf, (suffix, transpose) in _HF_LAYER_KEYS.items():
-        plan[f"layers/{leaf}"] = [(f"{prefix}layers.{i}.{suffix}", transpose)
+    plan: dict[str, list[tuple[str, bool]]] = {}
+    for name, leaf in TOP_LEAVES.items():
+        if name != "lm_head":
+            plan[name] = [(f"{prefix}{leaf.hf_name}", leaf.transpose)]
+    for name, leaf in LAYER_LEAVES.items():
+        plan[f"layers/{name}"] = [(f"{prefix}layers.{i}.{leaf.hf_name}", leaf.transpose)
                                   for i in range(config.num_hidden_layers)]
     if with_lm_head:
-        plan["lm_head"] = [("lm_head.weight", True)]
+        head = TOP_LEAVES["lm_head"]
+        plan["lm_head"] = [(head.hf_name, head.transpose)]
     return plan
 
 
@@ -166,7 +144,7 @@ def load_params(ckpt_dir: str | Path, config: Qwen3Config, dtype: Any) -> Params
         raise CheckpointError(f"{ckpt_dir}: {len(missing)} tensor(s) missing for a {layout} checkpoint with "
                               f"{config.num_hidden_layers} layers, e.g. '{missing[0]}'")
     unexpected = sorted(k for k in set(key_to_file) - expected
-                        if not k.endswith(_IGNORED_SUFFIXES) and k != "lm_head.weight")
+                        if not k.endswith(_IGNORED_SUFFIXES) and k != TOP_LEAVES["lm_head"].hf_name)
     if unexpected:
         k = unexpected[0]
         raise CheckpointError(f"{key_to_file[k]}: unexpected tensor '{k}' ({len(unexpected)} in all); the "

@@ -1,0 +1,62 @@
+"""The Qwen3 parameter table: every leaf of the params pytree described once.
+
+Each `Leaf` gives the HF checkpoint name, the shape in our layout (projections [in, out]), whether loading
+transposes HF's [out, in], and how random init fills it. The decoder-layer leaves (`LAYER_LEAVES`) are stacked on a
+leading layer axis; `model.LAYER_KEYS`, `weights.param_shapes`, the checkpoint key plan and `weights.init_params`
+are all derived from these tables.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from .config import Qwen3Config
+
+INITS = ("normal", "ones")  # N(0, initializer_range) | 1.0 (norm weights)
+
+
+class Leaf(NamedTuple):
+    """One parameter leaf: HF name (under `layers.{i}.` for a layer leaf), shape in our layout, transpose, init."""
+
+    hf_name: str
+    shape: Callable[[Qwen3Config], tuple[int, ...]]  # per layer for a layer leaf
+    transpose: bool  # HF stores [out, in]; we store [in, out]
+    init: str  # one of INITS
+
+
+def _norm(hf_name: str, size: Callable[[Qwen3Config], int]) -> Leaf:
+    return Leaf(hf_name, lambda c: (size(c),), False, "ones")
+
+
+def _proj(hf_name: str, n_in: Callable[[Qwen3Config], int], n_out: Callable[[Qwen3Config], int]) -> Leaf:
+    return Leaf(hf_name, lambda c: (n_in(c), n_out(c)), True, "normal")
+
+
+_d = lambda c: c.hidden_size  # noqa: E731
+_i = lambda c: c.intermediate_size  # noqa: E731
+
+LAYER_LEAVES: dict[str, Leaf] = {
+    "input_layernorm": _norm("input_layernorm.weight", _d),
+    "q_proj": _proj("self_attn.q_proj.weight", _d, lambda c: c.q_size),
+    "k_proj": _proj("self_attn.k_proj.weight", _d, lambda c: c.kv_size),
+    "v_proj": _proj("self_attn.v_proj.weight", _d, lambda c: c.kv_size),
+    "o_proj": _proj("self_attn.o_proj.weight", lambda c: c.q_size, _d),
+    "q_norm": _norm("self_attn.q_norm.weight", lambda c: c.head_dim),
+    "k_norm": _norm("self_attn.k_norm.weight", lambda c: c.head_dim),
+    "post_attention_layernorm": _norm("post_attention_layernorm.weight", _d),
+    "gate_proj": _proj("mlp.gate_proj.weight", _d, _i),
+    "up_proj": _proj("mlp.up_proj.weight", _d, _i),
+    "down_proj": _proj("mlp.down_proj.weight", _i, _d),
+}
+# The leaves outside the layer stack. HF keeps embed_tokens and norm under the model prefix ('model.' in a
+# Qwen3ForCausalLM checkpoint), lm_head at the top; lm_head exists only for untied embeddings.
+TOP_LEAVES: dict[str, Leaf] = {
+    "embed_tokens": Leaf("embed_tokens.weight", lambda c: (c.vocab_size, c.hidden_size), False, "normal"),
+    "norm": _norm("norm.weight", _d),
+    "lm_head": _proj("lm_head.weight", _d, lambda c: c.vocab_size),
+}
+LAYER_KEYS = tuple(LAYER_LEAVES)
+
+
+def leaf_of(path: tuple[str, ...]) -> Leaf:
+    """The table entry of a params path: ('layers', 'q_proj') or ('embed_tokens',)."""
+    return LAYER_LEAVES[path[1]] if path[0] == "layers" else TOP_LEAVES[path[0]]
