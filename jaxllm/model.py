@@ -14,6 +14,8 @@ HF names, shapes and init are tabled once in jaxllm/params.py.
 """
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Any
 
 import jax
@@ -52,11 +54,21 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 ATTENTION_IMPLS = ("xla", "cudnn", "xla_split", "cudnn_split")
 
 
+@functools.cache
 def _cudnn_lse_available() -> bool:
-    """Whether JAX's cuDNN attention primitive (which returns float32 softmax statistics) can be imported."""
+    """Whether JAX's private cuDNN attention primitive (which returns float32 softmax statistics) works as
+    `_attention_with_lse` calls it: imported and traced once (`jax.eval_shape`, tiny bf16 shapes), so a JAX
+    upgrade that moves, renames or changes it falls back to the public path with one warning instead of
+    failing the default GPU path."""
     try:
-        from jax._src.cudnn import fused_attention_stablehlo  # noqa: F401
-    except ImportError:
+        q = jax.ShapeDtypeStruct((1, 16, 2, 64), jnp.bfloat16)
+        out, lse = jax.eval_shape(lambda q, k, v: _attention_with_lse(q, k, v, True, "cudnn"), q, q, q)
+        if out.shape != q.shape or lse.shape != q.shape[:3]:
+            raise ValueError(f"returned shapes {out.shape} and {lse.shape}, expected {q.shape} and {q.shape[:3]}")
+    except Exception as e:  # ImportError, TypeError, ValueError, ...: whatever this JAX version raises
+        warnings.warn(f"jax._src.cudnn.fused_attention_stablehlo does not work as expected with JAX {jax.__version__} "
+                      f"({type(e).__name__}: {e}); attention uses the public masked jax.nn.dot_product_attention "
+                      f"path ('cudnn') instead of 'cudnn_split'", RuntimeWarning, stacklevel=2)
         return False
     return True
 
@@ -66,7 +78,8 @@ def default_attention_impl(dtype: Any) -> str:
 
     On a GPU the split form (prefix and rest attended separately, merged by log-sum-exp) is the default: it
     measured 7-8% faster than the masked single call at the Qwen3-4B shape (docs/BENCHMARKS.md). It needs a
-    private JAX module; where that is missing, the public masked `jax.nn.dot_product_attention` path is used.
+    private JAX module; where that is missing or fails its probe (`_cudnn_lse_available`), the public masked
+    `jax.nn.dot_product_attention` path is used (with one warning).
     """
     if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return "cudnn_split" if _cudnn_lse_available() else "cudnn"

@@ -115,6 +115,37 @@ def test_split_prefix_attention_matches_masked_attention(setup, pooling):
         run(params, CONFIG, ids[0], lengths[0], prefix=cache, attention_impl="flash")
 
 
+def test_cudnn_split_falls_back_to_public_attention_with_one_warning(monkeypatch):
+    """A JAX whose private cuDNN attention changed (here: its signature) makes the GPU default the public masked
+    path ('cudnn'), with one warning; a working one keeps 'cudnn_split'. That the public masked path's vectors
+    equal the split path's: `test_split_prefix_attention_matches_masked_attention`."""
+    import warnings
+
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    from jaxllm import model
+
+    monkeypatch.setattr(model.jax, "default_backend", lambda: "gpu")
+
+    def changed(q, k, v, *, scale, mask_type):  # e.g. a JAX without `return_residual`
+        raise AssertionError("not reached: the call has an unexpected keyword")
+
+    def working(q, k, v, *, scale, mask_type, return_residual):
+        b, t, h, _ = q.shape
+        return q, jnp.zeros((b, h, t), jnp.float32)
+
+    for fake, expect, warned in ((changed, "cudnn", 1), (working, "cudnn_split", 0)):
+        monkeypatch.setattr(cudnn, "dot_product_attention", fake)
+        model._cudnn_lse_available.cache_clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert [model.default_attention_impl(jnp.bfloat16) for _ in range(3)] == [expect] * 3
+        messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(messages) == warned, messages
+        assert all("TypeError" in m and "'cudnn'" in m for m in messages)
+    model._cudnn_lse_available.cache_clear()
+
+
 def test_length_buckets_are_static_increasing_and_end_at_max_len():
     from jaxllm import length_buckets
 
