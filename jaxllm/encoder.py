@@ -185,7 +185,9 @@ def _pack(ids: jax.Array, lengths: jax.Array, taken: jax.Array, start: jax.Array
     position = jnp.where(valid, slot - start[owner], 0)
     tokens = jnp.where(valid, ids[owner, jnp.minimum(position, t - 1)], 0)
     real = taken & (lengths > 0)
+    rank = jnp.cumsum(real) - 1  # index among the packed segments
     segments = Segments(segment=jnp.where(valid, owner, batch), valid=valid, position=position,
+                        rank=jnp.where(valid, rank[owner], 0),
                         seqlens=jnp.where(real, lengths, -1), offsets=jnp.append(jnp.where(real, start, -1), -1),
                         max_len=t)
     return tokens[None], segments

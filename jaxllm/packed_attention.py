@@ -27,6 +27,7 @@ class Segments:
     segment:  int32 [C] the prompt each slot belongs to (empty slots: one id shared by all of them).
     valid:    bool [C] whether the slot holds a prompt's token.
     position: int32 [C] the slot's position inside its prompt (0 at the prompt's first token).
+    rank:     int32 [C] the index of the slot's segment among the packed (non-empty) segments, in slot order.
     seqlens:  int32 [M] tokens of each packed segment in slot order, -1 for unused entries (cuDNN's layout).
     offsets:  int32 [M+1] the first slot of each packed segment, -1 for unused entries.
     max_len:  static bound on any prompt's length (the "xla" key window).
@@ -35,6 +36,7 @@ class Segments:
     segment: jax.Array
     valid: jax.Array
     position: jax.Array
+    rank: jax.Array
     seqlens: jax.Array
     offsets: jax.Array
     max_len: int = flax.struct.field(pytree_node=False)
@@ -98,7 +100,9 @@ def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Arr
         return out_r
     out_p, lse_p = cudnn.dot_product_attention(q, prefix_k[None], prefix_v[None], scale=scale,
                                                mask_type=cudnn.MaskType.NO_MASK, return_residual=True)
-    lse_r, lse_p = (jnp.swapaxes(x, 1, 2).astype(jnp.float32) for x in (lse_r, lse_p))  # [1, C, Hq]
+    # The packed call's statistics come per segment, padded: [segments, Hq, C]; slot s's is [rank, :, position].
+    lse_r = lse_r[seg.rank, :, seg.position][None].astype(jnp.float32)  # [1, C, Hq]
+    lse_p = jnp.swapaxes(lse_p, 1, 2).astype(jnp.float32)
     # Empty slots belong to no cuDNN segment: their rest half is undefined, so they take the prefix half alone.
     empty = ~seg.valid[None, :, None] | ~jnp.isfinite(lse_r)
     lse_r = jnp.where(empty, -jnp.inf, lse_r)

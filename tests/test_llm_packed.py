@@ -69,6 +69,8 @@ def test_packing_lays_prompts_end_to_end():
     assert np.asarray(seg.valid).sum() == used and not np.asarray(seg.valid)[used:].any()
     owners = np.concatenate([np.full(n[i], i) for i in range(len(n)) if expect_taken[i]])
     np.testing.assert_array_equal(np.asarray(seg.segment)[:used], owners)
+    ranks = np.cumsum(expect_taken & (n > 0)) - 1  # cuDNN's index of each packed segment
+    np.testing.assert_array_equal(np.asarray(seg.rank)[:used], ranks[owners])
     np.testing.assert_array_equal(np.asarray(seg.position)[:used],
                                   np.concatenate([np.arange(n[i]) for i in range(len(n)) if expect_taken[i]]))
 
