@@ -61,6 +61,8 @@ def prepare(name: str, overrides: dict, args) -> dict:
     """Build the trainer of one config and run its first update (compile + run, timed)."""
     cfg = TrainConfig(**dict(dict(env=args.env, model=args.model, llm_dtype=args.llm_dtype, devices=args.devices),
                              **overrides))
+    if args.smoke and cfg.llm_dtype != "fp8":
+        cfg = dataclasses.replace(cfg, llm_dtype="float32")
     if args.smoke:
         cfg = dataclasses.replace(cfg, **SMOKE, skip_n=min(cfg.skip_n, 4),
                                   reset_ratio=min(cfg.reset_ratio, 8))
@@ -90,6 +92,7 @@ def measure(prep: dict, args) -> dict:
     seconds = (time.perf_counter() - t0) / args.updates
     row = dict(config=prep["name"], env=cfg.env, encoder=cfg.encoder, num_envs=cfg.num_envs, num_steps=cfg.num_steps,
                skip_n=cfg.skip_n, obs_format=cfg.obs_format, model=cfg.model if llm else None,
+               llm_encode=cfg.llm_encode if llm else None, llm_dtype=cfg.llm_dtype if llm else None,
                devices=trainer.num_devices,
                first_update_s=prep["first"], update_s=seconds, sps=cfg.batch_size / seconds)
     if llm is not None:
@@ -123,6 +126,9 @@ def main(argv=None) -> int:
     p.add_argument("--env", default=None, help="default: Craftax-Symbolic-v1 (Classic with --smoke)")
     p.add_argument("--model", default=None, help="default: qwen3-4b (tiny with --smoke)")
     p.add_argument("--llm-dtype", default="bfloat16")
+    p.add_argument("--llm-variants", nargs="+", default=None, metavar="ENCODE/DTYPE",
+                   help="run every inscan config once per LLM variant, e.g. bucketed/bfloat16 packed/bfloat16 "
+                        "packed/fp8 (--llm-encode / --llm-dtype of rl.train); default: packed/<--llm-dtype>")
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--devices", type=int, default=1,
                    help="devices to spread the envs over (default 1: the single-GPU numbers; 0 = all visible)")
@@ -137,9 +143,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.model = args.model or ("tiny" if args.smoke else "qwen3-4b")
     args.env = args.env or ("Craftax-Classic-Symbolic-v1" if args.smoke else SYM)
-    if args.smoke:
-        args.llm_dtype = "float32"
     names = args.only or list(CONFIGS)
+    variants = [v.split("/") for v in (args.llm_variants or [f"packed/{args.llm_dtype}"])]
+    jobs = []  # (row name, config overrides)
+    for name in names:
+        if CONFIGS[name]["encoder"] != "inscan":
+            jobs.append((name, CONFIGS[name]))
+            continue
+        for encode, dtype in variants:
+            label = name if args.llm_variants is None else f"{name} {encode}/{dtype}"
+            jobs.append((label, dict(CONFIGS[name], llm_encode=encode, llm_dtype=dtype)))
     def write(rows):  # after every config, so a run cut short keeps what it measured
         if args.out:
             args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"),
@@ -147,7 +160,7 @@ def main(argv=None) -> int:
 
     rows = []
     if args.sync_dir:  # compile everything first, then time in turn
-        preps = [prepare(name, CONFIGS[name], args) for name in names]
+        preps = [prepare(name, overrides, args) for name, overrides in jobs]
         wait_for_turn(args.sync_dir, args.sync_rank, args.sync_world)
         for prep in preps:  # each row printed and written as soon as it is measured (a cut-short run keeps it)
             rows.append(measure(prep, args))
@@ -155,13 +168,13 @@ def main(argv=None) -> int:
             write(rows)
         (args.sync_dir / f"done.{args.sync_rank}").touch()
     else:
-        for name in names:
-            rows.append(measure(prepare(name, CONFIGS[name], args), args))
+        for name, overrides in jobs:
+            rows.append(measure(prepare(name, overrides, args), args))
             print(json.dumps(rows[-1]), flush=True)
             write(rows)
     none_sps = {(r["env"], r["num_envs"]): r["sps"] for r in rows if r["config"] in ("none-1024", "none-128")}
     print(f"\ndevice: {jax.devices()[0]}")
-    print(f"{'config':22s} {'GPUs':>4s} {'SPS':>10s} {'1st update s':>12s} {'LLM share':>9s} {'prompts/s':>10s} {'bound':>9s} {'ratio':>6s}")
+    print(f"{'config':34s} {'GPUs':>4s} {'SPS':>10s} {'1st update s':>12s} {'LLM share':>9s} {'prompts/s':>10s} {'bound':>9s} {'ratio':>6s}")
     for r in rows:
         bound = ratio = None
         base = none_sps.get((r["env"], r["num_envs"]))
@@ -170,7 +183,7 @@ def main(argv=None) -> int:
             ratio = r["sps"] / bound
             r.update(bound_sps=bound, ratio_to_bound=ratio)
         f = lambda x, fmt: format(x, fmt) if x is not None else "-"
-        print(f"{r['config']:22s} {r['devices']:4d} {r['sps']:10,.0f} {r['first_update_s']:12.1f} {f(r.get('llm_time_share'), '9.2f')} "
+        print(f"{r['config']:34s} {r['devices']:4d} {r['sps']:10,.0f} {r['first_update_s']:12.1f} {f(r.get('llm_time_share'), '9.2f')} "
               f"{f(r.get('llm_prompts_per_s'), '10,.0f')} {f(bound, '9,.0f')} {f(ratio, '6.2f')}")
     write(rows)  # with the bounds
     return 0
