@@ -220,8 +220,9 @@ class Checkpoints:
 
     def __init__(self, run_dir: Path, keep: int = 2):
         self.run_dir = Path(run_dir).resolve()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False,
-                                               cleanup_tmp_directories=True)
+        # No cleanup_tmp_directories: rl.eval opening a run that is still training must not delete its save in
+        # progress; a failed save removes its own partial directory.
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
         try:
             self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
         except OSError as exc:

@@ -149,6 +149,8 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     log = MetricsLog(run_dir / "metrics.jsonl", writable=is_main_process())
     start = ckpt.latest_step() or 0
+    if start >= cfg.num_updates:  # finished: its checkpoint must restore (a damaged one falls back to an older one)
+        start, _ = ckpt.restore_newest(None)
     if not resume and start == 0 and log.read():
         log.truncate_after(0)
     return OpenRun(cfg, run_dir, ckpt, log, start)
@@ -186,8 +188,8 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     trainer = Trainer(cfg, llm, vllm)
     llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else LLMArgs())
     runner = trainer.init_state(llm_args)
-    if start:
-        runner = ckpt.restore(runner, start)
+    if start:  # newest first; one that does not restore is reported and set aside
+        start, runner = ckpt.restore_newest(runner)
         if main_process:
             print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
     log.truncate_after(start)

@@ -252,6 +252,35 @@ def test_unwritable_run_dir_is_refused_in_one_line_before_any_work(full_run, tmp
     assert err.count("\n") == 1 and f"cannot write to {run_dir / 'checkpoints'}" in err
 
 
+def test_truncated_newest_checkpoint_resumes_from_the_previous_one(full_run, tmp_path, capsys):
+    """A finished run whose newest checkpoint is damaged: --resume verifies it, sets it aside, restores the
+    previous one and ends exactly like the uninterrupted run."""
+    run_dir = _copy_run(full_run, tmp_path / "damaged")
+    for f in (run_dir / "checkpoints" / "4").rglob("*"):
+        if f.is_file() and f.stat().st_size > 1000:
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    assert main(["--resume", str(run_dir), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "checkpoint 4" in err and "does not restore" in err and "set aside" in err
+    assert [p.name.split("-")[0] for p in (run_dir / "unreadable_checkpoints").iterdir()] == ["4"]
+    (step_a, a), (step_b, b) = _final_state(full_run), _final_state(run_dir)
+    assert step_a == step_b == 4
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    strip = lambda r: {k: v for k, v in r.items() if k not in WALL_CLOCK}
+    assert [strip(r) for r in _metrics(full_run)] == [strip(r) for r in _metrics(run_dir)]
+
+
+def test_no_restorable_checkpoint_is_one_line(full_run, tmp_path, capsys):
+    run_dir = _copy_run(full_run, tmp_path / "all-damaged")
+    for f in (run_dir / "checkpoints").rglob("*"):
+        if f.is_file() and f.stat().st_size > 1000:
+            f.write_bytes(b"")
+    assert main(["--resume", str(run_dir), "--quiet"]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: no checkpoint in") and "restores: 4: " in last and "; 2: " in last
+
+
 def test_failed_checkpoint_save_stops_the_run_at_once(full_run, tmp_path):
     """A full disk (RLIMIT_FSIZE: a limit root cannot bypass) while checkpoint 4 is written: the process exits
     non-zero with one line within seconds of the failure, and checkpoint 2 is still the newest and restores."""
