@@ -141,9 +141,13 @@ class MetricsLog:
     def append(self, record: dict[str, Any]) -> None:
         if not self.writable:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(_jsonable(record)) + "\n")
-            f.flush()
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(_jsonable(record)) + "\n")
+                f.flush()
+        except OSError as exc:  # a full disk mid-run: one line, the checkpoints are untouched
+            raise RunDirError(f"cannot append to {self.path}: {exc.strerror or exc}; free space, then --resume "
+                              f"{self.path.parent}") from None
 
     def read(self) -> list[dict[str, Any]]:
         """The records in file order; unreadable lines are skipped and reported (one line)."""

@@ -234,6 +234,10 @@ def test_metrics_log_skips_and_reports_bad_lines(tmp_path):
     assert len(reports) == 1 and "skipped 3 unreadable line(s) (line 2, 4, 6)" in reports[0]
     log.truncate_after(4)
     assert path.read_text() == '{"update": 1}\n{"update": 4}\n'
+    from rl.rundir import RunDirError
+
+    with pytest.raises(RunDirError, match="cannot append to"):
+        MetricsLog(tmp_path / "no-such-dir" / "metrics.jsonl").append({"update": 1})
 
 
 def test_unwritable_run_dir_is_refused_in_one_line_before_any_work(full_run, tmp_path, capsys):
