@@ -331,8 +331,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
-        if d not in ("float32", "bfloat16"):
-            raise SystemExit(f"--dtypes: unknown dtype {d!r}; use float32 and/or bfloat16")
+        if d not in ("float32", "bfloat16", "fp8"):
+            raise SystemExit(f"--dtypes: unknown dtype {d!r}; use float32, bfloat16 and/or fp8")
+    if "fp8" in dtypes:  # HF has no fp8: the fp8 model is compared with HF float32 (and the float32 model)
+        dtypes = ["float32"] + [d for d in dtypes if d != "float32"]
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tmp = None
     ckpt = Path(args.model)
@@ -359,6 +361,15 @@ def main(argv: list[str] | None = None) -> dict:
     flax_final: dict[str, np.ndarray] = {}
     for dtype in dtypes:
         started = time.perf_counter()
+        if dtype == "fp8":
+            model = load_model(ckpt, dtype="fp8")
+            flax = collect_hidden_states(flax_hidden_states(model), whole, args.batch_size)
+            columns["jaxllm fp8 vs HF f32"] = compare_hidden_states(flax, hf["float32"])
+            flax_final[dtype] = np.stack([p[-1][-1] for p in flax])
+            del model, flax
+            gc.collect()
+            print(f"fp8 done in {time.perf_counter() - started:.0f} s", flush=True)
+            continue
         run_hf = hf_hidden_states(ckpt, dtype, device)
         hf[dtype] = collect_hidden_states(run_hf, whole, args.batch_size)
         del run_hf  # free the torch model before JAX loads its copy
