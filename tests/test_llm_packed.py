@@ -31,9 +31,10 @@ def ragged_batch(seed: int, batch: int = 6):
     return jnp.asarray(ids), jnp.asarray(lengths)
 
 
-@pytest.mark.parametrize("pooling", ["last", "mean"])
-@pytest.mark.parametrize("with_prefix", [True, False])
-@pytest.mark.parametrize("capacity", [T, 6 * T])  # T overflows into several passes (one prompt each); 6T fits
+# Each pooling with and without a prefix; capacity T overflows into several passes (one prompt each), 6T holds the
+# batch in one pass of several rows sizes (pass_capacities).
+@pytest.mark.parametrize("pooling, with_prefix, capacity", [("last", True, T), ("mean", True, 6 * T),
+                                                            ("last", False, 6 * T), ("mean", False, T)])
 def test_packed_equals_padded(model, pooling, with_prefix, capacity):
     params, cache = model
     prefix = cache if with_prefix else None
