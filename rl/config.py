@@ -18,7 +18,7 @@ OBS_FORMATS = ("compact", "full")
 TEMPLATE_ASSEMBLIES = ASSEMBLIES  # render.build_template's `assembly` (same ids, different kernels)
 POOLINGS = ("last", "mean")
 LLM_DTYPES = ("auto", "float32", "bfloat16", "fp8")  # fp8: W8A8 matmuls (jaxllm.fp8), bf16 elsewhere
-LLM_ENCODES = ("packed", "bucketed")  # how a batch of prompts meets the LLM (rl.encoders.make_ids_encoder)
+LLM_ENCODES = ("bucketed", "packed")  # how a batch of prompts meets the LLM (rl.encoders.make_ids_encoder)
 
 # Flags that `--resume` accepts (they do not change results: the server's address, which kernels build the ids).
 RESUME_OVERRIDABLE = ("vllm_url", "template_assembly")
@@ -65,9 +65,10 @@ class TrainConfig:
     llm_dtype: str = "auto"
     system_prompt: str | None = None
     fusion: str = "norm"
-    # packed: real tokens end to end, passes of at most llm_capacity tokens (0 = jaxllm.default_capacity);
-    # bucketed: llm_chunk prompts per call, sorted by length, each chunk padded to its length bucket
-    llm_encode: str = "packed"
+    # bucketed: llm_chunk prompts per call, sorted by length, each chunk padded to its length bucket;
+    # packed: real tokens end to end, passes of at most llm_capacity tokens (0 = jaxllm.default_capacity).
+    # bucketed stays the default until packed is measured faster in the trainer (docs/BENCHMARKS.md)
+    llm_encode: str = "bucketed"
     llm_capacity: int = 0
     llm_chunk: int = 64
     vllm_url: str = "http://127.0.0.1:8000"
@@ -159,8 +160,6 @@ class TrainConfig:
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
         names = {f.name for f in dataclasses.fields(cls)}
-        # runs written before packed prompts existed encoded bucketed: resume them the same way
-        d = {"llm_encode": "bucketed", **d} if "llm_chunk" in d else d
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"{source}: unknown config fields {unknown}; was it written by another version?")

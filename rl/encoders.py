@@ -68,7 +68,7 @@ def load_encoder(cfg) -> tuple[LLMSetup | None, "VLLMEncoder | None"]:
     return (load_llm(cfg) if cfg.uses_llm else None), None
 
 
-def make_ids_encoder(llm_config, *, layer: int, pooling: str, method: str = "packed", capacity: int = 0,
+def make_ids_encoder(llm_config, *, layer: int, pooling: str, method: str = "bucketed", capacity: int = 0,
                      chunk: int = 64) -> Callable:
     """Pure function (llm_params, prefix_cache, ids int [B, T], lengths int [B]) -> hidden float32 [B, D] for use
     under jit: the one LLM call that the trainer (in-scan) and the labeller (`rl.label`) share.
@@ -94,7 +94,7 @@ def make_ids_encoder(llm_config, *, layer: int, pooling: str, method: str = "pac
     return encode_ids
 
 
-def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str, method: str = "packed",
+def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str, method: str = "bucketed",
                         capacity: int = 0, chunk: int = 64) -> Callable:
     """Pure function (llm_params, prefix_cache, raw_states [B]) -> hidden float32 [B, D] for use under jit:
     the template's ids of every state, then `make_ids_encoder`'s LLM call."""
