@@ -151,7 +151,7 @@ def default_capacity(batch: int, max_len: int) -> int:
     return _round_up(max(max_len, min(batch * max_len, DEFAULT_CAPACITY)), 128 if batch * max_len > 128 else 1)
 
 
-def pass_capacities(capacity: int, max_len: int, levels: int = 3) -> tuple[int, ...]:
+def pass_capacities(capacity: int, max_len: int, levels: int = 4) -> tuple[int, ...]:
     """The static pass sizes of a packed encode, ascending: `capacity` and up to levels-1 halvings of it that still
     hold one longest prompt. Full passes use the largest; the last pass the smallest that holds what is left."""
     sizes = [int(capacity)]
