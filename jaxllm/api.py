@@ -12,7 +12,7 @@ import numpy as np
 from . import fp8
 from . import model as model_lib
 from .config import PRESETS, Qwen3Config
-from .encoder import POOLINGS, PrefixCache, encode, prefill
+from .encoder import PrefixCache, encode, prefill
 from .resolve import resolve_checkpoint_dir
 from .weights import init_params, load_params
 
@@ -81,8 +81,6 @@ class Model:
                prefix: PrefixCache | None = None) -> jax.Array:
         """Right-padded ids [B, T] + lengths [B] -> float32 [B, D]. See `jaxllm.encoder.encode`."""
         ids = _check_ids(ids, self.config, 2, "ids")
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         model_lib.normalize_layer_index(layer, self.config)
         if not isinstance(lengths, jax.core.Tracer):
             lens = np.asarray(lengths)

@@ -1,29 +1,61 @@
-"""Env names, their state classes, and the format registry."""
+"""Env names, their craftax classes, and the format registry: the one place that maps an env name to code.
+
+Craftax's own `make_craftax_env_from_name` builds the env; `ENVS` says where the rest of each env lives.
+"""
 from __future__ import annotations
 
 import functools
+import importlib
+from typing import NamedTuple
 
 from render.layout import Format
 
 CRAFTAX = "Craftax-Symbolic-v1"
 CLASSIC = "Craftax-Classic-Symbolic-v1"
-ENV_NAMES = (CRAFTAX, CLASSIC)
 FORMATS = ("compact", "full")
 
 
-def _check_env_name(env_name: str) -> None:
-    if env_name not in ENV_NAMES:
-        raise ValueError(f"unknown env {env_name!r}; render supports {', '.join(ENV_NAMES)}")
+class EnvModules(NamedTuple):
+    """Where an env's pieces live (module paths, imported on first use)."""
+
+    state: str  # its raw `EnvState` class
+    constants: str  # its `Achievement` enum
+    formats: str  # its render formats (`formats()` -> {name: Format}) and `view_from_state`
+
+
+ENVS: dict[str, EnvModules] = {
+    CRAFTAX: EnvModules("craftax.craftax.craftax_state", "craftax.craftax.constants", "render.formats_craftax"),
+    CLASSIC: EnvModules("craftax.craftax_classic.envs.craftax_state", "craftax.craftax_classic.constants",
+                        "render.formats_classic"),
+}
+ENV_NAMES = tuple(ENVS)
+
+
+def check_env_name(env_name: str) -> EnvModules:
+    """`env_name`'s modules; ValueError naming the supported envs if it is not one of them."""
+    if env_name not in ENVS:
+        raise ValueError(f"unknown env {env_name!r}; choose one of {', '.join(ENV_NAMES)}")
+    return ENVS[env_name]
+
+
+def make_raw_env(env_name: str):
+    """The craftax env of `env_name` without auto-reset, and its default params."""
+    check_env_name(env_name)
+    from craftax.craftax_env import make_craftax_env_from_name
+
+    env = make_craftax_env_from_name(env_name, auto_reset=False)
+    return env, env.default_params
+
+
+def achievement_names(env_name: str) -> tuple[str, ...]:
+    """`env_name`'s achievements, lower case, in the order of its achievement vector."""
+    achievement = importlib.import_module(check_env_name(env_name).constants).Achievement
+    return tuple(a.name.lower() for a in sorted(achievement, key=lambda a: a.value))
 
 
 def state_class(env_name: str) -> type:
     """The raw craftax `EnvState` class of `env_name`."""
-    _check_env_name(env_name)
-    if env_name == CRAFTAX:
-        from craftax.craftax.craftax_state import EnvState
-    else:
-        from craftax.craftax_classic.envs.craftax_state import EnvState
-    return EnvState
+    return importlib.import_module(check_env_name(env_name).state).EnvState
 
 
 def check_state(state, env_name: str) -> None:
@@ -46,14 +78,10 @@ def is_batched(state) -> bool:
 @functools.lru_cache(maxsize=None)
 def get_format(env_name: str, fmt: str) -> Format:
     """The `Format` (layout + values function) of `env_name` in format `fmt`."""
-    _check_env_name(env_name)
+    modules = check_env_name(env_name)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if env_name == CRAFTAX:
-        from render.formats_craftax import formats
-    else:
-        from render.formats_classic import formats
-    return formats()[fmt]
+    return importlib.import_module(modules.formats).formats()[fmt]
 
 
 SOURCES = ("state", "obs")  # what a template reads: a raw env state, or the env's symbolic observation vector
@@ -62,19 +90,14 @@ SOURCES = ("state", "obs")  # what a template reads: a raw env state, or the env
 def view_function(env_name: str, source: str):
     """The function from ONE unbatched input to the formats' `View` of `env_name`: `source="state"` reads a raw
     craftax `EnvState`, `source="obs"` a symbolic observation vector (`render.observation`)."""
-    if env_name not in ENV_NAMES:
-        raise ValueError(f"unknown env {env_name!r}; render supports {', '.join(ENV_NAMES)}")
+    modules = check_env_name(env_name)
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
     if source == "obs":
         from render.observation import VIEWS
 
         return VIEWS[env_name]
-    if env_name == CRAFTAX:
-        from render.formats_craftax import view_from_state
-    else:
-        from render.formats_classic import view_from_state
-    return view_from_state
+    return importlib.import_module(modules.formats).view_from_state
 
 
 def check_input(x, env_name: str, source: str, batched: bool | None = None) -> None:

@@ -6,7 +6,8 @@ purpose to reach what random play rarely shows: every mob class and type and pro
 (and dead mob slots on and off screen), large and zero inventories (up to 3-digit counts), tools,
 armour, enchantments, learned spells, sleeping/resting, fractional health, darkness patterns.
 
-Everything is one jitted function per (env, batch size, steps): `sample_states(env_name, n, seed)`.
+Everything is one jitted function per (env, batch size, steps): `sample_states(env_name, n, seed)`. Also
+`typical_states` (plain random play, what an early agent sees) and `reset_states` (fresh worlds).
 """
 from __future__ import annotations
 
@@ -15,21 +16,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from render.envs import CLASSIC, CRAFTAX, ENV_NAMES
+from render.envs import CRAFTAX, make_raw_env
 
 
 def _env(env_name: str):
-    if env_name == CRAFTAX:
-        from craftax.craftax.envs.craftax_symbolic_env import CraftaxSymbolicEnvNoAutoReset
-
-        env = CraftaxSymbolicEnvNoAutoReset()
-        return env, env.default_params.replace(god_mode=True)
-    if env_name == CLASSIC:
-        from craftax.craftax_classic.envs.craftax_symbolic_env import CraftaxClassicSymbolicEnvNoAutoReset
-
-        env = CraftaxClassicSymbolicEnvNoAutoReset()
-        return env, env.default_params
-    raise ValueError(f"unknown env {env_name!r}; choose one of {', '.join(ENV_NAMES)}")
+    """The env and the params random play uses: Craftax in god mode (the player survives to reach every floor)."""
+    env, params = make_raw_env(env_name)
+    return env, params.replace(god_mode=True) if env_name == CRAFTAX else params
 
 
 def _random_play(env, params, key, steps: int, num_actions: int, descend_action: int | None):
@@ -170,10 +163,17 @@ def sample_states(env_name: str, n: int, seed: int, steps: int = 48):
     return _sampler(env_name, n, steps)(jax.random.PRNGKey(seed))
 
 
+def reset_states(env_name: str, n: int, seed: int):
+    """`n` fresh worlds of `env_name` (reset states, default params; env i's key is split(PRNGKey(seed), n)[i]): the
+    cheapest batch to compile."""
+    env, params = make_raw_env(env_name)
+    _, states = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(jax.random.split(jax.random.PRNGKey(seed), n), params)
+    return states
+
+
 @functools.lru_cache(maxsize=None)
 def _typical_sampler(env_name: str, n: int, max_steps: int):
-    env, _ = _env(env_name)
-    params = env.default_params  # no god mode: the player stays where random play takes it (mostly floor 0)
+    env, params = make_raw_env(env_name)  # no god mode: the player stays where random play takes it (mostly floor 0)
     num_actions = env.action_space(params).n
 
     def one(key):

@@ -7,16 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jaxllm.encoder import POOLINGS
+from render.envs import ENV_NAMES, FORMATS
 from render.template import ASSEMBLIES
-from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
 from rl.sharding import resolve_device_count
 
 ENCODERS = ("none", "inscan", "vllm")
-OBS_FORMATS = ("compact", "full")
+OBS_FORMATS = FORMATS  # render.build_template's `fmt`
 TEMPLATE_ASSEMBLIES = ASSEMBLIES  # render.build_template's `assembly` (same ids, different kernels)
-POOLINGS = ("last", "mean")
 LLM_DTYPES = ("auto", "float32", "bfloat16", "fp8")  # fp8: W8A8 matmuls (jaxllm.fp8), bf16 elsewhere
 LLM_ENCODES = ("bucketed", "packed")  # how a batch of prompts meets the LLM (rl.encoders.make_ids_encoder)
 

@@ -23,26 +23,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from render.envs import achievement_names, make_raw_env
 from rl.sharding import keys_per_index
-
-ENV_NAMES = ("Craftax-Symbolic-v1", "Craftax-Classic-Symbolic-v1")
-
-
-def make_raw_env(env_name: str):
-    """The craftax env (without auto-reset) and its default params for `env_name`."""
-    if env_name == "Craftax-Symbolic-v1":
-        from craftax.craftax.envs.craftax_symbolic_env import CraftaxSymbolicEnvNoAutoReset as Env
-        from craftax.craftax.constants import Achievement
-    elif env_name == "Craftax-Classic-Symbolic-v1":
-        from craftax.craftax_classic.envs.craftax_symbolic_env import (
-            CraftaxClassicSymbolicEnvNoAutoReset as Env,
-        )
-        from craftax.craftax_classic.constants import Achievement
-    else:
-        raise ValueError(f"unknown env {env_name!r}; choose one of {', '.join(ENV_NAMES)}")
-    env = Env()
-    names = tuple(a.name.lower() for a in sorted(Achievement, key=lambda a: a.value))
-    return env, env.default_params, names
 
 
 def _strong(x: jax.Array) -> jax.Array:
@@ -78,10 +60,10 @@ class BatchedEnv:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
         if self.reset_ratio < 1:
             raise ValueError(f"reset_ratio must be >= 1, got {self.reset_ratio}")
-        env, params, names = make_raw_env(self.env_name)
+        env, params = make_raw_env(self.env_name)
         object.__setattr__(self, "_env", env)
         object.__setattr__(self, "_params", params)
-        object.__setattr__(self, "achievement_names", names)
+        object.__setattr__(self, "achievement_names", achievement_names(self.env_name))
 
     # static facts ---------------------------------------------------------------------------
     @property

@@ -21,10 +21,10 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from render.envs import ENV_NAMES
 from rl.config import (ENCODERS, LLM_DTYPES, LLM_ENCODES, OBS_FORMATS, POOLINGS, PRESETS, RESUME_OVERRIDABLE, TEMPLATE_ASSEMBLIES,
                        TrainConfig, load_config, resolve_devices)
 from rl.encoders import LLMArgs
-from rl.envs import ENV_NAMES
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
