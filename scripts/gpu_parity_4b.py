@@ -1,11 +1,11 @@
-"""Flax vs HF transformers at the full Qwen3-4B shape on one GPU, for docs/PARITY.md.
+"""jaxllm vs HF transformers at the full Qwen3-4B shape on one GPU, for docs/PARITY.md.
 
     python -m scripts.gpu_parity_4b [--out parity_4b.json] [--workdir /tmp/qwen3-4b-random]
     python -m scripts.gpu_parity_4b --smoke           # tiny shape on CPU, to check the script
 
 Writes random Qwen3-4B weights in HF layout as bf16 safetensors (~8 GB; generated on the GPU with torch;
 norm weights != 1), then runs ``scripts.parity_report`` on them: HF transformers (torch, sdpa) and the
-Flax encoder (JAX) on the same GPU, every hidden-state index, bf16 and f32, on real Craftax prompts.
+jaxllm encoder (JAX) on the same GPU, every hidden-state index, bf16 and f32, on real Craftax prompts.
 Fits one 80 GB card (JAX may take half of it; the torch model is freed before JAX loads its copy) and
 about 5 minutes on an H100. Prints a markdown section (card, date, table) ready to paste.
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     jax_device = jax.devices()[0].device_kind
     low, high = result["setup"]["prompt_tokens"]
     shape = "tiny shape (smoke)" if args.smoke else "Qwen3-4B shape"
-    section = (f"### {shape}, random bf16 weights: Flax vs HF transformers ({card}, "
+    section = (f"### {shape}, random bf16 weights: jaxllm vs HF transformers ({card}, "
                f"{datetime.date.today().isoformat()})\n\n"
                f"`python -m scripts.gpu_parity_4b`: {result['setup']['num_prompts']} Craftax-Symbolic-v1 prompts "
                f"({low}-{high} tokens), every token; HF on torch {card}, JAX on {jax_device}.\n\n{result['table']}\n")

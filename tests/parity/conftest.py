@@ -1,13 +1,13 @@
 """Shared fixtures of the parity suite: real Craftax prompts and a random tiny HF checkpoint.
 
 Prompts come from `render` templates of Craftax-Symbolic-v1 reset states (different worlds; a rollout
-would cost a much longer compile on CI's CPUs; `scripts/parity_report.py --steps N` uses rollouts).
+would cost a much longer compile on CI's CPUs; `scripts/parity_report.py --steps N` uses random play).
 """
 from __future__ import annotations
 
 import pytest
 
-from scripts.parity_report import craftax_prompts, write_random_checkpoint
+from tests.parity.helpers import craftax_prompts, write_random_checkpoint
 
 NUM_PROMPTS = 8
 

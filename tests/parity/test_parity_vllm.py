@@ -1,11 +1,11 @@
-"""Flax vs a running vLLM server on >= 200 real Craftax prompts (bf16): cosine >= 0.999 and relative
+"""jaxllm vs a running vLLM server on >= 200 real Craftax prompts (bf16): cosine >= 0.999 and relative
 L2 <= 2e-2 for every prompt. vLLM needs a CUDA GPU, so this runs on users' machines only:
 
     scripts/start_vllm.sh Qwen/Qwen3-4B          # in one shell: stock vLLM, raw last-token final state
     VLLM_URL=http://127.0.0.1:8000 VLLM_MODEL=Qwen/Qwen3-4B python -m pytest -rs tests/parity/test_parity_vllm.py
 
 VLLM_MODEL is the checkpoint the server serves, as a local directory or a hub id in the local HF cache
-(Flax loads the same weights). Optional: VLLM_PARITY_PROMPTS (default 256), VLLM_PARITY_STEPS (default
+(jaxllm loads the same weights). Optional: VLLM_PARITY_PROMPTS (default 256), VLLM_PARITY_STEPS (default
 256 random-policy steps before sampling states). Without VLLM_URL the test is skipped with this recipe.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts.parity_report import craftax_prompts, vector_errors
+from tests.parity.helpers import craftax_prompts, vector_errors
 
 VLLM_URL = os.environ.get("VLLM_URL")
 VLLM_MODEL = os.environ.get("VLLM_MODEL")
@@ -30,7 +30,7 @@ pytestmark = [
 ]
 
 
-def test_flax_matches_vllm_on_craftax_prompts():
+def test_jaxllm_matches_vllm_on_craftax_prompts():
     from jaxllm import load_model, load_tokenizer
     from jaxllm.resolve import resolve_checkpoint_dir
     from jaxllm.http.client import VLLMClient
@@ -52,7 +52,7 @@ def test_flax_matches_vllm_on_craftax_prompts():
         np.asarray(model.encode(prompts.rest_ids[i:i + 32], prompts.lengths[i:i + 32], prefix=cache))
         for i in range(0, num_prompts, 32)])
 
-    assert served.shape == ours.shape, f"server returned {served.shape}, Flax {ours.shape}: another model?"
+    assert served.shape == ours.shape, f"server returned {served.shape}, jaxllm {ours.shape}: another model?"
     norms = np.linalg.norm(served, axis=-1)
     assert not np.allclose(norms, 1.0, atol=1e-3), (
         "the server's vectors have unit norm: its pooler L2-normalises. Start it with scripts/start_vllm.sh "
