@@ -1,0 +1,86 @@
+"""The packages' import graph (parsed with `ast`, nothing imported): a DAG, layered scripts -> rl -> (jaxllm, render).
+
+Every import counts, also those inside functions (a lazy import still ties two modules together).
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("jaxllm", "render", "rl")
+# package -> packages (ours or third-party roots) it must never import
+FORBIDDEN = {"render": {"jaxllm", "rl"}, "jaxllm": {"craftax", "render", "rl"}}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
+    """The modules `path` imports: ours by full name (`from a import b` is a.b when that is a module of ours,
+    else a; relative imports resolved), third-party ones by their top-level name."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+    return {name if name in modules else name.split(".")[0] for name in found} - {module}
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports, for every module of PACKAGES."""
+    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {module: _imports(path, module, set(files)) for module, path in files.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle among our modules, or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph:
+                continue
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_import_graph_is_a_dag():
+    graph = _graph()
+    assert {"rl.trainer", "rl.sharding", "jaxllm.model", "render.template"} <= set(graph)
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_layers(package):
+    graph = _graph()
+    bad = sorted((m, d) for m, deps in graph.items() if m.split(".")[0] == package
+                 for d in deps if d.split(".")[0] in FORBIDDEN[package])
+    assert not bad, f"{package} must not import {sorted(FORBIDDEN[package])}: {bad}"
+
+
+def test_the_checker_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "x"}, "b": set()}) is None
