@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from render.envs import CLASSIC, CRAFTAX, ENV_NAMES
+from render.envs import CLASSIC, CRAFTAX, check_env_name
 
 OBS_SIZES = {CRAFTAX: 9 * 11 * 83 + 51, CLASSIC: 7 * 9 * 21 + 22}
 _BIG = 1e7  # decoded numbers are clipped to +-this before the cast to int32 (inf/nan in a vector stay harmless)
@@ -40,8 +40,7 @@ def env_for_obs_size(size: int) -> str:
 def check_obs(obs, env_name: str, batched: bool | None = None) -> None:
     """Raise ValueError unless `obs` is `env_name`'s symbolic observation vector ([O], or [B, O] when batched;
     either when `batched` is None)."""
-    if env_name not in ENV_NAMES:
-        raise ValueError(f"unknown env {env_name!r}; render supports {', '.join(ENV_NAMES)}")
+    check_env_name(env_name)
     if not hasattr(obs, "shape"):
         raise ValueError(f"{env_name} observations are float arrays, got a {type(obs).__name__} (a template built "
                          f"with source='obs' reads observation vectors; build one with source='state' for env states)")

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl.config import load_config
-from rl.encoders import LLMArgs
+from rl.encoders import LLMArgs, load_llm, make_inscan_encoder
 from rl.envs import StepInfo
 from rl.rundir import Checkpoints
 from rl.trainer import RolloutCarry, Trainer
@@ -118,8 +118,6 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
     cfg = dataclasses.replace(load_config(Path(run_dir) / "config.json"), devices=1)
     llm = None
     if cfg.uses_llm:
-        from rl.encoders import load_llm
-
         cfg = dataclasses.replace(cfg, encoder="inscan")
         llm = load_llm(cfg)
     trainer = Trainer(cfg, llm)
@@ -133,8 +131,6 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
     names = trainer.env.achievement_names
     if llm is None:
         return {"real": summarise(make_player(trainer, num_episodes)(runner.params, seed, max_steps), names)}
-    from rl.encoders import make_inscan_encoder
-
     results = {}
     for setup in (llm, load_llm(cfg, system_prompt=OTHER_PROMPT) if "other_prompt" in modes else None):
         if setup is None:

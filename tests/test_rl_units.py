@@ -162,3 +162,21 @@ def test_per_env_shuffle_needs_num_steps_divisible_by_num_minibatches():
     with pytest.raises(ValueError, match="shuffle per_env splits each env's 6 steps into 4 minibatches"):
         ppo_update(None, None, make_optimizer(1e-3, 1), None, traj, jnp.zeros(2), jax.random.PRNGKey(0),
                    PPOHyper(num_minibatches=4, shuffle="per_env"))
+
+
+def test_eval_keeps_each_envs_first_episode():
+    """rl.eval plays in the trainer's windows (done envs restart): only each env's first finished episode counts."""
+    from rl.envs import StepInfo
+    from rl.eval import Episodes, first_episodes
+
+    # 3 steps x 3 envs: env 0 ends at steps 1 and 2, env 1 never, env 2 at step 0
+    length = jnp.array([[0, 0, 5], [4, 0, 0], [7, 0, 0]], jnp.int32)
+    ret = jnp.array([[0, 0, 1.5], [2.0, 0, 0], [9.0, 0, 0]])
+    ach = jnp.zeros((3, 3, 2), bool).at[1, 0, 0].set(True).at[2, 0, 1].set(True).at[0, 2].set(True)
+    seen = Episodes(jnp.zeros(3, bool), jnp.zeros(3), jnp.zeros(3, jnp.int32), jnp.zeros((3, 2), bool))
+    out = first_episodes(seen, StepInfo(ret, length, ach))
+    assert out.finished.tolist() == [True, False, True]
+    assert out.returns.tolist() == [2.0, 0.0, 1.5] and out.lengths.tolist() == [4, 0, 5]
+    assert out.achievements.tolist() == [[True, False], [False, False], [True, True]]
+    later = first_episodes(out, StepInfo(ret + 100, length + 1, ~ach))  # every env ends at every step now
+    assert later.finished.all() and later.returns.tolist() == [2.0, 100.0, 1.5] and later.lengths.tolist() == [4, 1, 5]
