@@ -5,7 +5,8 @@ from pathlib import Path
 from typing import Union
 
 from render.chat import resolve_system_prompt
-from render.envs import check_input, get_format, input_is_batched
+from render.envs import get_format
+from render.sources import check_input, input_is_batched
 from render.template import PAD_ID, Template, compile_template, format_values_numpy
 from render.text import texts_from_values
 

@@ -131,7 +131,7 @@ class Format:
     """A text format of one env: its layout and the pure-jnp function from a view to column values.
 
     The view is the env's `View` (`render.formats_craftax.View`, `render.formats_classic.View`): what one state
-    or one symbolic observation shows (`render.envs.view_function`)."""
+    or one symbolic observation shows (`render.sources.view_function`)."""
 
     env_name: str
     name: str

@@ -204,7 +204,7 @@ def _batched_values(fmt: Format, to_view):
 
 def format_values_numpy(fmt: Format, x, batched: bool, source: str = "state") -> dict[str, np.ndarray]:
     """Column values of a state or observation (or a batch: `batched`) as numpy, in one jitted vmapped call."""
-    from render.envs import view_function
+    from render.sources import view_function
 
     if not batched:
         x = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[None], x)
@@ -233,7 +233,7 @@ class Template:
     pad_id: int
     _sections: tuple = field(repr=False)  # per section: (Section, tuple of compiled columns)
     assembly: str = "auto"  # see ASSEMBLIES
-    source: str = "state"  # see render.envs.SOURCES
+    source: str = "state"  # see render.sources.SOURCES
 
     @functools.cached_property
     def _pallas_assemble(self):
@@ -260,7 +260,7 @@ class Template:
 
     def _values(self, state) -> dict:
         """The format's column values of ONE unbatched state (or observation), plus the chat tail's."""
-        from render.envs import check_input, view_function
+        from render.sources import check_input, view_function
 
         check_input(state, self.env_name, self.source, batched=False)
         if self.source == "state" and state.player_position.ndim != 1:
@@ -317,7 +317,7 @@ class Template:
 
     def observation_text(self, state):
         """The observation text of a state or observation (a list of strings for a batch)."""
-        from render.envs import check_input, input_is_batched
+        from render.sources import check_input, input_is_batched
 
         check_input(state, self.env_name, self.source)
         batched = input_is_batched(state, self.source)
@@ -336,7 +336,7 @@ def compile_template(tokenizer, fmt: Format, system: str, env_name: str, pad_id:
                      assembly: str = "auto", source: str = "state") -> Template:
     """Compile `fmt` with `tokenizer` under the chat framing of `system`; checks every boundary."""
     from render.chat import chat_frame
-    from render.envs import SOURCES
+    from render.sources import SOURCES
 
     if assembly not in ASSEMBLIES:
         raise ValueError(f"assembly must be one of {', '.join(map(repr, ASSEMBLIES))}, got {assembly!r}")
