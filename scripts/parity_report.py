@@ -98,28 +98,22 @@ def main(argv: list[str] | None = None) -> dict:
     ours_final: dict[str, np.ndarray] = {}
     for dtype in dtypes:
         started = time.perf_counter()
-        if dtype == "fp8":
-            model = load_model(ckpt, dtype="fp8")
-            flax = collect_hidden_states(flax_hidden_states(model), whole, args.batch_size)
-            columns["jaxllm fp8 vs HF f32"] = compare_hidden_states(flax, hf["float32"])
-            flax_final[dtype] = np.stack([p[-1][-1] for p in flax])
-            del model, flax
+        if dtype != "fp8":  # HF has no fp8: the fp8 model is compared with HF float32 (computed first)
+            run_hf = hf_hidden_states(ckpt, dtype, device)
+            hf[dtype] = collect_hidden_states(run_hf, whole, args.batch_size)
+            del run_hf  # free the torch model before JAX loads its copy
             gc.collect()
-            print(f"fp8 done in {time.perf_counter() - started:.0f} s", flush=True)
-            continue
-        run_hf = hf_hidden_states(ckpt, dtype, device)
-        hf[dtype] = collect_hidden_states(run_hf, whole, args.batch_size)
-        del run_hf  # free the torch model before JAX loads its copy
-        gc.collect()
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
         model = load_model(ckpt, dtype=dtype)
         ours = collect_hidden_states(jax_hidden_states(model), whole, args.batch_size)
-        columns[f"jaxllm vs HF {dtype}"] = compare_hidden_states(ours, hf[dtype])
+        column = "jaxllm fp8 vs HF f32" if dtype == "fp8" else f"jaxllm vs HF {dtype}"
+        columns[column] = compare_hidden_states(ours, hf["float32" if dtype == "fp8" else dtype])
         ours_final[dtype] = np.stack([p[-1][-1] for p in ours])
         del model, ours
         gc.collect()
-        print(f"{dtype}: HF and jaxllm done in {time.perf_counter() - started:.0f} s", flush=True)
+        print(f"{dtype}: jaxllm{'' if dtype == 'fp8' else ' and HF'} done in {time.perf_counter() - started:.0f} s",
+              flush=True)
     if "float32" in hf and "bfloat16" in hf:
         columns["HF bf16 vs HF f32"] = compare_hidden_states(hf["bfloat16"], hf["float32"])
     print(format_table(columns))
