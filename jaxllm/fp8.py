@@ -20,10 +20,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .params import LAYER_LEAVES
+
 E4M3 = jnp.float8_e4m3fn
 E4M3_MAX = float(jnp.finfo(E4M3).max)  # 448
-# Leaves of params["layers"] stored in fp8 (matrices [L, in, out] in the bf16 layout).
-QUANTIZED_LEAVES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Leaves of params["layers"] stored in fp8: the layer's matrices (the leaves HF stores [out, in]: q/k/v/o, gate/up/down)
+QUANTIZED_LEAVES = tuple(name for name, leaf in LAYER_LEAVES.items() if leaf.transpose)
 _TINY = 1e-12  # floor of a scale, so an all-zero row or column quantises to zeros instead of NaN
 
 

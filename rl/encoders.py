@@ -68,6 +68,9 @@ def load_encoder(cfg) -> tuple[LLMSetup | None, "VLLMEncoder | None"]:
     return (load_llm(cfg) if cfg.uses_llm else None), None
 
 
+ENCODE_METHODS = ("bucketed", "packed")  # how make_ids_encoder lays a batch of prompts out for the LLM
+
+
 def make_ids_encoder(llm_config, *, layer: int, pooling: str, method: str = "bucketed", capacity: int = 0,
                      chunk: int = 64) -> Callable:
     """Pure function (llm_params, prefix_cache, ids int [B, T], lengths int [B]) -> hidden float32 [B, D] for use
@@ -81,8 +84,8 @@ def make_ids_encoder(llm_config, *, layer: int, pooling: str, method: str = "buc
     """
     from jaxllm import encode_bucketed, encode_packed
 
-    if method not in ("packed", "bucketed"):
-        raise ValueError(f"LLM encode method must be 'packed' or 'bucketed', got {method!r}")
+    if method not in ENCODE_METHODS:
+        raise ValueError(f"LLM encode method must be one of {ENCODE_METHODS}, got {method!r}")
 
     def encode_ids(llm_params, prefix_cache, ids, lengths):
         if method == "bucketed":
