@@ -11,6 +11,8 @@ own tokens (and to a shared cached prefix), never to its neighbours'.
 """
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Any
 
 import flax.struct
@@ -124,13 +126,35 @@ def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Arr
                      f"{implementation!r}")
 
 
+@functools.cache
+def _cudnn_packed_available() -> bool:
+    """Whether JAX's private cuDNN attention takes the packed layout as `_cudnn_attention` calls it: imported and
+    traced once (`jax.eval_shape`, tiny bf16 shapes, GQA, with a prefix). A JAX upgrade that moves, renames or
+    changes it then falls back to the windowed XLA form with one warning instead of failing."""
+    c, m, hd = 16, 4, 64
+    arr = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+    i32 = lambda shape: arr(shape, jnp.int32)
+    segments = Segments(segment=i32((c,)), valid=arr((c,), jnp.bool_), position=i32((c,)), rank=i32((c,)),
+                        seqlens=i32((m,)), offsets=i32((m + 1,)), max_len=8)
+    try:
+        out = jax.eval_shape(_cudnn_attention, arr((1, c, 2, hd)), arr((1, c, 1, hd)), arr((1, c, 1, hd)),
+                             arr((5, 1, hd)), arr((5, 1, hd)), segments)
+        if out.shape != (1, c, 2, hd):
+            raise ValueError(f"returned shape {out.shape}, expected {(1, c, 2, hd)}")
+    except Exception as e:  # ImportError, TypeError, IndexError, ...: whatever this JAX version raises
+        warnings.warn(f"jax._src.cudnn.fused_attention_stablehlo's packed layout does not work as expected with JAX "
+                      f"{jax.__version__} ({type(e).__name__}: {e}); packed prompts use the windowed XLA attention, "
+                      f"which is slower than --llm-encode bucketed", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
 def default_packed_attention_impl(dtype: Any) -> str:
     """cuDNN's packed layout on a Hopper (or later) GPU for 16-bit dtypes, the windowed XLA form otherwise."""
     if jax.default_backend() != "gpu" or jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return "xla"
     try:
-        _cudnn_module()
         major = int(str(jax.devices()[0].compute_capability).split(".")[0])
-    except (ImportError, AttributeError, ValueError):
+    except (AttributeError, ValueError):
         return "xla"
-    return "cudnn" if major >= 9 else "xla"
+    return "cudnn" if major >= 9 and _cudnn_packed_available() else "xla"

@@ -112,6 +112,9 @@ def test_cudnn_packed_equals_windowed_on_gpu(pooling):
     cache = jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(rng.integers(0, 256, 40), jnp.int32))
     ids = jnp.asarray(rng.integers(0, 256, size=(16, 96)), jnp.int32)
     lengths = jnp.asarray(rng.integers(0, 97, size=16), jnp.int32).at[0].set(96).at[1].set(0)
+    from jaxllm.packed_attention import default_packed_attention_impl
+
+    assert default_packed_attention_impl(jnp.bfloat16) == "cudnn"  # the probe passes on this JAX and GPU
     run = jax.jit(encode_packed, static_argnames=("config", "pooling", "capacity", "attention_impl"))
     ref = np.asarray(run(params, config, ids, lengths, pooling=pooling, prefix=cache, capacity=512,
                          attention_impl="xla"), np.float64)
@@ -122,3 +125,16 @@ def test_cudnn_packed_equals_windowed_on_gpu(pooling):
     assert np.isfinite(got).all()
     assert np.abs(got - ref).max() <= 2e-2 * scale  # bf16 activations, two attention kernels
     assert np.abs(padded - ref).max() <= 2e-2 * scale
+
+
+def test_cudnn_packed_probe_falls_back_with_one_warning(monkeypatch):
+    """A JAX whose private cuDNN call changed: the probe says so once and packed attention takes the XLA form."""
+    from jaxllm import packed_attention
+
+    def changed(*args, **kwargs):
+        raise TypeError("dot_product_attention() got an unexpected keyword argument 'q_offsets'")
+
+    monkeypatch.setattr(packed_attention, "_cudnn_attention", changed)
+    with pytest.warns(RuntimeWarning, match="windowed XLA attention") as record:
+        assert not packed_attention._cudnn_packed_available.__wrapped__()
+    assert len(record) == 1
