@@ -15,7 +15,6 @@ HF names, shapes and init are tabled once in jaxllm/params.py.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
 import jax
@@ -25,6 +24,7 @@ from jax import lax
 from .config import Qwen3Config
 from .fp8 import linear
 from .packed_attention import Segments, default_packed_attention_impl, packed_attention
+from .private_jax import cudnn_attention_module, probe
 
 Params = dict[str, Any]
 
@@ -60,17 +60,15 @@ def _cudnn_lse_available() -> bool:
     `_attention_with_lse` calls it: imported and traced once (`jax.eval_shape`, tiny bf16 shapes), so a JAX
     upgrade that moves, renames or changes it falls back to the public path with one warning instead of
     failing the default GPU path."""
-    try:
-        q = jax.ShapeDtypeStruct((1, 16, 2, 64), jnp.bfloat16)
+    q = jax.ShapeDtypeStruct((1, 16, 2, 64), jnp.bfloat16)
+
+    def trace():
         out, lse = jax.eval_shape(lambda q, k, v: _attention_with_lse(q, k, v, True, "cudnn"), q, q, q)
-        if out.shape != q.shape or lse.shape != q.shape[:3]:
-            raise ValueError(f"returned shapes {out.shape} and {lse.shape}, expected {q.shape} and {q.shape[:3]}")
-    except Exception as e:  # ImportError, TypeError, ValueError, ...: whatever this JAX version raises
-        warnings.warn(f"jax._src.cudnn.fused_attention_stablehlo does not work as expected with JAX {jax.__version__} "
-                      f"({type(e).__name__}: {e}); attention uses the public masked jax.nn.dot_product_attention "
-                      f"path ('cudnn') instead of 'cudnn_split'", RuntimeWarning, stacklevel=2)
-        return False
-    return True
+        return (out.shape, lse.shape), (q.shape, q.shape[:3])
+
+    return probe(trace, "attention with float32 statistics",
+                 "attention uses the public masked jax.nn.dot_product_attention path ('cudnn') instead of "
+                 "'cudnn_split'")
 
 
 def default_attention_impl(dtype: Any) -> str:
@@ -93,8 +91,7 @@ def _attention_with_lse(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool,
     if backend == "cudnn":
         # jax.nn.dot_product_attention rounds the residual to the output dtype (bf16), too coarse for merging;
         # the cuDNN primitive itself returns float32 softmax statistics [B, Hq, T].
-        from jax._src.cudnn import fused_attention_stablehlo as cudnn
-
+        cudnn = cudnn_attention_module()
         mask = cudnn.MaskType.CAUSAL if causal else cudnn.MaskType.NO_MASK
         out, lse = cudnn.dot_product_attention(q, k, v, scale=scale, mask_type=mask, return_residual=True)
         return out, jnp.swapaxes(lse, 1, 2).astype(jnp.float32)

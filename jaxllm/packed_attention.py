@@ -12,12 +12,13 @@ own tokens (and to a shared cached prefix), never to its neighbours'.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+
+from .private_jax import cudnn_attention_module, probe
 
 PACKED_ATTENTION_IMPLS = ("xla", "cudnn")
 
@@ -84,16 +85,10 @@ def _windowed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.
     return out.reshape(1, c, hq, hd).astype(q.dtype)
 
 
-def _cudnn_module():
-    from jax._src.cudnn import fused_attention_stablehlo
-
-    return fused_attention_stablehlo
-
-
 def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
                      prefix_v: jax.Array | None, seg: Segments) -> jax.Array:
     """The "cudnn" implementation (same arguments as `_windowed_attention`)."""
-    cudnn = _cudnn_module()
+    cudnn = cudnn_attention_module()
     scale = q.shape[-1] ** -0.5
     out_r, lse_r = cudnn.dot_product_attention(
         q, k, v, q_seqlen=seg.seqlens[None], kv_seqlen=seg.seqlens[None], q_offsets=seg.offsets[None],
@@ -136,17 +131,14 @@ def _cudnn_packed_available() -> bool:
     i32 = lambda shape: arr(shape, jnp.int32)
     segments = Segments(segment=i32((c,)), valid=arr((c,), jnp.bool_), position=i32((c,)), rank=i32((c,)),
                         seqlens=i32((m,)), offsets=i32((m + 1,)), max_len=8)
-    try:
+
+    def trace():
         out = jax.eval_shape(_cudnn_attention, arr((1, c, 2, hd)), arr((1, c, 1, hd)), arr((1, c, 1, hd)),
                              arr((5, 1, hd)), arr((5, 1, hd)), segments)
-        if out.shape != (1, c, 2, hd):
-            raise ValueError(f"returned shape {out.shape}, expected {(1, c, 2, hd)}")
-    except Exception as e:  # ImportError, TypeError, IndexError, ...: whatever this JAX version raises
-        warnings.warn(f"jax._src.cudnn.fused_attention_stablehlo's packed layout does not work as expected with JAX "
-                      f"{jax.__version__} ({type(e).__name__}: {e}); packed prompts use the windowed XLA attention, "
-                      f"which is slower than --llm-encode bucketed", RuntimeWarning, stacklevel=2)
-        return False
-    return True
+        return out.shape, (1, c, 2, hd)
+
+    return probe(trace, "packed layout", "packed prompts use the windowed XLA attention, which is slower than "
+                                         "--llm-encode bucketed")
 
 
 def default_packed_attention_impl(dtype: Any) -> str:
