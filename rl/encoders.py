@@ -101,6 +101,10 @@ def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str, metho
                         capacity: int = 0, chunk: int = 64) -> Callable:
     """Pure function (llm_params, prefix_cache, raw_states [B]) -> hidden float32 [B, D] for use under jit:
     the template's ids of every state, then `make_ids_encoder`'s LLM call."""
+    if method == "packed" and capacity and capacity < template.max_len:
+        raise ValueError(f"--llm-capacity {capacity} tokens cannot hold one prompt of this template (max_len "
+                         f"{template.max_len} for {template.env_name}); use --llm-capacity >= "
+                         f"{template.max_len} or 0 (automatic)")
     encode_ids = make_ids_encoder(llm_config, layer=layer, pooling=pooling, method=method, capacity=capacity,
                                   chunk=chunk)
 

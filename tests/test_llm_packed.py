@@ -140,3 +140,12 @@ def test_cudnn_packed_probe_falls_back_with_one_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="windowed XLA attention") as record:
         assert not packed_attention._cudnn_packed_available.__wrapped__()
     assert len(record) == 1
+
+
+def test_trainer_refuses_a_capacity_below_the_templates_max_len(templates):
+    from rl.encoders import make_inscan_encoder
+
+    tpl = templates[("Craftax-Classic-Symbolic-v1", "compact")]
+    with pytest.raises(ValueError, match=rf"--llm-capacity 100 .*max_len {tpl.max_len}"):
+        make_inscan_encoder(tpl, CONFIG, layer=-1, pooling="last", method="packed", capacity=100)
+    make_inscan_encoder(tpl, CONFIG, layer=-1, pooling="last", method="packed", capacity=tpl.max_len)  # fine
