@@ -177,11 +177,19 @@ class TrajectoryWriter:
 
     def add(self, arrays: Mapping[str, Any]) -> None:
         """Queue one batch of samples (a dict of ARRAYS, sample axis first)."""
+        self._put(dict(arrays))
+
+    def add_rollout(self, obs, last_obs, action, reward, done, log_prob) -> None:
+        """Queue one rollout's time-major arrays ([T, B, ...], and the observation after its last step [B, O]);
+        the thread flattens them (`transitions_to_samples`)."""
+        self._put((obs, last_obs, action, reward, done, log_prob))
+
+    def _put(self, item) -> None:
         self._raise_if_failed()
-        for a in arrays.values():
+        for a in (item.values() if isinstance(item, dict) else item):
             if hasattr(a, "copy_to_host_async"):
                 a.copy_to_host_async()
-        self._queue.put(dict(arrays))
+        self._queue.put(item)
 
     def close(self) -> list[Path]:
         """Write what is buffered (a last, shorter file), stop the thread; the files written, in order."""
@@ -201,7 +209,10 @@ class TrajectoryWriter:
                 if item is None:
                     self._flush(final=True)
                     return
-                batch = {k: np.asarray(v) for k, v in item.items()}
+                if isinstance(item, dict):
+                    batch = {k: np.asarray(v) for k, v in item.items()}
+                else:
+                    batch = transitions_to_samples(*(np.asarray(v) for v in item))
                 self._buffer.append(batch)
                 self._buffered += next(iter(batch.values())).shape[0]
                 self._flush(final=False)
@@ -241,9 +252,12 @@ def transitions_to_samples(obs, next_obs_last, action, reward, done, log_prob) -
     device arrays (jnp), so a jitted update can return them ready to copy."""
     import jax.numpy as jnp
 
-    xp = jnp if not isinstance(obs, np.ndarray) else np
+    xp = np if isinstance(obs, np.ndarray) else jnp
     next_obs = xp.concatenate([obs[1:], next_obs_last[None]], axis=0)
-    flat = lambda x: x.reshape((-1,) + tuple(x.shape[2:]))
-    return {"obs": flat(obs).astype(xp.float32), "next_obs": flat(next_obs).astype(xp.float32),
-            "action": flat(action).astype(xp.int32), "reward": flat(reward).astype(xp.float32),
-            "done": flat(done).astype(bool), "log_prob": flat(log_prob).astype(xp.float32)}
+
+    def flat(x, dtype):
+        x = x.reshape((-1,) + tuple(x.shape[2:]))
+        return x.astype(dtype, copy=False) if xp is np else x.astype(dtype)
+
+    return {"obs": flat(obs, np.float32), "next_obs": flat(next_obs, np.float32), "action": flat(action, np.int32),
+            "reward": flat(reward, np.float32), "done": flat(done, bool), "log_prob": flat(log_prob, np.float32)}

@@ -125,7 +125,7 @@ def main(argv=None) -> dict:
     p.add_argument("--num-envs", type=int, default=1024, help="envs of the recording rollout")
     p.add_argument("--num-steps", type=int, default=64, help="steps per recording rollout")
     p.add_argument("--batch", type=int, default=1024, help="observations per labelling chunk")
-    p.add_argument("--llm-layer", type=int, default=24)
+    p.add_argument("--llm-layer", type=int, default=16, help="16 of 36: one of the layers the reference labelling saved")
     p.add_argument("--pooling", default="last")
     p.add_argument("--obs-format", default="compact")
     p.add_argument("--llm-dtype", default="auto")
