@@ -21,8 +21,9 @@ TEMPLATE_ASSEMBLIES = ASSEMBLIES  # render.build_template's `assembly` (same ids
 LLM_DTYPES = ("auto", "float32", "bfloat16", "fp8")  # fp8: W8A8 matmuls (jaxllm.fp8), bf16 elsewhere
 LLM_ENCODES = ENCODE_METHODS  # how a batch of prompts meets the LLM (rl.encoders.make_ids_encoder)
 
-# Flags that `--resume` accepts (they do not change results: the server's address, which kernels build the ids).
-RESUME_OVERRIDABLE = ("vllm_url", "template_assembly")
+# Flags that `--resume` accepts (they do not change results: the server's address, which kernels build the ids,
+# where the rollouts are recorded).
+RESUME_OVERRIDABLE = ("vllm_url", "template_assembly", "save_trajectories", "samples_per_file")
 # Fields that may differ between a run directory's config and a resumed run.
 RESUME_MUTABLE = RESUME_OVERRIDABLE + ("run_dir",)
 
@@ -78,6 +79,9 @@ class TrainConfig:
     run_dir: str | None = None
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
+    # recording (docs/OFFLINE.md): every rollout's samples written to this directory as trajectory files
+    save_trajectories: str | None = None
+    samples_per_file: int = 8192
 
     # derived -----------------------------------------------------------------------------
     @property
@@ -110,7 +114,8 @@ class TrainConfig:
         _choice("fusion", self.fusion, FUSIONS)
         _choice("shuffle", self.shuffle, SHUFFLES)
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
-                     "skip_n", "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk"):
+                     "skip_n", "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk",
+                     "samples_per_file"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.devices < 0:

@@ -73,16 +73,19 @@ def make_player(trainer, num_episodes: int, encode=None):
     cfg, env, n = trainer.cfg, trainer.env, num_episodes
     reset = jax.jit(lambda key: env.reset(key, jnp.arange(n)))
 
-    @partial(jax.jit, static_argnames="window")
-    def run_window(carry: RolloutCarry, seen: Episodes, params, mode, llm_params, cache, window):
+    @partial(jax.jit, static_argnames=("window", "keep"))
+    def run_window(carry: RolloutCarry, seen: Episodes, params, mode, llm_params, cache, window, keep=False):
         if encode is not None:
             key, k = jax.random.split(carry.key)
             hidden = ablate(encode(llm_params, cache, carry.env_state.env_state), mode, k)
             carry = carry._replace(hidden=hidden, key=key)
-        carry, (_, info, _) = trainer.run_window(params, carry, window)
-        return carry._replace(hidden=None), first_episodes(seen, info)
+        carry, (tr, info, _) = trainer.run_window(params, carry, window)
+        out = carry._replace(hidden=None), first_episodes(seen, info)
+        return out + ((tr.obs, tr.action, tr.reward, tr.done, tr.log_prob),) if keep else out
 
-    def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs()):
+    def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs(), on_window=None):
+        """on_window: called with every window's device arrays (obs [T, B, O], the observation after the window
+        [B, O], action, reward, done, log_prob [T, B]), e.g. `rl.trajectories.TrajectoryWriter.add_rollout`."""
         window = cfg.skip_n if encode is not None else min(64, max_steps)
         k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
         obs, state = reset(k_reset)
@@ -91,7 +94,12 @@ def make_player(trainer, num_episodes: int, encode=None):
                         jnp.zeros((n, len(env.achievement_names)), bool))
         steps = 0
         while steps < max_steps and not bool(seen.finished.all()):
-            carry, seen = run_window(carry, seen, params, jnp.int32(mode), *llm_args, window=window)
+            out = run_window(carry, seen, params, jnp.int32(mode), *llm_args, window=window,
+                             keep=on_window is not None)
+            carry, seen = out[:2]
+            if on_window is not None:
+                obs, action, reward, done, log_prob = out[2]
+                on_window(obs, carry.obs, action, reward, done, log_prob)
             steps += window
         seen, running = jax.device_get((seen, carry.env_state))
         return dict(returns=np.where(seen.finished, seen.returns, running.episode_return),
@@ -110,27 +118,46 @@ def summarise(result: dict, names) -> dict[str, Any]:
 
 
 def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps: int = 10_000,
-             modes=MODES) -> dict[str, dict]:
-    """Evaluate the latest checkpoint of `run_dir` (all ablation modes for LLM policies)."""
+             modes=MODES, save_trajectories: Path | None = None, samples_per_file: int = 8192) -> dict[str, dict]:
+    """Evaluate the latest checkpoint of `run_dir` (all ablation modes for LLM policies). With `save_trajectories`
+    every step of the `real` play (the trained policy, sampling, as in training) is recorded there as trajectory
+    files (docs/OFFLINE.md)."""
     import dataclasses
 
     # evaluation plays on one device whatever the run trained on (orbax reshards the checkpoint on restore)
-    cfg = dataclasses.replace(load_config(Path(run_dir) / "config.json"), devices=1)
+    cfg = dataclasses.replace(load_config(Path(run_dir) / "config.json"), devices=1, save_trajectories=None)
     llm = None
     if cfg.uses_llm:
         cfg = dataclasses.replace(cfg, encoder="inscan")
         llm = load_llm(cfg)
     trainer = Trainer(cfg, llm)
-    llm_args = llm.jit_args if llm else LLMArgs()
     ckpt = Checkpoints(run_dir)
     step = ckpt.latest_step()
     if step is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint to evaluate")
-    runner = ckpt.restore(trainer.init_state(llm_args), step)
+    runner = ckpt.restore(trainer.init_state(llm.jit_args if llm else LLMArgs()), step)
     ckpt.close()
+    writer = None
+    if save_trajectories is not None:
+        from rl.trajectories import TrajectoryWriter
+
+        meta = {"env": cfg.env, "num_envs": num_episodes, "encoder": cfg.encoder, "run_dir": str(run_dir),
+                "checkpoint": int(step), "seed": seed, "source": "rl.eval"}
+        writer = TrajectoryWriter(Path(save_trajectories), samples_per_file, meta)
+    try:
+        return _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes,
+                           writer.add_rollout if writer else None)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes, on_window):
+    """The results of every mode (only `real` without an LLM); `on_window` sees the `real` play's windows."""
     names = trainer.env.achievement_names
     if llm is None:
-        return {"real": summarise(make_player(trainer, num_episodes)(runner.params, seed, max_steps), names)}
+        play = make_player(trainer, num_episodes)
+        return {"real": summarise(play(runner.params, seed, max_steps, on_window=on_window), names)}
     results = {}
     for setup in (llm, load_llm(cfg, system_prompt=OTHER_PROMPT) if "other_prompt" in modes else None):
         if setup is None:
@@ -140,8 +167,8 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
         play = make_player(trainer, num_episodes, enc)
         for mode in modes:
             if (mode == "other_prompt") == (setup is not llm):
-                results[mode] = summarise(play(runner.params, seed, max_steps, MODES.index(mode), setup.jit_args),
-                                          names)
+                results[mode] = summarise(play(runner.params, seed, max_steps, MODES.index(mode), setup.jit_args,
+                                               on_window=on_window if mode == "real" else None), names)
     return {m: results[m] for m in modes}
 
 
@@ -153,9 +180,13 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--max-steps", "--max_steps", type=int, default=10_000, dest="max_steps")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--save-trajectories", "--save_trajectories", type=Path, default=None, dest="save_trajectories",
+                   help="record every step of the real-hidden-state play there as trajectory files (docs/OFFLINE.md)")
+    p.add_argument("--samples-per-file", "--samples_per_file", type=int, default=8192, dest="samples_per_file")
     args = p.parse_args(argv)
     try:
-        results = evaluate(args.run_dir, args.episodes, args.seed, args.max_steps, args.modes)
+        results = evaluate(args.run_dir, args.episodes, args.seed, args.max_steps, args.modes,
+                           args.save_trajectories, args.samples_per_file)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -123,6 +123,15 @@ class OpenRun:
     ckpt: Checkpoints
     log: MetricsLog
     start: int  # updates already done (the newest checkpoint's)
+    recorder: Any = None  # rl.trajectories.TrajectoryWriter of --save-trajectories (continues at `start`)
+
+    def close(self) -> None:
+        """Close the checkpoints and write the recorder's last samples."""
+        try:
+            if self.recorder is not None:
+                self.recorder.close()
+        finally:
+            self.ckpt.close()
 
 
 def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False) -> OpenRun:
@@ -141,6 +150,8 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
     if cfg.encoder == "inscan" and cfg.template_assembly == "pallas" and jax.default_backend() != "gpu":
         raise ValueError(f"--template-assembly pallas needs a GPU (on {jax.default_backend()} Pallas's interpreter "
                          f"would run it, which fails inside the trainer's shard_map); use auto or jnp")
+    if cfg.save_trajectories is not None and jax.process_count() > 1:
+        raise ValueError("--save-trajectories records from one process; several processes are not supported yet")
     if cfg.encoder == "vllm":  # fail fast, before touching the run directory
         from rl.encoders import check_vllm_reachable
 
@@ -153,7 +164,15 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
         start, _ = ckpt.restore_newest(None)
     if not resume and start == 0 and log.read():
         log.truncate_after(0)
-    return OpenRun(cfg, run_dir, ckpt, log, start)
+    recorder = None
+    if cfg.save_trajectories is not None:
+        from rl.trajectories import TrajectoryWriter
+
+        meta = {"env": cfg.env, "num_envs": cfg.num_envs, "num_steps": cfg.num_steps, "encoder": cfg.encoder,
+                "run_dir": str(run_dir), "source": "rl.train"}
+        recorder = TrajectoryWriter(Path(cfg.save_trajectories), cfg.samples_per_file, meta,
+                                    first_sample=start * cfg.batch_size)
+    return OpenRun(cfg, run_dir, ckpt, log, start, recorder)
 
 
 def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
@@ -171,7 +190,7 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
             print(f"{run.run_dir}: run already finished ({run.start}/{run.cfg.num_updates} updates); nothing to do",
                   flush=True)
     finally:
-        run.ckpt.close()
+        run.close()
     return run.run_dir
 
 
@@ -200,7 +219,7 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     for update in range(start, cfg.num_updates):
         t0 = time.perf_counter()
         llm_t0 = vllm.seconds if vllm else 0.0
-        new_runner, m = trainer.step(runner, llm_args)
+        new_runner, m = trainer.step(runner, llm_args, run.recorder.add_rollout if run.recorder else None)
         seconds = time.perf_counter() - t0
         if not math.isfinite(float(m["total_loss"])):
             if saved_at != update:

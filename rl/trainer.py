@@ -21,8 +21,9 @@ gradients are averaged over all devices. The result equals a one-device run of t
 """
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -113,7 +114,9 @@ class Trainer:
             if vllm_encoder is None:
                 raise ValueError("--encoder vllm needs the server's client (rl.encoders.load_encoder)")
             self._tokens = self._sharded(make_token_fn(llm.template), env, (env, env))
-        self.update = self._sharded(self._update, (specs, rep), (specs, rep))
+        self.records = cfg.save_trajectories is not None  # the update also returns its rollout's samples
+        self.update = self._sharded(functools.partial(self._update, record=self.records), (specs, rep),
+                                    (specs, rep, steps) if self.records else (specs, rep))
         self.encode_states = self._sharded(self._encode, (rep, rep, env), env) if self._encode else None
         self._reset = self._sharded(lambda key: self.env.reset(key, self._env_index()), rep, (env, env))
         self._window = self._sharded(lambda p, c: self.run_window(p, c, cfg.skip_n, env_index=self._env_index()),
@@ -218,17 +221,30 @@ class Trainer:
         return RunnerState(params, opt_state, carry.env_state, carry.obs, carry.hidden, carry.key,
                            runner.update + 1), metrics
 
-    def _update(self, runner: RunnerState, llm_args: LLMArgs):
-        """One full training update (rollout + PPO) as a pure function; jitted as `self.update`."""
+    def _update(self, runner: RunnerState, llm_args: LLMArgs, record: bool = False):
+        """One full training update (rollout + PPO) as a pure function; jitted as `self.update`. With `record`
+        it also returns the rollout's (obs, action, reward, done, log_prob), each [T, B, ...]."""
         key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
         carry, traj, info, _ = self.rollout(runner.params, runner.env_state, runner.obs, runner.hidden,
                                             k_roll, llm_args, env_index=self._env_index())
-        return self._finish_update(runner, carry._replace(key=key), k_ppo, traj, info)
+        runner, metrics = self._finish_update(runner, carry._replace(key=key), k_ppo, traj, info)
+        if not record:
+            return runner, metrics
+        return runner, metrics, (traj.obs, traj.action, traj.reward, traj.done, traj.log_prob)
 
-    def step(self, runner: RunnerState, llm_args=LLMArgs()):
-        """Advance one update; returns (runner, metrics as numpy). Host loop only for `vllm`."""
+    def step(self, runner: RunnerState, llm_args=LLMArgs(), on_rollout: Callable | None = None):
+        """Advance one update; returns (runner, metrics as numpy). Host loop only for `vllm`.
+
+        on_rollout (with `cfg.save_trajectories`): called with the rollout's device arrays (obs [T, B, O], the
+        observation after its last step [B, O], action, reward, done, log_prob [T, B]) before the metrics are
+        fetched, e.g. `rl.trajectories.TrajectoryWriter.add_rollout`, which copies them while the next update runs.
+        """
         if self.vllm is None:
-            runner, metrics = self.update(runner, LLMArgs(*llm_args))
+            out = self.update(runner, LLMArgs(*llm_args))
+            runner, metrics = out[:2]
+            if on_rollout is not None and self.records:
+                obs, action, reward, done, log_prob = out[2]
+                on_rollout(obs, runner.obs, action, reward, done, log_prob)
             return runner, jax.device_get(metrics)
         key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
         carry = RolloutCarry(runner.env_state, runner.obs, runner.hidden, k_roll)
@@ -238,6 +254,9 @@ class Trainer:
             chunks.append(out[:2])
             carry = carry._replace(hidden=self._vllm_hidden(carry.env_state))
         runner, metrics = self._finish(runner, carry._replace(key=key), k_ppo, chunks)
+        if on_rollout is not None and self.records:
+            tr = _concat_steps([tr for tr, _ in chunks])
+            on_rollout(tr.obs, runner.obs, tr.action, tr.reward, tr.done, tr.log_prob)
         return runner, jax.device_get(metrics)
 
     def _vllm_hidden(self, env_state: EnvBatchState) -> jax.Array:

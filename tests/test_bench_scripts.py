@@ -66,3 +66,11 @@ def test_bench_label_smoke(tmp_path):
     assert res["encoder"]["prompts"] == 32 and res["encoder"]["tokens_mean"] > 0
     assert res["ratio_end_to_end_to_encoder"] > 0
     assert json.loads((tmp_path / "label.json").read_text())["label"]["files"] == 3
+
+
+def test_bench_record_smoke(tmp_path):
+    import bench_record
+
+    res = bench_record.main(["--smoke", "--dir", str(tmp_path / "work"), "--out", str(tmp_path / "record.json")])
+    assert res["without"]["sps"] > 0 and res["with"]["sps"] > 0 and res["ratio_with_to_without"] > 0
+    assert res["with"]["files"] == 5  # 3 updates of 64 samples (the compiling one included), 40 per file

@@ -38,43 +38,16 @@ def _env():
 
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory) -> Path:
-    """Trajectory files of Classic random play recorded by `rl.trajectories.TrajectoryWriter` (8 envs x 8 steps x 3
-    rollouts = 192 samples), 40 samples per file -> 5 files (the last one 32 samples)."""
-    out = tmp_path_factory.mktemp("label") / "trajectories"
-    files = record_random_play(out, updates=3, num_envs=8, num_steps=8, samples_per_file=40)
-    assert len(files) == 5
+    """Trajectory files recorded by the trainer: the test preset (Classic, 8 envs x 8 steps x 3 updates = 192
+    samples), 40 samples per file -> 5 files (the last one 32 samples)."""
+    from rl.train import main as train_main
+
+    root = tmp_path_factory.mktemp("label")
+    out = root / "trajectories"
+    rc = train_main(["--preset", "test", "--run-dir", str(root / "run"), "--save-trajectories", str(out),
+                     "--samples-per-file", "40", "--quiet"])
+    assert rc == 0
     return out
-
-
-def record_random_play(out: Path, updates: int, num_envs: int, num_steps: int, samples_per_file: int):
-    import math
-
-    from rl.envs import BatchedEnv
-    from rl.trajectories import TrajectoryWriter, transitions_to_samples
-
-    env = BatchedEnv(ENV, num_envs, reset_ratio=4)
-
-    @jax.jit
-    def rollout(state, obs, key):
-        def step(carry, k):
-            state, obs = carry
-            k_act, k_env = jax.random.split(k)
-            action = jax.random.randint(k_act, (num_envs,), 0, env.num_actions)
-            next_obs, state, reward, done, _ = env.step(k_env, state, action)
-            return (state, next_obs), (obs, action, reward, done)
-
-        (state, obs), (o, a, r, d) = jax.lax.scan(step, (state, obs), jax.random.split(key, num_steps))
-        logp = jnp.full(a.shape, -math.log(env.num_actions), jnp.float32)
-        return state, obs, transitions_to_samples(o, obs, a, r, d, logp)
-
-    key = jax.random.PRNGKey(0)
-    obs, state = env.reset(key)
-    writer = TrajectoryWriter(out, samples_per_file, {"env": ENV, "num_envs": num_envs, "source": "test"})
-    for _ in range(updates):
-        key, k = jax.random.split(key)
-        state, obs, samples = rollout(state, obs, k)
-        writer.add(samples)
-    return writer.close()
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +80,7 @@ def test_recorded_files_hold_the_format(dataset):
         assert np.all(d["log_prob"] <= 0) and np.isfinite(d["reward"]).all()
         rec = json.loads(str(d[RECORDING_KEY]))
         assert rec["env"] == ENV and rec["num_envs"] == 8 and rec["samples"] == d["obs"].shape[0]
+        assert rec["source"] == "rl.train"
     obs = np.concatenate([d["obs"] for d in data])
     nxt = np.concatenate([d["next_obs"] for d in data])
     # time-major: next_obs of (step t, env e) is obs of (step t + 1, env e) inside an update
@@ -224,3 +198,42 @@ def test_vectors_equal_the_http_servers(dataset, reference, labeller, start_tiny
     finally:
         client.close()
     np.testing.assert_allclose(hidden.astype(np.float32), served, rtol=2e-3, atol=2e-3)
+
+
+def _stream(directory: Path) -> dict:
+    """Every array of the trajectory files in `directory`, joined in file-name (= stream) order."""
+    data = [_load(f) for f in sorted(directory.glob("*.npz"))]
+    return {k: np.concatenate([d[k] for d in data]) for k in ARRAYS}
+
+
+def test_a_resumed_run_records_each_sample_once(dataset, tmp_path):
+    """Stop after 1 update, resume: the recorded stream equals the uninterrupted run's (no sample lost or twice)."""
+    from rl.train import main as train_main
+
+    out = tmp_path / "trajectories"
+    common = ["--save-trajectories", str(out), "--samples-per-file", "40", "--quiet"]
+    assert train_main(["--preset", "test", "--run-dir", str(tmp_path / "run"), "--max-updates", "1", *common]) == 0
+    assert [f.name for f in sorted(out.glob("*.npz"))] == ["traj-000000000000.npz", "traj-000000000040.npz"]
+    assert train_main(["--resume", str(tmp_path / "run"), "--quiet"]) == 0
+    names = [f.name for f in sorted(out.glob("*.npz"))]
+    assert names == [f"traj-{i:012d}.npz" for i in (0, 40, 64, 104, 144, 184)]
+    got, want = _stream(out), _stream(dataset)
+    for key in ARRAYS:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_eval_records_the_policy_play(dataset, tmp_path):
+    from rl.eval import main as eval_main
+
+    out = tmp_path / "eval_trajectories"
+    run_dir = dataset.parent / "run"
+    assert eval_main([str(run_dir), "--episodes", "4", "--max-steps", "16", "--save-trajectories", str(out),
+                      "--samples-per-file", "40"]) == 0
+    files = sorted(out.glob("*.npz"))
+    data = [_load(f) for f in files]
+    assert [d["obs"].shape[0] for d in data] == [40, 24]  # 4 envs x 16 steps
+    rec = json.loads(str(data[0][RECORDING_KEY]))
+    assert rec["source"] == "rl.eval" and rec["num_envs"] == 4 and rec["env"] == ENV
+    stream = _stream(out)
+    assert stream["obs"].shape == (64, 1345) and np.all(stream["log_prob"] <= 0)
+    np.testing.assert_array_equal(stream["next_obs"].reshape(16, 4, -1)[:-1], stream["obs"].reshape(16, 4, -1)[1:])

@@ -126,8 +126,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys, monkeyp
     calls = []
     real_step = Trainer.step
 
-    def step(self, runner, llm_args=(None, None)):
-        runner, metrics = real_step(self, runner, llm_args)
+    def step(self, runner, llm_args=(None, None), on_rollout=None):
+        runner, metrics = real_step(self, runner, llm_args, on_rollout)
         calls.append(1)
         if len(calls) == 3:
             metrics = dict(metrics, total_loss=np.float32("nan"))
