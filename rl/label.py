@@ -442,7 +442,7 @@ class _progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, unit="sample", unit_scale=True, desc="label", file=sys.stderr,
-                            dynamic_ncols=True, smoothing=0.1)
+                            dynamic_ncols=True, smoothing=0.1, mininterval=0.5 if sys.stderr.isatty() else 10.0)
             self.bar.set_postfix_str(f"files 0/{files}")
 
     def update(self, n: int) -> None:
