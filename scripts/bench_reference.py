@@ -143,6 +143,11 @@ def main(argv=None) -> int:
     p.add_argument("--updates", type=int, default=10, help="updates per timed reference call / per timed loop of ours")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--profile", action="store_true", help="per-kernel device time tables (GPU)")
+    p.add_argument("--sync-dir", type=Path, default=None,
+                   help="with --sync-rank/--sync-world: compile in parallel with other bench processes (e.g. "
+                        "scripts/bench_train.py), then time one process after another in rank order")
+    p.add_argument("--sync-rank", type=int, default=0)
+    p.add_argument("--sync-world", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="tiny shapes, Classic, for a CPU check")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
@@ -162,39 +167,47 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"),
                                                 jax=jax.__version__, rows=rows), indent=2))
 
-    for name in args.only or list(CONFIGS):
-        print(f"{name}:", flush=True)
-        prep = bench_train.prepare(name, CONFIGS[name], bt_args)
-        prep["updates"] = args.updates
-        cfg = prep["cfg"]
-        ref = prepare_reference(ppo, cfg, args) if ppo else None
-        best = dict(reference=float("inf"), dispatch=float("inf"), host_loop=float("inf"))
-        for _ in range(args.repeats):
+    try:
+        preps = []
+        for name in args.only or list(CONFIGS):  # every program compiled (and its first call timed) before any timing
+            print(f"{name}:", flush=True)
+            prep = bench_train.prepare(name, CONFIGS[name], bt_args)
+            prep["updates"] = args.updates
+            prep["ref"] = prepare_reference(ppo, prep["cfg"], args) if ppo else None
+            preps.append(prep)
+        if args.sync_dir:
+            bench_train.wait_for_turn(args.sync_dir, args.sync_rank, args.sync_world)
+        for prep in preps:
+            cfg, ref = prep["cfg"], prep["ref"]
+            best = dict(reference=float("inf"), dispatch=float("inf"), host_loop=float("inf"))
+            for _ in range(args.repeats):
+                if ref:
+                    best["reference"] = min(best["reference"], time_reference(ref))
+                dispatch = bench_train.measure(prep, bt_args)["update_s"] * args.updates
+                best["dispatch"] = min(best["dispatch"], dispatch)
+                best["host_loop"] = min(best["host_loop"], time_ours_host_loop(prep, args.updates))
+            steps = args.updates * cfg.batch_size
+            row = dict(config=prep["name"], env=cfg.env, num_envs=cfg.num_envs, num_steps=cfg.num_steps,
+                       reset_ratio=cfg.reset_ratio, updates_per_timing=args.updates,
+                       ours_first_update_s=prep["first"], ours_sps_dispatch=steps / best["dispatch"],
+                       ours_sps_host_loop=steps / best["host_loop"])
             if ref:
-                best["reference"] = min(best["reference"], time_reference(ref))
-            best["dispatch"] = min(best["dispatch"], bench_train.measure(prep, bt_args)["update_s"] * args.updates)
-            best["host_loop"] = min(best["host_loop"], time_ours_host_loop(prep, args.updates))
-        steps = args.updates * cfg.batch_size
-        row = dict(config=name, env=cfg.env, num_envs=cfg.num_envs, num_steps=cfg.num_steps,
-                   reset_ratio=cfg.reset_ratio, updates_per_timing=args.updates,
-                   ours_first_update_s=prep["first"], ours_sps_dispatch=steps / best["dispatch"],
-                   ours_sps_host_loop=steps / best["host_loop"])
-        if ref:
-            row.update(reference_first_call_s=ref["first"], reference_sps=steps / best["reference"],
-                       ratio_dispatch=best["reference"] / best["dispatch"],
-                       ratio_host_loop=best["reference"] / best["host_loop"])
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        write()  # before the profile: a run cut short keeps the timings
-        if args.profile:
-            profile(prep, ref, row)
-            write()
-        del prep, ref
-
+                row.update(reference_first_call_s=ref["first"], reference_sps=steps / best["reference"],
+                           ratio_dispatch=best["reference"] / best["dispatch"],
+                           ratio_host_loop=best["reference"] / best["host_loop"])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            write()  # before the profile: a run cut short keeps the timings
+            if args.profile:
+                profile(prep, ref, row)
+                write()
+    finally:  # also when this process failed: the others must not wait for it
+        if args.sync_dir:
+            bench_train.release_turn(args.sync_dir, args.sync_rank)
     print(f"\ndevice: {jax.devices()[0]}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}")
     print(f"{'config':20s} {'ref SPS':>10s} {'ours SPS':>10s} {'ratio':>6s} {'ours host-loop':>14s} {'ratio':>6s} "
           f"{'ref 1st call s':>14s} {'ours 1st update s':>17s}")
-    f = lambda r, k, fmt: format(r[k], fmt) if k in r else "-"
+    f = lambda r, k, fmt: format(r[k], fmt) if k in r else "-".rjust(int(fmt.split(",")[0].split(".")[0]))
     for r in rows:
         print(f"{r['config']:20s} {f(r, 'reference_sps', '10,.0f')} {r['ours_sps_dispatch']:10,.0f} "
               f"{f(r, 'ratio_dispatch', '6.3f')} {r['ours_sps_host_loop']:14,.0f} {f(r, 'ratio_host_loop', '6.3f')} "

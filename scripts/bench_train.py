@@ -120,6 +120,12 @@ def wait_for_turn(sync_dir: Path, rank: int, world: int) -> None:
         time.sleep(0.2)
 
 
+def release_turn(sync_dir: Path, rank: int) -> None:
+    """This process is done (or failed): it no longer holds the others up at the barrier or in the queue."""
+    for name in (f"ready.{rank}", f"done.{rank}"):
+        (sync_dir / name).touch()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=sorted(CONFIGS), default=None)
@@ -160,13 +166,15 @@ def main(argv=None) -> int:
 
     rows = []
     if args.sync_dir:  # compile everything first, then time in turn
-        preps = [prepare(name, overrides, args) for name, overrides in jobs]
-        wait_for_turn(args.sync_dir, args.sync_rank, args.sync_world)
-        for prep in preps:  # each row printed and written as soon as it is measured (a cut-short run keeps it)
-            rows.append(measure(prep, args))
-            print(json.dumps(rows[-1]), flush=True)
-            write(rows)
-        (args.sync_dir / f"done.{args.sync_rank}").touch()
+        try:
+            preps = [prepare(name, overrides, args) for name, overrides in jobs]
+            wait_for_turn(args.sync_dir, args.sync_rank, args.sync_world)
+            for prep in preps:  # each row printed and written as soon as it is measured (a cut-short run keeps it)
+                rows.append(measure(prep, args))
+                print(json.dumps(rows[-1]), flush=True)
+                write(rows)
+        finally:  # also when this process failed: the others must not wait for it
+            release_turn(args.sync_dir, args.sync_rank)
     else:
         for name, overrides in jobs:
             rows.append(measure(prepare(name, overrides, args), args))
