@@ -39,28 +39,26 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from rl.config import LLM_DTYPES, LLM_ENCODES, OBS_FORMATS, POOLINGS, TrainConfig
 from rl.trajectories import (HIDDEN_KEY, LABELLING_KEY, RECORDING_KEY, TrajectoryError, load_arrays, meta_array,
                              read_meta, save_npz_atomic, trajectory_env)
 
-OBS_FORMATS = ("compact", "full")
-POOLINGS = ("last", "mean")
-LLM_DTYPES = ("auto", "float32", "bfloat16", "fp8")
-LLM_ENCODES = ("packed", "bucketed")
 DATA_AXIS = "samples"
 
 
 @dataclass(frozen=True)
 class LabelConfig:
-    """What a labelling computes (everything but `batch`, `devices`, `env` and `quiet` is stored in each file)."""
+    """What a labelling computes (everything but `batch`, `devices`, `env` and `quiet` is stored in each file).
+    The LLM settings default to the trainer's (`rl.config.TrainConfig`)."""
 
     model: str = "tiny"
-    llm_layer: int = -1
-    pooling: str = "last"
-    obs_format: str = "compact"
-    llm_dtype: str = "auto"
-    llm_encode: str = "packed"
-    llm_capacity: int = 0
-    llm_chunk: int = 64
+    llm_layer: int = TrainConfig.llm_layer
+    pooling: str = TrainConfig.pooling
+    obs_format: str = TrainConfig.obs_format
+    llm_dtype: str = TrainConfig.llm_dtype
+    llm_encode: str = TrainConfig.llm_encode
+    llm_capacity: int = TrainConfig.llm_capacity
+    llm_chunk: int = TrainConfig.llm_chunk
     system_prompt: str | None = None
     batch: int = 1024  # observations per chunk (all devices together): the unit of resuming
     devices: int = 0  # 0: all visible devices
@@ -469,14 +467,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", metavar="IN_DIR_OR_GLOB", help="a directory of .npz files, a glob pattern or one file")
     p.add_argument("--out", required=True, type=Path, help="output directory (same file names)")
     p.add_argument("--model", default=LabelConfig.model, help="checkpoint directory, hub id or preset (tiny, qwen3-4b)")
-    p.add_argument("--llm-layer", "--llm_layer", type=int, default=-1, dest="llm_layer",
-                   help="hidden state after this decoder layer (negative: from the end; -1 = final, normed)")
-    p.add_argument("--pooling", choices=POOLINGS, default="last")
-    p.add_argument("--obs-format", "--obs_format", choices=OBS_FORMATS, default="compact", dest="obs_format")
-    p.add_argument("--llm-dtype", "--llm_dtype", choices=LLM_DTYPES, default="auto", dest="llm_dtype")
-    p.add_argument("--llm-encode", "--llm_encode", choices=LLM_ENCODES, default="packed", dest="llm_encode")
-    p.add_argument("--llm-capacity", "--llm_capacity", type=int, default=0, dest="llm_capacity",
+    d = LabelConfig()
+    p.add_argument("--llm-layer", "--llm_layer", type=int, default=d.llm_layer, dest="llm_layer",
+                   help="hidden state index (HF numbering: 0 embeddings, k after k layers; -1 final, normed)")
+    p.add_argument("--pooling", choices=POOLINGS, default=d.pooling)
+    p.add_argument("--obs-format", "--obs_format", choices=OBS_FORMATS, default=d.obs_format, dest="obs_format")
+    p.add_argument("--llm-dtype", "--llm_dtype", choices=LLM_DTYPES, default=d.llm_dtype, dest="llm_dtype")
+    p.add_argument("--llm-encode", "--llm_encode", choices=LLM_ENCODES, default=d.llm_encode, dest="llm_encode",
+                   help="how a chunk's prompts meet the LLM (rl.encoders.make_ids_encoder), as in the trainer")
+    p.add_argument("--llm-capacity", "--llm_capacity", type=int, default=d.llm_capacity, dest="llm_capacity",
                    help="tokens per packed pass (0: jaxllm.default_capacity)")
+    p.add_argument("--llm-chunk", "--llm_chunk", type=int, default=d.llm_chunk, dest="llm_chunk",
+                   help="prompts per bucketed LLM call")
     p.add_argument("--system-prompt", "--system_prompt", default=None, dest="system_prompt",
                    help="system prompt text or file (default: render's prompt for the env and format)")
     p.add_argument("--batch", type=int, default=1024, help="observations per chunk, all devices together")
@@ -494,6 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cfg = LabelConfig(model=args.model, llm_layer=args.llm_layer, pooling=args.pooling, obs_format=args.obs_format,
                       llm_dtype=args.llm_dtype, llm_encode=args.llm_encode, llm_capacity=args.llm_capacity,
+                      llm_chunk=args.llm_chunk,
                       system_prompt=args.system_prompt, batch=args.batch, devices=args.devices, env=args.env)
     try:
         files = input_files(args.inputs)

@@ -174,7 +174,8 @@ def test_vectors_equal_the_inscan_encoder_on_the_same_ids(dataset, reference, la
 
     name = "traj-000000000160.npz"  # 32 samples: 4 full chunks
     obs, hidden = _load(dataset / name)["obs"], _load(reference / name)[HIDDEN_KEY]
-    encode = jax.jit(make_ids_encoder(labeller.model.config, layer=-1, pooling="last"))
+    encode = jax.jit(make_ids_encoder(labeller.model.config, layer=-1, pooling="last", method=CFG.llm_encode,
+                                      chunk=CFG.llm_chunk))
     cache = labeller._setup(ENV)[1]
     for start in range(0, 32, BATCH):
         ids, lengths = _ids_of(labeller, obs[start:start + BATCH])
