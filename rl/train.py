@@ -150,8 +150,13 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
     if cfg.encoder == "inscan" and cfg.template_assembly == "pallas" and jax.default_backend() != "gpu":
         raise ValueError(f"--template-assembly pallas needs a GPU (on {jax.default_backend()} Pallas's interpreter "
                          f"would run it, which fails inside the trainer's shard_map); use auto or jnp")
-    if cfg.save_trajectories is not None and jax.process_count() > 1:
-        raise ValueError("--save-trajectories records from one process; several processes are not supported yet")
+    if cfg.save_trajectories is not None:
+        if jax.process_count() > 1:
+            raise ValueError("--save-trajectories records from one process; several processes are not supported yet")
+        if not resume:
+            from rl.trajectories import check_new_stream
+
+            check_new_stream(Path(cfg.save_trajectories))
     if cfg.encoder == "vllm":  # fail fast, before touching the run directory
         from rl.encoders import check_vllm_reachable
 
@@ -171,7 +176,7 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
         meta = {"env": cfg.env, "num_envs": cfg.num_envs, "num_steps": cfg.num_steps, "encoder": cfg.encoder,
                 "run_dir": str(run_dir), "source": "rl.train"}
         recorder = TrajectoryWriter(Path(cfg.save_trajectories), cfg.samples_per_file, meta,
-                                    first_sample=start * cfg.batch_size)
+                                    first_sample=start * cfg.batch_size, continue_stream=resume)
     return OpenRun(cfg, run_dir, ckpt, log, start, recorder)
 
 

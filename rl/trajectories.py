@@ -135,14 +135,17 @@ class TrajectoryWriter:
     wait for the thread; beyond that `add` blocks (the disk sets the pace). Errors of the thread are raised by
     the next `add` or by `close`.
 
-    `first_sample` continues a stream (a resumed run): files that start at or after it are removed and one that
-    spans it is cut at it, so the directory never holds a sample twice.
+    A new stream (`continue_stream=False`) refuses a directory that already holds files of `prefix`
+    (`check_new_stream`). `continue_stream=True` continues one at `first_sample` (a resumed run): files that start at
+    or after it are removed and one that spans it is cut at it, so the directory never holds a sample twice.
     """
 
     def __init__(self, out_dir: Path, samples_per_file: int, recording: Mapping[str, Any], *,
-                 prefix: str = "traj", first_sample: int = 0, max_pending: int = 2):
+                 prefix: str = "traj", first_sample: int = 0, continue_stream: bool = False, max_pending: int = 2):
         if samples_per_file < 1:
             raise ValueError(f"--samples-per-file must be >= 1, got {samples_per_file}")
+        if not continue_stream:
+            check_new_stream(out_dir, prefix)
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.samples_per_file = samples_per_file
@@ -244,6 +247,14 @@ class TrajectoryWriter:
             self.files_written.append(path)
             self._next += n
             self._buffered -= n
+
+
+def check_new_stream(out_dir: Path, prefix: str = "traj") -> None:
+    """Raise ValueError if `out_dir` already holds recorded files of `prefix` (a new recording would mix with them)."""
+    existing = sorted(Path(out_dir).glob(f"{prefix}-*.npz")) if Path(out_dir).is_dir() else []
+    if any(_NAME_RE.match(p.name) for p in existing):
+        raise ValueError(f"{out_dir} already holds {len(existing)} trajectory files ({existing[0].name}, ...); record "
+                         f"into an empty directory, or --resume the run that wrote them")
 
 
 def transitions_to_samples(obs, next_obs_last, action, reward, done, log_prob) -> dict[str, Any]:

@@ -221,6 +221,9 @@ def test_a_resumed_run_records_each_sample_once(dataset, tmp_path):
     got, want = _stream(out), _stream(dataset)
     for key in ARRAYS:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    # a new run never records into a directory holding another stream
+    assert train_main(["--preset", "test", "--run-dir", str(tmp_path / "other"), *common]) == 1
+    assert not (tmp_path / "other").exists()
 
 
 def test_eval_records_the_policy_play(dataset, tmp_path):
