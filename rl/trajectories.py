@@ -83,11 +83,19 @@ def save_npz_atomic(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 def load_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     """All arrays of an .npz (JSON entries apart): (arrays, {key: meta dict}); TrajectoryError if unreadable or
-    the arrays disagree on the sample count."""
+    the arrays disagree on the sample count. Object arrays (they need pickle, which is never used) are left out."""
     try:
         with np.load(path, allow_pickle=False) as npz:
             meta = {k: read_meta(npz, k) for k in (RECORDING_KEY, LABELLING_KEY) if k in npz.files}
-            arrays = {k: npz[k] for k in npz.files if k not in meta}
+            arrays = {}
+            for k in npz.files:
+                if k in meta:
+                    continue
+                try:
+                    arrays[k] = npz[k]
+                except ValueError as e:  # an object array (e.g. strings saved as objects) needs pickle: left out
+                    if "allow_pickle" not in str(e):
+                        raise
     except TrajectoryError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:

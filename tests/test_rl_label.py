@@ -162,6 +162,20 @@ def test_bad_files_are_reported_and_the_rest_labelled(dataset, reference, tmp_pa
     assert sorted(p.name for p in out.iterdir()) == sorted(f.name for f in good)
 
 
+def test_object_arrays_are_left_out_not_unpickled(dataset, labeller, tmp_path):
+    """A file like the reference pipeline's, with a `text_generated` column saved as objects: labelled, that
+    column left out (files are never unpickled), a plain string column copied."""
+    src = tmp_path / "in" / "theirs.npz"
+    src.parent.mkdir()
+    obs = _load(sorted(dataset.glob("*.npz"))[0])["obs"][:BATCH]
+    np.savez(src, obs=obs, text_generated=np.array([""] * BATCH, dtype=object), note=np.array(["x"] * BATCH))
+    summary = label_files([src], tmp_path / "out", CFG, quiet=True, labeller=labeller)
+    assert summary.files == 1 and not summary.bad
+    out = _load(tmp_path / "out" / "theirs.npz")
+    assert "text_generated" not in out and list(out["note"]) == ["x"] * BATCH
+    assert out[HIDDEN_KEY].shape == (BATCH, 64)
+
+
 def _ids_of(labeller, obs):
     tpl = labeller.template(ENV)
     return jax.jit(jax.vmap(tpl))(jnp.asarray(obs))
