@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,60 +28,90 @@ RESUME_OVERRIDABLE = ("vllm_url", "template_assembly", "save_trajectories", "sam
 RESUME_MUTABLE = RESUME_OVERRIDABLE + ("run_dir",)
 
 
+# Option groups (--help lists the fields under these headings, in this order).
+ENV, PPO, LLM, HTTP, DEVICES, RUN, RECORD = (
+    "environment", "PPO", "LLM encoder (--encoder inscan|vllm)", "HTTP embedding server (--encoder vllm)", "devices",
+    "run directory", "recording")
+GROUPS = (ENV, PPO, LLM, HTTP, DEVICES, RUN, RECORD)
+
+
+def _opt(default: Any, group: str, help: str, applies: str | None = None, metavar: str | None = None) -> Any:
+    """A TrainConfig field with its --help line. `applies`: "llm" = has an effect only with an LLM encoder,
+    "vllm" = only with --encoder vllm (an explicit flag outside that is refused: `inapplicable_flags`)."""
+    meta = {"group": group, "help": help, "applies": applies} | ({"metavar": metavar} if metavar else {})
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a training run. Defaults = the reference trainer (REFERENCE §2)."""
 
-    env: str = "Craftax-Symbolic-v1"
-    encoder: str = "none"
-    seed: int = 0
-    num_envs: int = 1024
-    num_steps: int = 64
-    total_timesteps: int = 10_000_000
-    lr: float = 2e-4
-    anneal_lr: bool = True
-    adam_eps: float = 1e-5
-    max_grad_norm: float = 1.0
-    update_epochs: int = 4
-    num_minibatches: int = 8
-    # minibatch shuffle: "global" = reference (all T*B samples; several devices gather the rollout); "per_env" =
-    # each env's time steps, every sample stays on its device (rl.ppo.ppo_update, docs/MULTIGPU.md)
-    shuffle: str = "global"
-    gamma: float = 0.99
-    gae_lambda: float = 0.8
-    clip_eps: float = 0.2
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    reset_ratio: int = 16
-    width: int = 512
-    # data parallelism (docs/MULTIGPU.md): devices the env batch is split over; 0 = all visible devices.
-    # train() writes the resolved count into config.json, so a resume uses the same count.
-    devices: int = 0
-    # LLM encoder (inscan / vllm)
-    skip_n: int = 1
-    model: str = "tiny"
-    llm_layer: int = -1
-    pooling: str = "last"
-    obs_format: str = "compact"
-    template_assembly: str = "auto"  # auto: one Pallas kernel on a CUDA GPU, XLA ops elsewhere (docs/RENDER.md)
-    llm_dtype: str = "auto"
-    system_prompt: str | None = None
-    fusion: str = "norm"
-    # bucketed: llm_chunk prompts per call, sorted by length, each chunk padded to its length bucket;
-    # packed: real tokens end to end, passes of at most llm_capacity tokens (0 = jaxllm.default_capacity).
+    # environment
+    env: str = _opt("Craftax-Symbolic-v1", ENV, "Craftax game: full Craftax or Craftax-Classic, symbolic observations")
+    seed: int = _opt(0, ENV, "seed of the env worlds, the network init and the PPO sampling")
+    num_envs: int = _opt(1024, ENV, "envs stepped in parallel (all devices together)")
+    reset_ratio: int = _opt(16, ENV, "optimistic resets: one fresh world per block of this many envs")
+    # PPO
+    total_timesteps: int = _opt(10_000_000, PPO, "env steps of the whole run (updates = this / (num_envs x num_steps))")
+    num_steps: int = _opt(64, PPO, "rollout length per env between two updates")
+    lr: float = _opt(2e-4, PPO, "Adam learning rate")
+    anneal_lr: bool = _opt(True, PPO, "decay the learning rate linearly to 0 over the run (true/false)")
+    adam_eps: float = _opt(1e-5, PPO, "Adam epsilon (numerical floor of the update denominator)")
+    max_grad_norm: float = _opt(1.0, PPO, "clip the global gradient norm to this")
+    update_epochs: int = _opt(4, PPO, "passes over each rollout per update")
+    num_minibatches: int = _opt(8, PPO, "minibatches per epoch (must divide num_envs x num_steps)")
+    shuffle: str = _opt("global", PPO, "minibatch shuffle: global = over all samples (reference; several devices "
+                                       "gather the rollout), per_env = each env's steps stay on its device")
+    gamma: float = _opt(0.99, PPO, "discount factor of future rewards")
+    gae_lambda: float = _opt(0.8, PPO, "GAE lambda (bias-variance trade-off of the advantage estimate)")
+    clip_eps: float = _opt(0.2, PPO, "PPO clip range of the policy ratio")
+    ent_coef: float = _opt(0.01, PPO, "entropy bonus coefficient")
+    vf_coef: float = _opt(0.5, PPO, "value loss coefficient")
+    width: int = _opt(512, PPO, "hidden width of the actor-critic MLP")
+    # LLM encoder
+    encoder: str = _opt("none", LLM, "LLM hidden state as extra input: none (plain PPO), inscan (the JAX Qwen3 "
+                                     "inside the rollout scan), vllm (an HTTP embedding server)")
+    model: str = _opt("tiny", LLM, "LLM: checkpoint directory, Hugging Face hub id (downloaded once) or preset "
+                                   "(tiny = random 2-layer Qwen3, qwen3-4b = random init of the 4B shape)",
+                      applies="llm", metavar="NAME")
+    skip_n: int = _opt(1, LLM, "re-encode each env's game state every skip_n steps (must divide num_steps)",
+                       applies="llm")
+    llm_layer: int = _opt(-1, LLM, "hidden-state index fed to the policy (HF numbering; -1 = final layer)",
+                          applies="llm")
+    pooling: str = _opt("last", LLM, "how the prompt's token states become one vector: last token or mean",
+                        applies="llm")
+    obs_format: str = _opt("compact", LLM, "text rendering of the game state: compact or full (docs/RENDER.md)",
+                           applies="llm")
+    template_assembly: str = _opt("auto", LLM, "kernels that build the prompt ids: auto = one Pallas kernel on a "
+                                               "CUDA GPU, XLA ops elsewhere (docs/RENDER.md)", applies="llm")
+    llm_dtype: str = _opt("auto", LLM, "LLM weights/compute dtype: auto = the checkpoint's; fp8 = W8A8 matmuls, "
+                                       "bf16 elsewhere", applies="llm")
+    system_prompt: str | None = _opt(None, LLM, "system prompt before the game text (default: the template's own)",
+                                     applies="llm")
+    fusion: str = _opt("norm", LLM, "how the hidden state joins the symbolic observation in the policy",
+                       applies="llm")
     # bucketed stays the default until packed is measured faster in the trainer (docs/BENCHMARKS.md)
-    llm_encode: str = "bucketed"
-    llm_capacity: int = 0
-    llm_chunk: int = 64
-    vllm_url: str = "http://127.0.0.1:8000"
-    vllm_timeout: float = 30.0
+    llm_encode: str = _opt("bucketed", LLM, "batching of prompts: bucketed = llm_chunk prompts per call, sorted by "
+                                            "length, padded to a length bucket; packed = real tokens only, in "
+                                            "passes of llm_capacity tokens", applies="llm")
+    llm_capacity: int = _opt(0, LLM, "tokens per packed LLM pass (0 = jaxllm.default_capacity)", applies="llm")
+    llm_chunk: int = _opt(64, LLM, "prompts per LLM call with --llm-encode bucketed", applies="llm")
+    # HTTP embedding server (--encoder vllm)
+    vllm_url: str = _opt("http://127.0.0.1:8000", HTTP, "base URL of the vLLM / jaxllm.http.server embedding "
+                                                        "server", applies="vllm", metavar="URL")
+    vllm_timeout: float = _opt(30.0, HTTP, "seconds to wait for one embedding request", applies="vllm")
+    # devices
+    devices: int = _opt(0, DEVICES, "devices the env batch is split over (0 = all visible; docs/MULTIGPU.md); "
+                                    "config.json stores the resolved count")
     # run directory
-    run_dir: str | None = None
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    # recording (docs/OFFLINE.md): every rollout's samples written to this directory as trajectory files
-    save_trajectories: str | None = None
-    samples_per_file: int = 8192
+    run_dir: str | None = _opt(None, RUN, "where config.json, metrics.jsonl and checkpoints/ go "
+                                          "(default: checkpoints/<env>-<encoder>-s<seed>-<time>)", metavar="DIR")
+    checkpoint_every: int = _opt(50, RUN, "save a checkpoint every this many updates (and at the end)")
+    keep_checkpoints: int = _opt(2, RUN, "checkpoints kept on disk (older ones are deleted)")
+    # recording (docs/OFFLINE.md)
+    save_trajectories: str | None = _opt(None, RECORD, "write every rollout's samples to this directory as "
+                                                       "trajectory files (rl.label can label them)", metavar="DIR")
+    samples_per_file: int = _opt(8192, RECORD, "samples per trajectory file of --save-trajectories")
 
     # derived -----------------------------------------------------------------------------
     @property
@@ -175,6 +205,59 @@ class TrainConfig:
         """Fields (apart from RESUME_MUTABLE) whose values differ: {name: (self, other)}."""
         a, b = self.to_json(), other.to_json()
         return {k: (a[k], b[k]) for k in a if k not in RESUME_MUTABLE and a[k] != b[k]}
+
+
+# Fields that take one of a fixed set of values (the CLI lists them; validate() checks them).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "template_assembly": TEMPLATE_ASSEMBLIES,
+    "pooling": POOLINGS, "llm_dtype": LLM_DTYPES, "llm_encode": LLM_ENCODES, "fusion": FUSIONS, "shuffle": SHUFFLES}
+
+
+def inapplicable_flags(given: set[str] | list[str], encoder: str) -> str | None:
+    """One line refusing the explicitly given fields that have no effect with `encoder`, or None when all apply."""
+    applies = {f.name: f.metadata.get("applies") for f in dataclasses.fields(TrainConfig)}
+    flag = lambda n: "--" + n.replace("_", "-")
+    if encoder == "none":
+        idle = [n for n in given if applies.get(n) in ("llm", "vllm")]
+        if idle:
+            return (f"{', '.join(map(flag, idle))} {'has' if len(idle) == 1 else 'have'} no effect with --encoder none "
+                    f"(plain PPO, no LLM); add --encoder inscan (or vllm) to use an LLM, or drop them")
+    elif encoder != "vllm":
+        idle = [n for n in given if applies.get(n) == "vllm"]
+        if idle:
+            return (f"{', '.join(map(flag, idle))} {'has' if len(idle) == 1 else 'have'} no effect with --encoder "
+                    f"{encoder}; add --encoder vllm to use an embedding server, or drop them")
+    return None
+
+
+def read_settings_file(path: str | Path) -> dict[str, Any]:
+    """TrainConfig fields from a JSON or YAML file (e.g. a run directory's config.json), checked by name.
+
+    Its `run_dir` is dropped: a file names settings, not where the new run goes (pass --run-dir)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            d = yaml.safe_load(text)
+        else:
+            d = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - yaml and json raise different types; both mean "not parseable"
+        raise ValueError(f"--config {path}: not valid {'YAML' if path.suffix.lower() in ('.yaml', '.yml') else 'JSON'}"
+                         f" ({str(e).splitlines()[0]})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"--config {path}: expected a mapping of setting names to values, got {type(d).__name__}")
+    d = {k.replace("-", "_"): v for k, v in d.items()}
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"--config {path}: unknown settings {unknown} (python -m rl.train --help lists them)")
+    d.pop("run_dir", None)
+    return d
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

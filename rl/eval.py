@@ -173,16 +173,20 @@ def _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes,
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rl.eval", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--episodes", type=int, default=32)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--max-steps", "--max_steps", type=int, default=10_000, dest="max_steps")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--save-trajectories", "--save_trajectories", type=Path, default=None, dest="save_trajectories",
+    from rl.cli import Parser
+
+    p = Parser(prog="python -m rl.eval", description=__doc__)
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory written by rl.train")
+    p.add_argument("--episodes", type=int, default=32, metavar="N", help="episodes per mode (one per env)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the evaluation worlds (the same for every mode)")
+    p.add_argument("--max-steps", type=int, default=10_000, dest="max_steps", metavar="N",
+                   help="stop an episode after this many steps (it is reported as unfinished)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",
+                   help=f"hidden-state ablations to play ({', '.join(MODES)}; LLM runs only)")
+    p.add_argument("--save-trajectories", type=Path, default=None, dest="save_trajectories", metavar="DIR",
                    help="record every step of the real-hidden-state play there as trajectory files (docs/OFFLINE.md)")
-    p.add_argument("--samples-per-file", "--samples_per_file", type=int, default=8192, dest="samples_per_file")
+    p.add_argument("--samples-per-file", type=int, default=8192, dest="samples_per_file", metavar="N",
+                   help="samples per trajectory file")
     args = p.parse_args(argv)
     try:
         results = evaluate(args.run_dir, args.episodes, args.seed, args.max_steps, args.modes,

@@ -462,24 +462,28 @@ class _progress:
 def build_parser() -> argparse.ArgumentParser:
     from render.envs import ENV_NAMES
 
-    p = argparse.ArgumentParser(prog="python -m rl.label", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from rl.cli import Parser
+
+    p = Parser(prog="python -m rl.label", description=__doc__)
     p.add_argument("inputs", metavar="IN_DIR_OR_GLOB", help="a directory of .npz files, a glob pattern or one file")
     p.add_argument("--out", required=True, type=Path, help="output directory (same file names)")
     p.add_argument("--model", default=LabelConfig.model, help="checkpoint directory, hub id or preset (tiny, qwen3-4b)")
     d = LabelConfig()
-    p.add_argument("--llm-layer", "--llm_layer", type=int, default=d.llm_layer, dest="llm_layer",
+    p.add_argument("--llm-layer", type=int, default=d.llm_layer, dest="llm_layer",
                    help="hidden state index (HF numbering: 0 embeddings, k after k layers; -1 final, normed)")
-    p.add_argument("--pooling", choices=POOLINGS, default=d.pooling)
-    p.add_argument("--obs-format", "--obs_format", choices=OBS_FORMATS, default=d.obs_format, dest="obs_format")
-    p.add_argument("--llm-dtype", "--llm_dtype", choices=LLM_DTYPES, default=d.llm_dtype, dest="llm_dtype")
-    p.add_argument("--llm-encode", "--llm_encode", choices=LLM_ENCODES, default=d.llm_encode, dest="llm_encode",
+    p.add_argument("--pooling", choices=POOLINGS, default=d.pooling,
+                   help="how the prompt's token states become one vector: last token or mean")
+    p.add_argument("--obs-format", choices=OBS_FORMATS, default=d.obs_format, dest="obs_format",
+                   help="text rendering of the game state (docs/RENDER.md)")
+    p.add_argument("--llm-dtype", choices=LLM_DTYPES, default=d.llm_dtype, dest="llm_dtype",
+                   help="LLM weights/compute dtype: auto = the checkpoint's; fp8 = W8A8 matmuls")
+    p.add_argument("--llm-encode", choices=LLM_ENCODES, default=d.llm_encode, dest="llm_encode",
                    help="how a chunk's prompts meet the LLM (rl.encoders.make_ids_encoder), as in the trainer")
-    p.add_argument("--llm-capacity", "--llm_capacity", type=int, default=d.llm_capacity, dest="llm_capacity",
+    p.add_argument("--llm-capacity", type=int, default=d.llm_capacity, dest="llm_capacity",
                    help="tokens per packed pass (0: jaxllm.default_capacity)")
-    p.add_argument("--llm-chunk", "--llm_chunk", type=int, default=d.llm_chunk, dest="llm_chunk",
+    p.add_argument("--llm-chunk", type=int, default=d.llm_chunk, dest="llm_chunk",
                    help="prompts per bucketed LLM call")
-    p.add_argument("--system-prompt", "--system_prompt", default=None, dest="system_prompt",
+    p.add_argument("--system-prompt", default=None, dest="system_prompt",
                    help="system prompt text or file (default: render's prompt for the env and format)")
     p.add_argument("--batch", type=int, default=1024, help="observations per chunk, all devices together")
     p.add_argument("--devices", type=int, default=0, help="devices to use (0: all visible)")

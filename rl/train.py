@@ -12,73 +12,71 @@ import argparse
 import dataclasses
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
-from render.envs import ENV_NAMES
-from rl.config import (ENCODERS, LLM_DTYPES, LLM_ENCODES, OBS_FORMATS, POOLINGS, PRESETS, RESUME_OVERRIDABLE, TEMPLATE_ASSEMBLIES,
-                       TrainConfig, load_config, resolve_devices)
+from rl.cli import Parser, add_dataclass_options
+from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, TrainConfig, inapplicable_flags, load_config,
+                       read_settings_file, resolve_devices)
 from rl.encoders import LLMArgs
-from rl.networks import FUSIONS
-from rl.ppo import SHUFFLES
+from rl.interrupt import StopOnInterrupt
+from rl.progress import Progress, describe_llm
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
+from rl.tracking import TrackingOptions, Trackers, TrackingUnavailable
 from rl.sharding import (agree_with_main_process, check_same_on_all_processes, is_main_process,
                          maybe_initialize_distributed)
 
-CHOICES = {"env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "template_assembly": TEMPLATE_ASSEMBLIES,
-           "pooling": POOLINGS,
-           "llm_dtype": LLM_DTYPES, "llm_encode": LLM_ENCODES, "fusion": FUSIONS,
-           "shuffle": SHUFFLES}
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C after the run had started: the message says which checkpoint is kept and how to continue."""
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN/inf; the last good state is in the run directory's checkpoints."""
 
 
-def _bool(s: str) -> bool:
-    if s.lower() in ("1", "true", "yes", "on"):
-        return True
-    if s.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rl.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                argument_default=argparse.SUPPRESS)
-    p.add_argument("--preset", choices=sorted(PRESETS), help="named set of defaults (flags override it)")
-    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its config.json decides everything)")
-    p.add_argument("--max-updates", "--max_updates", type=int, dest="max_updates",
-                   help="stop (with a checkpoint) after this many updates in this invocation")
-    p.add_argument("--time-limit", "--time_limit", type=float, dest="time_limit",
-                   help="stop (with a checkpoint) once this many seconds have passed")
-    p.add_argument("--quiet", action="store_true", help="no status line")
-    for f in dataclasses.fields(TrainConfig):
-        flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
-        kw: dict[str, Any] = {"dest": f.name}
-        if f.name in CHOICES:
-            kw["choices"] = CHOICES[f.name]
-        elif isinstance(f.default, bool):
-            kw["type"] = _bool
-        elif isinstance(f.default, (int, float)):
-            kw["type"] = type(f.default)
-        else:
-            kw["type"] = str
-        p.add_argument(*flags, **kw)
+    p = Parser(prog="python -m rl.train", description=__doc__, argument_default=argparse.SUPPRESS)
+    run = p.add_argument_group("this invocation")
+    run.add_argument("--preset", choices=sorted(PRESETS),
+                     help="named set of defaults for a machine size: cpu = minutes on a laptop, test = seconds "
+                          "(flags override it)")
+    run.add_argument("--config", metavar="FILE",
+                     help="settings from a JSON or YAML file, e.g. a run directory's config.json (its run_dir is "
+                          "ignored); --preset and flags override it")
+    run.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its config.json decides everything)")
+    run.add_argument("--max-updates", type=int, dest="max_updates", metavar="N",
+                     help="stop (with a checkpoint) after this many updates in this invocation")
+    run.add_argument("--time-limit", type=float, dest="time_limit", metavar="SECONDS",
+                     help="stop (with a checkpoint) once this many seconds have passed")
+    run.add_argument("--quiet", action="store_true", help="no status line, only one line per checkpoint")
+    track = p.add_argument_group("tracking (pip install -e \".[track]\")")
+    track.add_argument("--track", action="store_true",
+                       help="log the config, every metrics record and the curves to Weights & Biases (WANDB_MODE="
+                            "offline works without network); --resume continues the same wandb run")
+    track.add_argument("--tensorboard", action="store_true",
+                       help="write TensorBoard event files of every metrics record to RUN_DIR/tensorboard")
+    track.add_argument("--wandb-project", metavar="NAME", default=argparse.SUPPRESS,
+                       help=f"Weights & Biases project (default: {TrackingOptions.project})")
+    track.add_argument("--wandb-entity", metavar="NAME", help="Weights & Biases team or user (default: yours)")
+    track.add_argument("--wandb-group", metavar="NAME", help="Weights & Biases run group (default: none)")
+    track.add_argument("--run-name", metavar="NAME", help="the run's name in Weights & Biases (default: the run "
+                                                          "directory's name)")
+    add_dataclass_options(p, TrainConfig, GROUPS, CHOICES)
     return p
 
 
 def resolve_config(args: argparse.Namespace) -> TrainConfig:
-    """Defaults <- preset <- explicit flags."""
+    """Defaults <- --config file <- preset <- explicit flags."""
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = dict(PRESETS[args.preset]) if "preset" in args else {}
+    values = read_settings_file(args.config) if "config" in args else {}
+    values.update(PRESETS[args.preset] if "preset" in args else {})
     values.update({k: v for k, v in vars(args).items() if k in fields})
     return TrainConfig(**values)
 
@@ -89,17 +87,15 @@ def default_run_dir(cfg: TrainConfig) -> Path:
     return Path("checkpoints") / f"{short}-{cfg.encoder}-s{cfg.seed}-{stamp}"
 
 
-def _status(cfg: TrainConfig, rec: dict, quiet: bool) -> None:
-    if quiet:
-        return
-    ret = rec.get("episode_return")
-    ret_s = "   -  " if ret is None or not math.isfinite(ret) else f"{ret:6.2f}"
-    line = (f"[update {rec['update']}/{cfg.num_updates}] step {rec['timestep']:,} | {rec['sps']:,.0f} SPS | "
-            f"return {ret_s} | loss {rec['total_loss']:.4f} | entropy {rec['entropy']:.3f}")
-    if sys.stderr.isatty():
-        print("\r" + line, end="", file=sys.stderr, flush=True)
-    else:
-        print(line, file=sys.stderr, flush=True)
+def _curves_png(run_dir: Path) -> Path | None:
+    """The run's learning curves drawn into run_dir/curves.png (for the trackers); None when drawing fails."""
+    from rl.plot import plot_runs
+
+    try:
+        return plot_runs([run_dir], run_dir / "curves.png")
+    except (OSError, ValueError) as e:
+        print(f"warning: could not draw {run_dir}/curves.png ({e})", file=sys.stderr)
+        return None
 
 
 def _record(cfg: TrainConfig, names: Sequence[str], update: int, m: dict, seconds: float,
@@ -181,33 +177,65 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
 
 
 def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
-          time_limit: float | None = None, quiet: bool = False) -> Path:
+          time_limit: float | None = None, quiet: bool = False, tracking: TrackingOptions | None = None,
+          should_stop: Callable[[], bool] | None = None) -> Path:
     """Run (or continue) a training run; returns its run directory. Raises TrainingDiverged on NaN.
+
+    `tracking`: Weights & Biases / TensorBoard (rl.tracking); `should_stop`, asked after every update: stop there
+    with a checkpoint (rl.interrupt's Ctrl-C). A run directory this call created is removed again when the start
+    fails (bad model, Ctrl-C while loading or compiling) before the first update was logged.
 
     With several processes (`rl.sharding.maybe_initialize_distributed`) every process calls this with the
     same arguments; only process 0 writes config.json and metrics.jsonl and prints, all write checkpoints.
     """
-    run = open_run(cfg, run_dir, resume=resume)
+    if tracking is not None:
+        tracking.check_installed()
+    target = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
+    created = not target.exists()
+    run = open_run(cfg, target, resume=resume)
+    trackers = Trackers(tracking, run.run_dir, run.cfg.to_json()) if (
+        tracking is not None and tracking.any and is_main_process()) else None
+    failed_start = False
     try:
         if run.start < run.cfg.num_updates:
-            run_updates(run, max_updates=max_updates, time_limit=time_limit, quiet=quiet or not is_main_process())
+            run_updates(run, max_updates=max_updates, time_limit=time_limit, quiet=quiet or not is_main_process(),
+                        trackers=trackers, should_stop=should_stop)
         elif is_main_process():
             print(f"{run.run_dir}: run already finished ({run.start}/{run.cfg.num_updates} updates); nothing to do",
                   flush=True)
+    except KeyboardInterrupt:
+        failed_start = created and is_main_process() and not run.log.read()
+        if failed_start:
+            raise
+        saved = run.ckpt.latest_step() or 0
+        raise RunInterrupted(f"interrupted (Ctrl-C); the checkpoint of update {saved} is kept: continue with "
+                             f"python -m rl.train --resume {run.run_dir}") from None
+    except BaseException:
+        failed_start = created and is_main_process() and not run.log.read()
+        raise
     finally:
+        if trackers is not None:
+            trackers.close()
         run.close()
+        if failed_start:
+            shutil.rmtree(run.run_dir, ignore_errors=True)
     return run.run_dir
 
 
 def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: float | None = None,
-                quiet: bool = False) -> None:
+                quiet: bool = False, trackers: Trackers | None = None,
+                should_stop: Callable[[], bool] | None = None) -> None:
     """The training loop of an opened run: load the encoder, restore the newest checkpoint, then update, log and
-    checkpoint until the run ends, `max_updates` updates were done here or `time_limit` seconds passed."""
+    checkpoint until the run ends, `max_updates` updates were done here, `time_limit` seconds passed or
+    `should_stop()` said so. `trackers` get every metrics record."""
     from rl.encoders import load_encoder
     from rl.trainer import Trainer
 
     cfg, run_dir, ckpt, log, start = run.cfg, run.run_dir, run.ckpt, run.log, run.start
     main_process = is_main_process()
+    progress = Progress(cfg, run_dir, start, quiet=quiet, enabled=main_process)
+    if cfg.uses_llm and not quiet:
+        progress.say(f"loading the LLM ({cfg.model}) and its tokenizer ...")
     llm, vllm = load_encoder(cfg)
     trainer = Trainer(cfg, llm, vllm)
     llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else LLMArgs())
@@ -217,6 +245,7 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
         if main_process:
             print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
     log.truncate_after(start)
+    progress.starting(cfg.devices, jax.default_backend(), describe_llm(cfg, llm) if llm is not None else None)
 
     t_start = time.perf_counter()
     done_here, llm_share = 0, None
@@ -243,22 +272,26 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
         if done_here == 0:
             rec["first_call_includes_compile"] = True
         log.append(rec)
-        _status(cfg, rec, quiet)
+        progress.record(rec)
+        if trackers is not None:
+            trackers.record(rec)
         done_here += 1
         finished = update + 1 == cfg.num_updates
         stop = max_updates is not None and done_here >= max_updates
+        if should_stop is not None:
+            stop = should_stop() or stop
         if time_limit is not None:  # clocks differ between processes: process 0 decides for all
             stop = agree_with_main_process(stop or time.perf_counter() - t_start >= time_limit)
         if finished or stop or (update + 1) % cfg.checkpoint_every == 0:
             ckpt.save(update + 1, runner)
             saved_at = update + 1
+            progress.checkpoint(update + 1)
         if stop and not finished:
-            if main_process:
-                print(f"\nstopped at update {update + 1}/{cfg.num_updates}; continue with --resume {run_dir}",
-                      file=sys.stderr, flush=True)
+            progress.stopped(update + 1)
             return
-    if not quiet:
-        print(f"\nfinished {cfg.num_updates} updates; run directory {run_dir}", file=sys.stderr, flush=True)
+    progress.finished()
+    if trackers is not None:
+        trackers.finish(_curves_png(run_dir) if trackers.opts.wandb else None)
 
 
 def _open_run_dir_on_main_process(cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
@@ -273,12 +306,56 @@ def _open_run_dir_on_main_process(cfg: TrainConfig, run_dir: Path, resume: bool)
         raise error or RunDirError(f"process 0 refused the run directory {run_dir} (its log says why)")
 
 
+def _note_gpu_sized_defaults_on_cpu(args: argparse.Namespace) -> None:
+    """One line when a run keeps the reference's GPU-sized batch and length on a CPU backend."""
+    sized = {"preset", "config", "env", "num_envs", "num_steps", "total_timesteps"}
+    if not sized & set(vars(args)) and jax.default_backend() == "cpu":
+        print("note: the defaults are the reference's GPU run (1,024 envs, 10M steps: days on a CPU); "
+              "add --preset cpu for a run of minutes", file=sys.stderr, flush=True)
+
+
+def tracking_options(args: argparse.Namespace) -> TrackingOptions | None:
+    """--track / --tensorboard and their --wandb-* / --run-name settings (None when neither is on)."""
+    opts = TrackingOptions(wandb="track" in args, tensorboard="tensorboard" in args,
+                           project=getattr(args, "wandb_project", TrackingOptions.project),
+                           entity=getattr(args, "wandb_entity", None), group=getattr(args, "wandb_group", None),
+                           run_name=getattr(args, "run_name", None))
+    return opts if opts.any else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """rl.train's command line; returns the exit code (130 when stopped by Ctrl-C)."""
     from jaxllm.http.client import VLLMError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    wandb_flags = [f for f in ("wandb_project", "wandb_entity", "wandb_group", "run_name") if f in args]
+    if wandb_flags and "track" not in args:
+        parser.error(f"{', '.join('--' + f.replace('_', '-') for f in wandb_flags)} "
+                     f"{'has' if len(wandb_flags) == 1 else 'have'} no effect without --track; add --track")
+    tracking = tracking_options(args)
+    stop = StopOnInterrupt(lambda text: print("\n" + text, file=sys.stderr, flush=True))
+    try:
+        with stop:
+            return _main(parser, args, fields, tracking, stop)
+    except RunInterrupted as e:
+        print(f"\n{e}", file=sys.stderr, flush=True)
+        return 130
+    except KeyboardInterrupt:
+        print("\ninterrupted (Ctrl-C) before the first update; nothing was saved", file=sys.stderr, flush=True)
+        return 130
+    except TrackingUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, fields: set[str],
+          tracking: TrackingOptions | None, stop: StopOnInterrupt) -> int:
+    from jaxllm.http.client import VLLMError
+
+    run = dict(max_updates=getattr(args, "max_updates", None), time_limit=getattr(args, "time_limit", None),
+               quiet="quiet" in args, tracking=tracking, should_stop=stop)
     try:
         maybe_initialize_distributed()  # multi-host launch when JAX_COORDINATOR_ADDRESS etc. are set
         if "resume" in args:
@@ -289,20 +366,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir = Path(args.resume)
             cfg = load_config(run_dir / "config.json")
             cfg = dataclasses.replace(cfg, **{k: getattr(args, k) for k in RESUME_OVERRIDABLE if k in args})
-            train(cfg, run_dir, resume=True, max_updates=getattr(args, "max_updates", None),
-                  time_limit=getattr(args, "time_limit", None), quiet="quiet" in args)
+            train(cfg, run_dir, resume=True, **run)
         else:
-            cfg = resolve_config(args)
             try:
+                cfg = resolve_config(args)
                 cfg.validate()
             except ValueError as e:
                 parser.error(str(e))
-            train(cfg, getattr(args, "run_dir", None), max_updates=getattr(args, "max_updates", None),
-                  time_limit=getattr(args, "time_limit", None), quiet="quiet" in args)
+            refused = inapplicable_flags([k for k in vars(args) if k in fields], cfg.encoder)
+            if refused:
+                parser.error(refused)
+            _note_gpu_sized_defaults_on_cpu(args)
+            train(cfg, getattr(args, "run_dir", None), **run)
     except (RunDirError, TrainingDiverged, ConnectionError, FileNotFoundError, ValueError, VLLMError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    return 0
+    return 130 if stop.requested else 0
 
 
 if __name__ == "__main__":

@@ -238,23 +238,25 @@ class HTTPServer:
 
 # --------------------------------------------------------------------------------------- CLI
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m jaxllm.http.server", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="checkpoint dir, preset ('tiny', 'qwen3-4b') or cached hub id")
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser = argparse.ArgumentParser(prog="python -m jaxllm.http.server", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", required=True, help="checkpoint dir, preset ('tiny', 'qwen3-4b') or hub id (downloaded once)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                        help="default: float32 on CPU, bfloat16 on GPU")
+                        help="model dtype (none: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--layer", type=int, default=-1, help="hidden-state index to return (HF numbering; -1 = final)")
-    parser.add_argument("--pooling", choices=["last", "mean"], default="last")
-    parser.add_argument("--served-model-name", default=None, help="name in /v1/models (default: --model)")
+    parser.add_argument("--pooling", choices=["last", "mean"], default="last",
+                        help="how a prompt's token states become one vector: last token or mean")
+    parser.add_argument("--served-model-name", default=None, help="name in /v1/models (none: --model)")
     parser.add_argument("--max-batch", type=int, default=64, help="prompts per encoder call (rounded to a power of 2)")
     parser.add_argument("--max-model-len", type=int, default=None,
-                        help="longest prompt accepted, 400 above it (default: what fits the device's free memory, "
+                        help="longest prompt accepted, 400 above it (none: what fits the device's free memory, "
                              "at most the model's max_position_embeddings)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="padded tokens (batch x length) per encoder call (default: what fits the device)")
+                        help="padded tokens (batch x length) per encoder call (none: what fits the device)")
     parser.add_argument("--max-request-tokens", type=int, default=None,
-                        help="tokens per request, 413 above it (default: --max-batch x --max-model-len)")
+                        help="tokens per request, 413 above it (none: --max-batch x --max-model-len)")
     parser.add_argument("--len-buckets-per-octave", type=int, default=2,
                         help="padded lengths per doubling: fewer compiles (1) or less padding (4)")
     parser.add_argument("--warmup-len", type=int, default=0,

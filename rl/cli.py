@@ -1,0 +1,95 @@
+"""Command-line plumbing shared by the entry points: a parser whose --help shows every option's help and default,
+that accepts `--flag_name` as a silent spelling of `--flag-name`, and options built from a dataclass's fields."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Sequence
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written; every option's help followed by its default (when it has one)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=34, width=120)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or "(default" in text or action.required or not action.option_strings or isinstance(
+                action, (argparse._HelpAction, argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return text
+        default = getattr(action, "shown_default", action.default)
+        if default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: {_show(default)})"
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return f"{value:_}"
+    return str(value)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with HelpFormatter, and `--some_flag` read as `--some-flag` (the underscored spellings of older
+    commands keep working without doubling --help)."""
+
+    def __init__(self, **kw: Any) -> None:
+        kw.setdefault("formatter_class", HelpFormatter)
+        super().__init__(**kw)
+
+    def error(self, message: str):  # type: ignore[override]
+        """One line (argparse's default prints the whole usage first), exit code 2."""
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None):  # type: ignore[override]
+        import sys
+
+        args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args([self._dashed(a) for a in args], namespace)
+
+    def _dashed(self, arg: str) -> str:
+        if not arg.startswith("--") or "_" not in arg:
+            return arg
+        name, eq, value = arg.partition("=")
+        dashed = name.replace("_", "-")
+        return dashed + eq + value if dashed in self._option_string_actions and name not in \
+            self._option_string_actions else arg
+
+
+def parse_bool(s: str) -> bool:
+    """true/false, yes/no, on/off, 1/0 (any case)."""
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: Sequence[str],
+                          choices: dict[str, Sequence[str]] | None = None) -> None:
+    """One `--field-name` option per field of `cls`, under its metadata's group (in `groups` order), with its
+    metadata's help and its default shown (the parser's own default may be SUPPRESS: only given flags land)."""
+    choices = choices or {}
+    sections = {g: parser.add_argument_group(g) for g in groups}
+    for f in dataclasses.fields(cls):
+        section = sections.get(f.metadata.get("group"), parser)
+        kw: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "")}
+        if f.name in choices:
+            kw["choices"] = choices[f.name]
+            kw["metavar"] = "{" + ",".join(choices[f.name]) + "}"
+        elif isinstance(f.default, bool):
+            kw["type"], kw["metavar"] = parse_bool, "BOOL"
+        elif isinstance(f.default, (int, float)):
+            kw["type"], kw["metavar"] = type(f.default), "N" if isinstance(f.default, int) else "X"
+        else:
+            kw["type"], kw["metavar"] = str, "TEXT"
+        kw["metavar"] = f.metadata.get("metavar", kw["metavar"])
+        action = section.add_argument("--" + f.name.replace("_", "-"), **kw)
+        action.shown_default = f.default

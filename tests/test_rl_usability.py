@@ -1,0 +1,181 @@
+"""A run that talks, stops cleanly on Ctrl-C, leaves nothing behind when it fails to start, and is tracked
+(Weights & Biases offline, TensorBoard) with every metrics record."""
+import json
+import os
+import signal
+import struct
+from pathlib import Path
+
+import pytest
+
+from rl.train import main
+from rl.trainer import Trainer
+
+BASE = ["--preset", "test", "--encoder", "none", "--total-timesteps", str(8 * 8 * 4), "--checkpoint-every", "2"]
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def read_wandb_records(path: Path):
+    """The protobuf records of a .wandb file: its 7-byte header, then LevelDB-log framed records (32 KiB blocks;
+    each chunk: crc32 (4), length (2, little endian), type (1: full, 2: first, 3: middle, 4: last))."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 0 and length == 0:
+            continue
+        pending += chunk
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_history(run_file: Path):
+    rows, config = [], {}
+    for r in read_wandb_records(run_file):
+        kind = r.WhichOneof("record_type")
+        if kind == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item})
+        elif kind in ("run", "config"):
+            items = r.run.config.update if kind == "run" else r.config.update
+            config.update({i.key: json.loads(i.value_json) for i in items})
+    return rows, config
+
+
+def test_track_and_tensorboard_hold_every_update(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("wandb")
+    pytest.importorskip("tensorboardX")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    assert main(BASE + ["--run-dir", str(run_dir), "--track", "--tensorboard", "--max-updates", "3",
+                        "--wandb-group", "g"]) == 0
+    assert main(["--resume", str(run_dir), "--track", "--tensorboard"]) == 0  # the same wandb run goes on
+    rows = _metrics(run_dir)
+    assert [r["update"] for r in rows] == [1, 2, 3, 4]
+
+    runs = sorted((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
+    run_id = (run_dir / "wandb_run_id.txt").read_text().strip()
+    assert len(runs) == 2 and all(p.name.endswith(run_id) for p in runs)
+    history, config = [], {}
+    for p in runs:
+        h, c = wandb_history(p / f"run-{run_id}.wandb")
+        history += [row for row in h if "update" in row]
+        config.update(c)
+    assert config["num_envs"] == 8 and config["encoder"] == "none"
+    assert [row["update"] for row in history] == [1, 2, 3, 4]
+    for row, rec in zip(history, rows):
+        assert row["timestep"] == rec["timestep"]
+        assert row["total_loss"] == pytest.approx(rec["total_loss"])
+        for name, value in rec["achievements"].items():  # null until an episode ends
+            key = f"achievements/{name}"
+            assert (key in row) == (value is not None) and (value is None or row[key] == pytest.approx(value))
+
+    acc = EventAccumulator(str(run_dir / "tensorboard")).Reload()
+    losses = acc.Scalars("total_loss")
+    assert [e.step for e in losses] == [r["timestep"] for r in rows]
+    assert [e.value for e in losses] == pytest.approx([r["total_loss"] for r in rows])
+    assert [e.value for e in acc.Scalars("entropy")] == pytest.approx([r["entropy"] for r in rows])
+    assert (run_dir / "curves.png").exists()
+
+
+def test_flat_metrics_names_achievements_and_drops_missing_values():
+    from rl.tracking import flat_metrics
+
+    rec = {"update": 3, "episode_return": None, "sps": float("nan"), "loss": 0.5, "first_call_includes_compile": True,
+           "achievements": {"collect_wood": 0.25, "eat_cow": None}}
+    assert flat_metrics(rec) == {"update": 3.0, "loss": 0.5, "first_call_includes_compile": 1.0,
+                                 "achievements/collect_wood": 0.25}
+
+
+def test_missing_tracking_package_is_one_line(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    assert main(BASE + ["--run-dir", str(tmp_path / "run"), "--track"]) == 1
+    err = capsys.readouterr().err
+    assert "--track needs wandb" in err and 'pip install -e ".[track]"' in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_talks(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(BASE + ["--run-dir", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "compiling the first update" in err and "8 envs x 8 steps" in err
+    assert "[update 1/4] 64 steps" in err and "(includes compilation)" in err.splitlines()[2]
+    assert "ETA" in err and "elapsed" in err
+    assert "finished 4 updates" in err and f"python -m rl.eval {run_dir}" in err and f"rl.plot {run_dir}" in err
+    assert main(BASE + ["--run-dir", str(tmp_path / "quiet"), "--quiet"]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [ln.split("]")[0] for ln in lines[:2]] == ["checkpoint saved [update 2/4", "checkpoint saved [update 4/4"]
+    assert lines[2].startswith("finished 4 updates") and len(lines) == 3
+
+
+def test_ctrl_c_checkpoints_the_last_update_and_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    calls = []
+    real_step = Trainer.step
+
+    def step(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during update 3: it finishes, is saved, the run stops
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    run_dir = tmp_path / "run"
+    assert main(BASE + ["--run-dir", str(run_dir), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert f"continue with python -m rl.train --resume {run_dir}" in err and "Traceback" not in err
+    assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == [2, 3]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_before_the_first_update_leaves_no_run_dir(tmp_path, monkeypatch, capsys):
+    def step(self, *a, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(Trainer, "step", step)
+    assert main(BASE + ["--run-dir", str(tmp_path / "run"), "--quiet"]) == 130
+    assert "nothing was saved" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_failed_start_leaves_no_run_dir(tmp_path, capsys):
+    assert main(["--preset", "test", "--encoder", "inscan", "--model", str(tmp_path / "nonexistent"),
+                 "--run-dir", str(tmp_path / "run")]) == 1
+    assert "nonexistent" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_status_line_clears_what_a_longer_line_left():
+    import io
+
+    from rl.config import PRESETS, TrainConfig
+    from rl.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    p = Progress(TrainConfig(**PRESETS["test"]), "d", 0, stream=out)
+    p.record({"update": 1, "timestep": 64, "sps": 10.0, "seconds": 6.4, "episode_return": 1.5})
+    assert out.getvalue().startswith("\r\033[K[update 1/3]")
