@@ -101,7 +101,7 @@ class Model:
 
 def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0) -> Model:
     """A Model from a preset name ("tiny", "qwen3-4b": random init with `seed`), a Qwen3Config (random init),
-    a local checkpoint directory, or a hub id already in the local HF cache. dtype None: float32 on a CPU
+    a local checkpoint directory, or a hub id (local HF cache, else downloaded once: jaxllm.resolve). dtype None: float32 on a CPU
     backend, bfloat16 on a GPU; "fp8": bfloat16 weights converted once to W8A8 fp8 matrices (`jaxllm.fp8`;
     emulated, with a one-line warning, where the backend has no FP8 tensor cores).
     """
