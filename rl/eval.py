@@ -118,10 +118,11 @@ def summarise(result: dict, names) -> dict[str, Any]:
 
 
 def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps: int = 10_000,
-             modes=MODES, save_trajectories: Path | None = None, samples_per_file: int = 8192) -> dict[str, dict]:
+             modes=MODES, save_trajectories: Path | None = None, samples_per_file: int = 8192,
+             say=lambda text: None) -> dict[str, dict]:
     """Evaluate the latest checkpoint of `run_dir` (all ablation modes for LLM policies). With `save_trajectories`
     every step of the `real` play (the trained policy, sampling, as in training) is recorded there as trajectory
-    files (docs/OFFLINE.md)."""
+    files (docs/OFFLINE.md). `say` gets a line before each mode is played (progress)."""
     import dataclasses
 
     # evaluation plays on one device whatever the run trained on (orbax reshards the checkpoint on restore)
@@ -146,16 +147,17 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
         writer = TrajectoryWriter(Path(save_trajectories), samples_per_file, meta)
     try:
         return _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes,
-                           writer.add_rollout if writer else None)
+                           writer.add_rollout if writer else None, say, step)
     finally:
         if writer is not None:
             writer.close()
 
 
-def _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes, on_window):
+def _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes, on_window, say, step):
     """The results of every mode (only `real` without an LLM); `on_window` sees the `real` play's windows."""
     names = trainer.env.achievement_names
     if llm is None:
+        say(f"playing {num_episodes} episodes of update {step}'s policy (the first one compiles) ...")
         play = make_player(trainer, num_episodes)
         return {"real": summarise(play(runner.params, seed, max_steps, on_window=on_window), names)}
     results = {}
@@ -167,6 +169,8 @@ def _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes,
         play = make_player(trainer, num_episodes, enc)
         for mode in modes:
             if (mode == "other_prompt") == (setup is not llm):
+                say(f"[{len(results) + 1}/{len(modes)}] {mode}: {num_episodes} episodes of update {step}'s policy"
+                    + (" (compiles first)" if not results or mode == "other_prompt" else "") + " ...")
                 results[mode] = summarise(play(runner.params, seed, max_steps, MODES.index(mode), setup.jit_args,
                                                on_window=on_window if mode == "real" else None), names)
     return {m: results[m] for m in modes}
@@ -188,19 +192,22 @@ def main(argv=None) -> int:
     p.add_argument("--samples-per-file", type=int, default=8192, dest="samples_per_file", metavar="N",
                    help="samples per trajectory file")
     args = p.parse_args(argv)
+    say = lambda text: print(text, file=sys.stderr, flush=True)
     try:
         results = evaluate(args.run_dir, args.episodes, args.seed, args.max_steps, args.modes,
-                           args.save_trajectories, args.samples_per_file)
+                           args.save_trajectories, args.samples_per_file, say=say)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"{'hidden':8s} {'episodes':>8s} {'return':>14s} {'length':>8s}  top achievements")
-    for mode, r in results.items():
-        top = sorted(r["achievements"].items(), key=lambda kv: -kv[1])[:4]
-        ach = ", ".join(f"{k} {v:.0%}" for k, v in top)
-        print(f"{mode:8s} {r['episodes']:8d} {r['return_mean']:8.2f} ± {r['return_stderr']:4.2f} "
-              f"{r['length_mean']:8.1f}  {ach}" + (f"  ({r['unfinished']} unfinished)" if r["unfinished"] else ""))
-    (args.run_dir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+    from rl.eval_report import format_table, plot_ablations
+
+    print(format_table(results))
+    out_json = args.run_dir / "eval.json"
+    out_json.write_text(json.dumps(results, indent=2) + "\n")
+    written = [out_json]
+    if len(results) > 1:
+        written.append(plot_ablations(results, args.run_dir / "eval_ablations.png", args.run_dir.name))
+    print("wrote " + ", ".join(map(str, written)))
     return 0
 
 

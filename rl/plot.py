@@ -1,8 +1,9 @@
 """`python -m rl.plot DIR [DIR...] [--out FILE.png]`: learning curves of one or more runs.
 
 Three panels against env steps: episode return, mean achievement rate (over all achievements), and
-SPS. Curves are smoothed with a moving average over `--smooth` updates (updates where no episode
-ended are skipped).
+SPS. Return and achievement curves are smoothed with a moving average over `--smooth` updates (updates where
+no episode ended are skipped); SPS is not smoothed and leaves out each invocation's first update, which also
+compiled.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def load_curves(run_dir: Path) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"{run_dir}/metrics.jsonl is missing or empty")
     get = lambda k: np.array([np.nan if r.get(k) is None else r[k] for r in rows], float)
     ach = np.array([_mean_or_nan((r.get("achievements") or {}).values()) for r in rows], float)
+    compiled = np.array([bool(r.get("first_call_includes_compile")) for r in rows])
     return {"timestep": get("timestep"), "episode_return": get("episode_return"), "achievement_rate": ach,
-            "sps": get("sps")}
+            "sps": np.where(compiled, np.nan, get("sps"))}
 
 
 def _mean_or_nan(values) -> float:
@@ -45,17 +47,25 @@ def plot_runs(run_dirs, out: Path, smooth: int = 10, labels=None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    panels = [("episode_return", "episode return"), ("achievement_rate", "mean achievement rate"), ("sps", "SPS")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    avg = f"moving average of {smooth} updates" if smooth > 1 else "not smoothed"
+    panels = [("episode_return", "episode return", f"mean episode return ({avg})", "return"),
+              ("achievement_rate", "mean achievement rate", f"share of episodes, mean over achievements ({avg})",
+               "rate"),
+              ("sps", "speed", "env steps per second (first update of each start left out: it compiles)", "SPS")]
+    names = []
     for i, run_dir in enumerate(run_dirs):
         curves = load_curves(run_dir)
         label = labels[i] if labels else Path(run_dir).name
-        for ax, (key, title) in zip(axes, panels):
+        names.append(label)
+        for ax, (key, title, subtitle, ylabel) in zip(axes, panels):
             x, y = _smooth(curves["timestep"], curves[key], 1 if key == "sps" else smooth)
-            ax.plot(x, y, label=label)
-            ax.set_title(title)
+            ax.plot(x, y, label=label, marker="." if len(x) < 30 else None)
+            ax.set_title(f"{title}\n{subtitle}", fontsize=9)
             ax.set_xlabel("env steps")
+            ax.set_ylabel(ylabel)
     axes[0].legend(fontsize=8)
+    fig.suptitle(names[0] if len(names) == 1 else f"{len(names)} runs: " + ", ".join(names)[:150], fontsize=11)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
@@ -64,11 +74,13 @@ def plot_runs(run_dirs, out: Path, smooth: int = 10, labels=None) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rl.plot", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dirs", nargs="+", type=Path)
+    from rl.cli import Parser
+
+    p = Parser(prog="python -m rl.plot", description=__doc__)
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories written by rl.train")
     p.add_argument("--out", type=Path, default=None, help="PNG path (default: FIRST_DIR/curves.png)")
-    p.add_argument("--smooth", type=int, default=10)
+    p.add_argument("--smooth", type=int, default=10, metavar="N",
+                   help="moving average over this many updates for return and achievements (1 = none)")
     args = p.parse_args(argv)
     try:
         out = plot_runs(args.run_dirs, args.out or args.run_dirs[0] / "curves.png", args.smooth)

@@ -6,6 +6,7 @@ import signal
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rl.train import main
@@ -179,3 +180,31 @@ def test_status_line_clears_what_a_longer_line_left():
     p = Progress(TrainConfig(**PRESETS["test"]), "d", 0, stream=out)
     p.record({"update": 1, "timestep": 64, "sps": 10.0, "seconds": 6.4, "episode_return": 1.5})
     assert out.getvalue().startswith("\r\033[K[update 1/3]")
+
+
+def test_eval_table_is_aligned_and_explained(tmp_path):
+    from rl.eval_report import format_table, plot_ablations
+
+    row = lambda m: {"episodes": 32, "return_mean": m, "return_stderr": 0.25, "length_mean": 150.0, "unfinished": 0,
+                     "achievements": {"collect_wood": 0.5, "eat_cow": 0.0}}
+    results = {"real": row(4.0), "zeros": row(1.0), "other_prompt": row(12.5)}
+    lines = format_table(results).splitlines()
+    rows = [ln for ln in lines if ln.split(" ")[0] in results]
+    assert len(rows) == 3 and len({ln.index(" 32 ") for ln in rows}) == 1 and len({ln.index("±") for ln in rows}) == 1
+    text = "\n".join(lines)
+    assert "standard error" in text and "within about two standard errors of `real`" in text
+    assert "eat_cow" not in rows[0] and "collect_wood 50%" in rows[0]
+    out = plot_ablations(results, tmp_path / "bars.png", "run")
+    assert out.stat().st_size > 1000
+
+
+def test_plot_leaves_the_compiling_update_out_of_sps(tmp_path):
+    from rl.plot import load_curves, plot_runs
+
+    recs = [{"update": i + 1, "timestep": 64 * (i + 1), "sps": s, "episode_return": None, "achievements": {}}
+            for i, s in enumerate([5.0, 900.0, 1000.0])]
+    recs[0]["first_call_includes_compile"] = True
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    sps = load_curves(tmp_path)["sps"]
+    assert np.isnan(sps[0]) and list(sps[1:]) == [900.0, 1000.0]
+    assert plot_runs([tmp_path], tmp_path / "c.png", smooth=2).stat().st_size > 1000
