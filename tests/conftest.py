@@ -12,6 +12,21 @@ from pathlib import Path
 import jax
 import pytest
 
+# Files whose tests train, start servers or other processes, or compile many programs: `pytest -m "not slow"`
+# (the README's fast subset) leaves them out; CI runs everything. A single slow test elsewhere: @pytest.mark.slow.
+SLOW_FILES = {
+    "test_bench_scripts.py", "test_http_contract.py", "test_http_scripts.py", "test_render_obs.py",
+    "test_rl_inscan.py", "test_rl_label.py", "test_rl_multidevice.py", "test_rl_multihost.py", "test_rl_train.py",
+    "test_rl_units.py", "test_rl_usability.py", "test_rl_vllm.py", "test_parity_http.py", "test_parity_vllm.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
+
 _CACHE_DIR = Path(os.environ.get("JAX_TEST_CACHE_DIR", Path(__file__).resolve().parent.parent / ".jax_cache"))
 jax.config.update("jax_compilation_cache_dir", str(_CACHE_DIR))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
