@@ -191,8 +191,20 @@ def main(argv=None) -> int:
                    help="record every step of the real-hidden-state play there as trajectory files (docs/OFFLINE.md)")
     p.add_argument("--samples-per-file", type=int, default=8192, dest="samples_per_file", metavar="N",
                    help="samples per trajectory file")
+    p.add_argument("--video", type=Path, default=None, metavar="OUT.gif|OUT.mp4",
+                   help="also record episodes: Craftax's pixel view beside the text the LLM read (rl.video)")
+    p.add_argument("--video-episodes", type=int, default=1, metavar="N", help="episodes in the video, one after another")
+    p.add_argument("--video-max-steps", type=int, default=300, metavar="N", help="steps per recorded episode at most")
+    p.add_argument("--video-fps", type=float, default=6.0, metavar="X", help="frames (env steps) per second")
     args = p.parse_args(argv)
     say = lambda text: print(text, file=sys.stderr, flush=True)
+    if args.video is not None:
+        from rl.video import check_video_path
+
+        try:
+            check_video_path(args.video)
+        except ValueError as e:
+            p.error(str(e))
     try:
         results = evaluate(args.run_dir, args.episodes, args.seed, args.max_steps, args.modes,
                            args.save_trajectories, args.samples_per_file, say=say)
@@ -207,6 +219,15 @@ def main(argv=None) -> int:
     written = [out_json]
     if len(results) > 1:
         written.append(plot_ablations(results, args.run_dir / "eval_ablations.png", args.run_dir.name))
+    if args.video is not None:
+        from rl.video import record_video
+
+        try:
+            written.append(record_video(args.run_dir, args.video, episodes=args.video_episodes, seed=args.seed,
+                                        max_steps=args.video_max_steps, fps=args.video_fps, say=say))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     print("wrote " + ", ".join(map(str, written)))
     return 0
 

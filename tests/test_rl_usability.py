@@ -208,3 +208,35 @@ def test_plot_leaves_the_compiling_update_out_of_sps(tmp_path):
     sps = load_curves(tmp_path)["sps"]
     assert np.isnan(sps[0]) and list(sps[1:]) == [900.0, 1000.0]
     assert plot_runs([tmp_path], tmp_path / "c.png", smooth=2).stat().st_size > 1000
+
+
+def test_compose_frame_puts_the_game_view_beside_the_text():
+    from rl.video import FRAME_HEIGHT, PANEL_WIDTH, compose_frame
+
+    pixels = np.zeros((24, 16, 3), np.uint8)
+    pixels[:12] = (200, 10, 10)  # top half red, bottom half black
+    frame = compose_frame(pixels, "Map:\n0, -1: tree", "episode 1, step 1")
+    scale = FRAME_HEIGHT // 24
+    assert frame.shape == (FRAME_HEIGHT, 16 * scale + PANEL_WIDTH, 3)
+    np.testing.assert_array_equal(frame[:FRAME_HEIGHT, :16 * scale], np.repeat(np.repeat(pixels, scale, 0), scale, 1))
+    panel = frame[:, 16 * scale:]
+    assert (panel < 100).any() and (panel > 200).all(axis=-1).mean() > 0.8  # dark text on a light panel
+
+
+def test_eval_writes_a_video_of_the_policy(tmp_path, capsys):
+    from PIL import Image
+
+    from rl.eval import main as eval_main
+
+    run_dir = tmp_path / "run"
+    assert main(BASE + ["--run-dir", str(run_dir), "--quiet", "--total-timesteps", "64"]) == 0
+    out = tmp_path / "play.gif"
+    assert eval_main([str(run_dir), "--episodes", "2", "--max-steps", "8", "--video", str(out),
+                      "--video-max-steps", "8"]) == 0
+    captured = capsys.readouterr()
+    assert str(out) in captured.out and "eval.json" in captured.out
+    gif = Image.open(out)
+    assert gif.n_frames == 8 and gif.size[1] == 480
+    with pytest.raises(SystemExit):
+        eval_main([str(run_dir), "--video", str(tmp_path / "play.avi")])
+    assert "must end in .gif or .mp4" in capsys.readouterr().err

@@ -1,0 +1,189 @@
+"""Episode videos of a trained policy: Craftax's pixel view of each step beside the text the LLM read.
+
+The policy plays exactly as in training (the trainer's own window scan; for LLM runs the hidden state is
+refreshed from the window's first state every skip_n steps), one env per recorded episode. Each frame shows the
+game (Craftax's pixel renderer) and, on the right, the observation part of the prompt of the current window (the
+constant prompt head before it is left out); runs without an LLM show the same text of the current state, for
+reading along. GIF needs only Pillow; MP4 needs imageio's ffmpeg plugin (`pip install imageio-ffmpeg`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PANEL_WIDTH = 560  # pixels of the text panel
+FRAME_HEIGHT = 480  # pixels of the game view after scaling
+FONT_SIZE = 15
+
+
+def _pixel_renderer(env_name: str):
+    """A jitted [T] batch of raw craftax states -> uint8 [T, H, W, 3] with the upstream renderer of `env_name`."""
+    if "Classic" in env_name:
+        from craftax.craftax_classic.constants import BLOCK_PIXEL_SIZE_IMG
+        from craftax.craftax_classic.renderer import make_craftax_pixel_renderer
+
+        render = make_craftax_pixel_renderer(BLOCK_PIXEL_SIZE_IMG)
+    else:
+        from craftax.craftax.constants import BLOCK_PIXEL_SIZE_IMG
+        from craftax.craftax.renderer import make_craftax_pixel_renderer
+
+        render = make_craftax_pixel_renderer(BLOCK_PIXEL_SIZE_IMG, do_night_noise=False)
+    return jax.jit(lambda states: jnp.clip(jax.vmap(render)(states), 0, 255).astype(jnp.uint8))
+
+
+def _font():
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=FONT_SIZE)
+    except TypeError:  # Pillow < 10.1: fixed-size bitmap font
+        return ImageFont.load_default()
+
+
+def compose_frame(pixels: np.ndarray, text: str, caption: str, font=None) -> np.ndarray:
+    """One video frame: the game view scaled to FRAME_HEIGHT (nearest neighbour) beside `text` (wrapped,
+    cut with '...' when it does not fit) under a one-line `caption`."""
+    from PIL import Image, ImageDraw
+
+    font = font or _font()
+    game = Image.fromarray(pixels)
+    scale = FRAME_HEIGHT / game.height
+    game = game.resize((max(1, round(game.width * scale)), FRAME_HEIGHT), Image.NEAREST)
+    frame = Image.new("RGB", (game.width + PANEL_WIDTH, FRAME_HEIGHT), (250, 250, 245))
+    frame.paste(game, (0, 0))
+    draw = ImageDraw.Draw(frame)
+    line_h = FONT_SIZE + 3
+    chars = max(20, (PANEL_WIDTH - 20) * 2 // FONT_SIZE)  # about half a font size per character
+    lines = [caption, ""] + [w for ln in text.splitlines() for w in (textwrap.wrap(ln, chars) or [""])]
+    fit = (FRAME_HEIGHT - 16) // line_h
+    if len(lines) > fit:
+        lines = lines[:fit - 1] + ["..."]
+    for i, ln in enumerate(lines):
+        draw.text((game.width + 10, 8 + i * line_h), ln, fill=(0, 0, 120) if i == 0 else (20, 20, 20), font=font)
+    return np.asarray(frame)
+
+
+def check_video_path(out: Path) -> None:
+    """Raise ValueError (one line) for a file type that cannot be written here, before any episode is played."""
+    import importlib.util
+
+    suffix = Path(out).suffix.lower()
+    if suffix not in (".gif", ".mp4"):
+        raise ValueError(f"--video {out}: the file name must end in .gif or .mp4")
+    if suffix == ".mp4" and not all(importlib.util.find_spec(m) for m in ("imageio", "imageio_ffmpeg")):
+        raise ValueError(f"--video {out}: MP4 needs imageio and its ffmpeg plugin (pip install imageio "
+                         f"imageio-ffmpeg), or write a .gif")
+
+
+def write_video(frames: list[np.ndarray], out: Path, fps: float) -> Path:
+    """Frames to `out`: .gif with Pillow, .mp4 through imageio's ffmpeg plugin (one-line error when missing)."""
+    out = Path(out)
+    check_video_path(out)
+    suffix = out.suffix.lower()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".gif":
+        from PIL import Image
+
+        images = [Image.fromarray(f) for f in frames]
+        images[0].save(out, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+        return out
+    try:
+        import imageio.v2 as imageio
+
+        writer = imageio.get_writer(out, fps=fps, macro_block_size=8)
+    except Exception as e:  # noqa: BLE001 - no ffmpeg backend, raised as different types by imageio versions
+        raise ValueError(f"--video {out}: MP4 needs imageio's ffmpeg plugin (pip install imageio-ffmpeg; "
+                         f"{type(e).__name__}), or write a .gif") from None
+    with writer:
+        for f in frames:
+            writer.append_data(f)
+    return out
+
+
+def record_video(run_dir: Path, out: Path, *, episodes: int = 1, seed: int = 1234, max_steps: int = 300,
+                 fps: float = 6.0, say=lambda text: None) -> Path:
+    """Play `episodes` episodes (one env each, one after the other in the video) with the latest checkpoint of
+    `run_dir` and write them to `out` (.gif or .mp4). Each env's video ends with its first episode, or after
+    `max_steps` steps."""
+    from rl.config import load_config
+    from rl.encoders import LLMArgs, make_inscan_encoder
+    from rl.rundir import Checkpoints
+    from rl.trainer import RolloutCarry, Trainer
+
+    check_video_path(out)
+    run_dir = Path(run_dir)
+    cfg = dataclasses.replace(load_config(run_dir / "config.json"), devices=1, save_trajectories=None)
+    llm = None
+    if cfg.uses_llm:
+        from rl.encoders import load_llm
+
+        cfg = dataclasses.replace(cfg, encoder="inscan")
+        llm = load_llm(cfg)
+    trainer = Trainer(cfg, llm)
+    llm_args = llm.jit_args if llm else LLMArgs()
+    ckpt = Checkpoints(run_dir)
+    step = ckpt.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint to record")
+    runner = ckpt.restore(trainer.init_state(llm_args), step)
+    ckpt.close()
+
+    env, n = trainer.env, episodes
+    window = cfg.skip_n if llm is not None else 16
+    encode = None
+    if llm is not None:
+        enc = make_inscan_encoder(llm.template, llm.model.config, layer=cfg.llm_layer, pooling=cfg.pooling,
+                                  method=cfg.llm_encode, capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
+        encode = jax.jit(enc)
+
+    @jax.jit
+    def play_window(carry):
+        return trainer.run_window(runner.params, carry, window, keep_states=True)
+
+    render = _pixel_renderer(cfg.env)
+    obs_text = _observation_text(cfg, llm)
+    k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
+    obs, state = jax.jit(lambda k: env.reset(k, jnp.arange(n)))(k_reset)
+    carry = RolloutCarry(state, obs, None, key)
+    font = _font()
+    per_env: list[list[np.ndarray]] = [[] for _ in range(n)]
+    done = np.zeros(n, bool)
+    t = 0
+    say(f"recording {n} episode{'s' if n > 1 else ''} of update {step}'s policy (up to {max_steps} steps each) ...")
+    while t < max_steps and not done.all():
+        raw = carry.env_state.env_state
+        if encode is not None:
+            carry = carry._replace(hidden=encode(*llm_args, raw))
+        texts = [obs_text(jax.tree.map(lambda x: x[i], raw)) for i in range(n)]
+        carry, (_, info, states) = play_window(carry)
+        pixels = np.asarray(jax.vmap(render, in_axes=1, out_axes=1)(states))  # [T, B, H, W, 3]
+        ended = np.asarray(info.episode_length > 0)
+        for k in range(min(window, max_steps - t)):
+            for i in np.flatnonzero(~done):
+                caption = f"episode {i + 1}, step {t + k + 1}" + (
+                    f"; the LLM read this at step {t + 1} (every {window} steps)" if encode is not None else "")
+                per_env[i].append(compose_frame(pixels[k, i], texts[i], caption, font))
+                if ended[k, i]:
+                    done[i] = True
+        t += window
+    frames = [f for env_frames in per_env for f in env_frames]
+    write_video(frames, out, fps)
+    say(f"wrote {out} ({len(frames)} frames at {fps:g} fps)")
+    return Path(out)
+
+
+def _observation_text(cfg: Any, llm: Any):
+    """raw state (one env) -> the text shown beside it: the prompt's observation part for LLM runs (what
+    follows the constant head), the compact rendering otherwise."""
+    if llm is not None:
+        head = len(llm.template.prefix_ids)
+        return lambda s: (f"[prompt head: {head} tokens, cached]\n" + llm.template.observation_text(s)).rstrip()
+    from render import render_text
+
+    return lambda s: "(no LLM in this run; the state as text)\n" + render_text(s, cfg.env, "compact")
