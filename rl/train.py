@@ -5,6 +5,8 @@ Examples:
     python -m rl.train --encoder none --env Craftax-Classic-Symbolic-v1 --total-timesteps 30000000
     python -m rl.train --resume checkpoints/<run>               # continue a stopped run
     python -m rl.train --devices 4 --num-envs 512               # env batch split over 4 GPUs (docs/MULTIGPU.md)
+    python -m rl.train --preset cpu --track --tensorboard       # Weights & Biases + TensorBoard (extra [track])
+    python -m rl.train --config checkpoints/<run>/config.json --seed 1   # another run with the same settings
 """
 from __future__ import annotations
 
