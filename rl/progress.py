@@ -131,8 +131,9 @@ class Progress:
         rec = self.last or {}
         ret = rec.get("episode_return")
         d = self.run_dir
+        sps = "(mean, compilation left out)" if self.steady else "(one update here, compilation included)"
         self.say(f"finished {self.cfg.num_updates:,} updates in {_duration(time.perf_counter() - self.t0)}: final "
                  f"return {'-' if ret is None or not math.isfinite(ret) else f'{ret:.2f}'}, {self.mean_sps():,.0f} SPS "
-                 f"(mean, compilation left out); run directory {d}")
+                 f"{sps}; run directory {d}")
         if not self.quiet:
             self.say(f"  curves:   python -m rl.plot {d}\n  evaluate: python -m rl.eval {d}")
