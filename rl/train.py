@@ -282,8 +282,10 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
         stop = max_updates is not None and done_here >= max_updates
         if should_stop is not None:
             stop = should_stop() or stop
-        if time_limit is not None:  # clocks differ between processes: process 0 decides for all
-            stop = agree_with_main_process(stop or time.perf_counter() - t_start >= time_limit)
+        if time_limit is not None:
+            stop = stop or time.perf_counter() - t_start >= time_limit
+        if time_limit is not None or should_stop is not None:  # clocks and Ctrl-C differ between processes:
+            stop = agree_with_main_process(stop)  # process 0 decides for all
         if finished or stop or (update + 1) % cfg.checkpoint_every == 0:
             ckpt.save(update + 1, runner)
             saved_at = update + 1
