@@ -52,7 +52,7 @@ def plot_runs(run_dirs, out: Path, smooth: int = 10, labels=None) -> Path:
     panels = [("episode_return", "episode return", f"mean episode return ({avg})", "return"),
               ("achievement_rate", "mean achievement rate", f"share of episodes, mean over achievements ({avg})",
                "rate"),
-              ("sps", "speed", "env steps per second (first update of each start left out: it compiles)", "SPS")]
+              ("sps", "speed", "env steps per second (each start's compiling update left out)", "SPS")]
     names = []
     for i, run_dir in enumerate(run_dirs):
         curves = load_curves(run_dir)
@@ -61,6 +61,9 @@ def plot_runs(run_dirs, out: Path, smooth: int = 10, labels=None) -> Path:
         for ax, (key, title, subtitle, ylabel) in zip(axes, panels):
             x, y = _smooth(curves["timestep"], curves[key], 1 if key == "sps" else smooth)
             ax.plot(x, y, label=label, marker="." if len(x) < 30 else None)
+            if len(x) == 0 and i == 0:
+                ax.text(0.5, 0.5, "no episode has ended yet" if key != "sps" else "only compiling updates",
+                        ha="center", va="center", transform=ax.transAxes, color="gray")
             ax.set_title(f"{title}\n{subtitle}", fontsize=9)
             ax.set_xlabel("env steps")
             ax.set_ylabel(ylabel)
