@@ -20,6 +20,7 @@ OBS_FORMATS = FORMATS  # render.build_template's `fmt`
 TEMPLATE_ASSEMBLIES = ASSEMBLIES  # render.build_template's `assembly` (same ids, different kernels)
 LLM_DTYPES = ("auto", "float32", "bfloat16", "fp8")  # fp8: W8A8 matmuls (jaxllm.fp8), bf16 elsewhere
 LLM_ENCODES = ENCODE_METHODS  # how a batch of prompts meets the LLM (rl.encoders.make_ids_encoder)
+RESET_HIDDEN = ("auto", "pool", "zero")
 
 # Flags that `--resume` accepts (they do not change results: the server's address, which kernels build the ids,
 # where the rollouts are recorded).
@@ -74,8 +75,13 @@ class TrainConfig:
     model: str = _opt("tiny", LLM, "LLM: checkpoint directory, Hugging Face hub id (downloaded once) or preset "
                                    "(tiny = random 2-layer Qwen3, qwen3-4b = random init of the 4B shape)",
                       applies="llm", metavar="NAME")
-    skip_n: int = _opt(1, LLM, "re-encode each env's game state every skip_n steps (must divide num_steps)",
+    skip_n: int = _opt(1, LLM, "re-encode each env's game state every skip_n steps (in-scan: any value, windows "
+                               "carry across rollouts, 0 = once at the start; vllm: must divide num_steps)",
                        applies="llm")
+    reset_hidden: str = _opt("auto", LLM, "what an env that resets inside an LLM window reads until the window ends: "
+                                          "pool = its fresh world's real hidden state (one world per reset block "
+                                          "encoded at each window start), zero = zeros; auto = pool for in-scan "
+                                          "with skip_n >= 1, else zero", applies="llm")
     llm_layer: int = _opt(-1, LLM, "hidden-state index fed to the policy (HF numbering; -1 = final layer)",
                           applies="llm")
     pooling: str = _opt("last", LLM, "how the prompt's token states become one vector: last token or mean",
@@ -126,6 +132,13 @@ class TrainConfig:
     def uses_llm(self) -> bool:
         return self.encoder != "none"
 
+    @property
+    def hidden_on_reset(self) -> str:
+        """The reset policy in force: "pool" or "zero" (`reset_hidden` with "auto" resolved)."""
+        if self.reset_hidden != "auto":
+            return self.reset_hidden
+        return "pool" if self.encoder == "inscan" and self.skip_n > 0 else "zero"
+
     def validate(self, num_devices: int | None = None) -> "TrainConfig":
         """Raise ValueError naming the bad field and the fix; return self when fine.
 
@@ -144,7 +157,7 @@ class TrainConfig:
         _choice("fusion", self.fusion, FUSIONS)
         _choice("shuffle", self.shuffle, SHUFFLES)
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
-                     "skip_n", "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk",
+                     "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk",
                      "samples_per_file"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -163,11 +176,19 @@ class TrainConfig:
                 f"--shuffle per_env splits each env's --num-steps {self.num_steps} time steps into "
                 f"--num-minibatches {self.num_minibatches} equal parts; pick num_steps a multiple of "
                 f"num_minibatches (or --shuffle global)")
-        if self.uses_llm and self.num_steps % self.skip_n:
-            fit = -(-self.num_steps // self.skip_n) * self.skip_n
+        _choice("reset_hidden", self.reset_hidden, RESET_HIDDEN)
+        if self.skip_n < 0:
+            raise ValueError(f"--skip-n must be >= 0 (0 = encode once at the start), got {self.skip_n}")
+        if self.encoder == "vllm" and (self.skip_n < 1 or self.num_steps % self.skip_n):
+            fit = -(-self.num_steps // max(self.skip_n, 1)) * max(self.skip_n, 1)
             raise ValueError(
-                f"--skip-n {self.skip_n} must divide --num-steps {self.num_steps} (the LLM re-encodes every env "
-                f"once per skip_n-step window, and a rollout holds whole windows); e.g. --num-steps {fit}")
+                f"--encoder vllm: --skip-n {self.skip_n} must divide --num-steps {self.num_steps} (the host loop "
+                f"re-encodes every env once per skip_n-step window, and a rollout holds whole windows); e.g. "
+                f"--num-steps {fit}, or --encoder inscan (any skip_n)")
+        if self.uses_llm and self.reset_hidden == "pool" and (self.encoder != "inscan" or self.skip_n == 0):
+            raise ValueError(f"--reset-hidden pool needs --encoder inscan and --skip-n >= 1 (the pool is drawn at "
+                             f"every window start); got --encoder {self.encoder} --skip-n {self.skip_n}. Use "
+                             f"--reset-hidden zero (or auto)")
         if num_devices is not None:
             self._check_split(num_devices)
         return self
@@ -210,7 +231,8 @@ class TrainConfig:
 # Fields that take one of a fixed set of values (the CLI lists them; validate() checks them).
 CHOICES: dict[str, tuple[str, ...]] = {
     "env": ENV_NAMES, "encoder": ENCODERS, "obs_format": OBS_FORMATS, "template_assembly": TEMPLATE_ASSEMBLIES,
-    "pooling": POOLINGS, "llm_dtype": LLM_DTYPES, "llm_encode": LLM_ENCODES, "fusion": FUSIONS, "shuffle": SHUFFLES}
+    "pooling": POOLINGS, "llm_dtype": LLM_DTYPES, "llm_encode": LLM_ENCODES, "fusion": FUSIONS, "shuffle": SHUFFLES,
+    "reset_hidden": RESET_HIDDEN}
 
 
 def inapplicable_flags(given: set[str] | list[str], encoder: str) -> str | None:

@@ -88,10 +88,27 @@ class BatchedEnv:
         zeros_i = jnp.zeros(env_index.shape, jnp.int32)
         return obs, EnvBatchState(env_state, zeros_f, zeros_i)
 
-    def step(self, key: jax.Array, state: EnvBatchState, action: jax.Array, env_index: jax.Array | None = None):
+    def reset_pool(self, key: jax.Array, env_index: jax.Array) -> tuple[jax.Array, Any]:
+        """Fresh worlds for the optimistic-reset blocks of the envs `env_index` (a contiguous run that starts a
+        block or lies inside one): (obs [W, O], raw craftax state [W]), world w for block `block_slots(...)==w`.
+        Keyed by global block index, so a device holding some of the envs gets the same worlds for them."""
+        first_block = env_index[0] // self.reset_ratio
+        worlds = first_block + jnp.arange(-(-env_index.shape[0] // self.reset_ratio))  # the blocks of this batch
+        obs, state = jax.vmap(self._env.reset, in_axes=(0, None))(keys_per_index(key, worlds), self._params)
+        return obs, jax.tree.map(_strong, state)
+
+    def block_slots(self, env_index: jax.Array) -> jax.Array:
+        """int [B]: each env's row in `reset_pool(key, env_index)`."""
+        block = env_index // self.reset_ratio
+        return block - block[0]
+
+    def step(self, key: jax.Array, state: EnvBatchState, action: jax.Array, env_index: jax.Array | None = None,
+             pool: tuple[jax.Array, Any] | None = None):
         """Step the envs `env_index` (default: all; a contiguous run that starts a block or lies inside
         one, e.g. one device's share); done envs restart in their block's fresh world.
 
+        The fresh worlds are drawn for this step (`reset_pool` with a key split from `key`), or taken from
+        `pool` (a `reset_pool` result drawn earlier, e.g. once per LLM window).
         Returns (obs [B, O], state, reward float32 [B], done bool [B], StepInfo). `obs` and `state`
         of a done env are already those of its new episode, as with gymnax auto-reset.
         """
@@ -111,11 +128,8 @@ class BatchedEnv:
             achievements=env_state.achievements.astype(bool) & done[:, None],
         )
 
-        block = env_index // self.reset_ratio
-        first_block = block[0]
-        worlds = first_block + jnp.arange(-(-batch // self.reset_ratio))  # the blocks of this batch
-        pool_obs, pool_state = jax.vmap(self._env.reset, in_axes=(0, None))(keys_per_index(k_reset, worlds), self._params)
-        slot = block - first_block  # env -> its block's world
+        pool_obs, pool_state = self.reset_pool(k_reset, env_index) if pool is None else pool
+        slot = self.block_slots(env_index)  # env -> its block's world
 
         def pick(fresh, old):
             chosen = fresh[slot]

@@ -86,7 +86,7 @@ def make_player(trainer, num_episodes: int, encode=None):
     def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs(), on_window=None):
         """on_window: called with every window's device arrays (obs [T, B, O], the observation after the window
         [B, O], action, reward, done, log_prob [T, B]), e.g. `rl.trajectories.TrajectoryWriter.add_rollout`."""
-        window = cfg.skip_n if encode is not None else min(64, max_steps)
+        window = (cfg.skip_n or max_steps) if encode is not None else min(64, max_steps)  # skip_n 0: encode once
         k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
         obs, state = reset(k_reset)
         carry = RolloutCarry(state, obs, None, key)

@@ -249,28 +249,44 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     log.truncate_after(start)
     progress.starting(cfg.devices, jax.default_backend(), describe_llm(cfg, llm) if llm is not None else None)
 
+    # Update u + 1 is dispatched before update u's metrics are read (except on the vllm host loop), so the device
+    # never idles while the host logs, checks and checkpoints; a NaN at update u still stops with state u - 1 saved.
+    pipelined = vllm is None
+    on_rollout = run.recorder.add_rollout if run.recorder else None  # --save-trajectories, in update order
+    last = cfg.num_updates if max_updates is None else min(cfg.num_updates, start + max_updates)
     t_start = time.perf_counter()
     done_here, llm_share = 0, None
     saved_at = start if start else None  # update count of the newest checkpoint
-    for update in range(start, cfg.num_updates):
-        t0 = time.perf_counter()
-        llm_t0 = vllm.seconds if vllm else 0.0
-        new_runner, m = trainer.step(runner, llm_args, run.recorder.add_rollout if run.recorder else None)
-        seconds = time.perf_counter() - t0
+    before = runner  # the state the update in flight started from
+    llm_t0 = vllm.seconds if vllm else 0.0  # the server's time so far, when the update in flight was dispatched
+    t_read = time.perf_counter()  # when the previous update's metrics arrived (for the first: before its compile)
+    in_flight = trainer.dispatch(runner, llm_args, on_rollout)
+    for update in range(start + 1, last + 1):  # `update`: the update now in flight (1-based count)
+        new_runner, m = in_flight
+        stop = should_stop() if should_stop is not None else False
+        if time_limit is not None:
+            stop = stop or time.perf_counter() - t_start >= time_limit
+        if time_limit is not None or should_stop is not None:  # clocks and Ctrl-C differ between processes:
+            stop = agree_with_main_process(stop)  # process 0 decides for all
+        more = update < last and not stop
+        if more and pipelined:
+            in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
+        m = jax.device_get(m)  # waits for `update` only
+        seconds = time.perf_counter() - t_read
+        t_read = time.perf_counter()
         if not math.isfinite(float(m["total_loss"])):
-            if saved_at != update:
-                ckpt.save(update, runner)
+            if saved_at != update - 1:
+                ckpt.save(update - 1, before)
             raise TrainingDiverged(
-                f"loss is {float(m['total_loss'])} at update {update + 1}; stopped. The last good state "
-                f"(update {update}) is checkpointed in {run_dir}/checkpoints; lower --lr or check the inputs")
-        runner = new_runner
+                f"loss is {float(m['total_loss'])} at update {update}; stopped. The last good state "
+                f"(update {update - 1}) is checkpointed in {run_dir}/checkpoints; lower --lr or check the inputs")
         if vllm is not None:
             llm_share = (vllm.seconds - llm_t0) / seconds
         elif llm is None:
             llm_share = 0.0
         elif done_here == 1:  # in-scan: estimated once, on an already compiled update
-            llm_share = trainer.time_llm_share(runner, llm_args, seconds)
-        rec = _record(cfg, trainer.env.achievement_names, update + 1, m, seconds, llm_share)
+            llm_share = trainer.time_llm_share(new_runner, llm_args, seconds)
+        rec = _record(cfg, trainer.env.achievement_names, update, m, seconds, llm_share)
         if done_here == 0:
             rec["first_call_includes_compile"] = True
         log.append(rec)
@@ -278,21 +294,18 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
         if trackers is not None:
             trackers.record(rec)
         done_here += 1
-        finished = update + 1 == cfg.num_updates
-        stop = max_updates is not None and done_here >= max_updates
-        if should_stop is not None:
-            stop = should_stop() or stop
-        if time_limit is not None:
-            stop = stop or time.perf_counter() - t_start >= time_limit
-        if time_limit is not None or should_stop is not None:  # clocks and Ctrl-C differ between processes:
-            stop = agree_with_main_process(stop)  # process 0 decides for all
-        if finished or stop or (update + 1) % cfg.checkpoint_every == 0:
-            ckpt.save(update + 1, runner)
-            saved_at = update + 1
-            progress.checkpoint(update + 1)
-        if stop and not finished:
-            progress.stopped(update + 1)
+        finished = update == cfg.num_updates
+        if finished or not more or update % cfg.checkpoint_every == 0:
+            ckpt.save(update, new_runner)
+            saved_at = update
+            progress.checkpoint(update)
+        if not more and not finished:
+            progress.stopped(update)
             return
+        before = new_runner
+        if more and not pipelined:
+            llm_t0 = vllm.seconds if vllm else 0.0
+            in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
     progress.finished()
     if trackers is not None:
         trackers.finish(_curves_png(run_dir) if trackers.opts.wandb else None)

@@ -2,16 +2,18 @@
 
 One training update = a rollout of `num_steps` steps of `num_envs` envs followed by
 `update_epochs x num_minibatches` PPO steps. With `--encoder inscan` the whole update is ONE jitted
-function: the rollout is a `lax.scan` over windows of `skip_n` steps; each window runs `skip_n`
-env+policy steps with the hidden state held fixed, then encodes the new states (template -> Qwen3
--> h) for the next window. The hidden state is computed at the *end* of a window, so the one
-carried out of a rollout is fresh for the next rollout's first window and for the value bootstrap.
+function, and the LLM reads the envs' states once per window of `skip_n` steps, wherever the window falls:
+the window's clock (`LLMWindow.clock`, steps left) and the hidden state live in the runner state and carry
+across rollouts, so a window may start anywhere in a rollout and span several. At the step that ends a
+window the new states are encoded (template -> Qwen3 -> h) under a `lax.cond` on the clock: a rollout
+without a window boundary runs no LLM at all. `skip_n` 0 encodes once, at the start of the run.
 
-Stale hidden states (see docs/TRAINING.md): when an env finishes an episode inside a window its
-hidden state is set to zeros, meaning "no LLM reading yet", until the window ends and every env is
-re-encoded. A new episode never sees its predecessor's vector, and the LLM cost stays exactly one
-batched call per window (no extra small-batch calls). With skip_n=1 no action is ever taken with a
-zeroed vector.
+Resets inside a window (`cfg.reset_hidden`, docs/TRAINING.md): with "pool" (the default for in-scan with
+skip_n > 0) every window start also draws one fresh world per optimistic-reset block (`BatchedEnv.reset_pool`)
+and encodes it in the same LLM call; an env that finishes an episode inside the window restarts in its
+block's pool world and acts on that world's real hidden state (extra prompts per window: num_envs /
+reset_ratio). With "zero" a reset env acts on a zero vector, meaning "no LLM reading yet", until the
+window ends. Either way a new episode never sees its predecessor's vector.
 
 Several devices (`cfg.devices`, docs/MULTIGPU.md): every jitted function is a `jax.shard_map` over a
 1-D device mesh (`rl.sharding`). The runner state's per-env fields are split over it and everything
@@ -38,6 +40,19 @@ from rl.sharding import (ENV_AXIS, from_process_local_rows, keys_per_index, make
                          replicated)
 
 
+class LLMWindow(NamedTuple):
+    """The in-scan LLM's window, carried from step to step and rollout to rollout (checkpointed)."""
+
+    clock: jax.Array  # int32 scalar: steps left in the current window (unused with skip_n 0)
+    pool: tuple[jax.Array, Any] | None  # (obs [W, O], raw states [W]): one fresh world per reset block ("pool")
+    pool_hidden: jax.Array | None  # [W, D]: their hidden states, encoded with the window's envs
+
+    @staticmethod
+    def specs(pooled: bool) -> "LLMWindow":
+        env = P(ENV_AXIS)
+        return LLMWindow(P(), (env, env) if pooled else None, env if pooled else None)
+
+
 class RunnerState(NamedTuple):
     """Everything a run carries from one update to the next (all of it is checkpointed)."""
 
@@ -45,22 +60,25 @@ class RunnerState(NamedTuple):
     opt_state: Any
     env_state: EnvBatchState
     obs: jax.Array  # [B, O]
-    hidden: jax.Array | None  # [B, D] for LLM encoders (fresh for the next step), else None
+    hidden: jax.Array | None  # [B, D] for LLM encoders (what the next step reads), else None
     rng: jax.Array  # PRNG key (uint32[2])
     update: jax.Array  # int32 scalar: updates done so far
+    window: LLMWindow | None = None  # in-scan only
 
     @staticmethod
-    def specs(uses_hidden: bool) -> "RunnerState":
-        """The `PartitionSpec` of each field (for shard_map): per-env fields split over the env axis."""
+    def specs(uses_hidden: bool, window: LLMWindow | None = None) -> "RunnerState":
+        """The `PartitionSpec` of each field (for shard_map): per-env fields split over the env axis.
+        `window`: `LLMWindow.specs(...)` for in-scan runs."""
         env = P(ENV_AXIS)
         return RunnerState(params=P(), opt_state=P(), env_state=env, obs=env, hidden=env if uses_hidden else None,
-                           rng=P(), update=P())
+                           rng=P(), update=P(), window=window)
 
     def shardings(self, mesh: Mesh) -> "RunnerState":
         """A sharding for every leaf: `specs` on `mesh`."""
-        specs = RunnerState.specs(uses_hidden=self.hidden is not None)
-        return RunnerState(*(jax.tree.map(lambda _, spec=spec: NamedSharding(mesh, spec), value)
-                             for value, spec in zip(self, specs)))
+        window = None if self.window is None else LLMWindow.specs(pooled=self.window.pool is not None)
+        specs = RunnerState.specs(uses_hidden=self.hidden is not None, window=window)
+        return jax.tree.map(lambda spec, value: jax.tree.map(lambda _: NamedSharding(mesh, spec), value),
+                            specs, self, is_leaf=lambda x: isinstance(x, P))
 
 
 class RolloutCarry(NamedTuple):
@@ -68,13 +86,14 @@ class RolloutCarry(NamedTuple):
 
     env_state: EnvBatchState
     obs: jax.Array  # [B, O]
-    hidden: jax.Array | None  # [B, D] the policy reads (held over a window, zeroed on reset), else None
+    hidden: jax.Array | None  # [B, D] the policy reads (held over a window), else None
     key: jax.Array  # PRNG key of the rollout
+    window: LLMWindow | None = None  # in-scan: the window's clock and reset pool
 
     @staticmethod
-    def specs(uses_hidden: bool) -> "RolloutCarry":
+    def specs(uses_hidden: bool, window: LLMWindow | None = None) -> "RolloutCarry":
         env = P(ENV_AXIS)
-        return RolloutCarry(env, env, env if uses_hidden else None, P())
+        return RolloutCarry(env, env, env if uses_hidden else None, P(), window)
 
 
 class Trainer:
@@ -102,15 +121,17 @@ class Trainer:
         self.vllm = vllm_encoder
         if cfg.uses_llm and llm is None:
             raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_encoder)")
-        specs = RunnerState.specs(uses_hidden=cfg.uses_llm)
-        carry = RolloutCarry.specs(uses_hidden=cfg.uses_llm)
-        rep, env, steps = P(), P(ENV_AXIS), P(None, ENV_AXIS)
         self._encode = None
+        window = None
         if cfg.encoder == "inscan":
             self._encode = make_inscan_encoder(llm.template, llm.model.config, layer=cfg.llm_layer,
                                                pooling=cfg.pooling, method=cfg.llm_encode,
                                                capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
-        elif cfg.encoder == "vllm":
+            window = LLMWindow.specs(pooled=cfg.hidden_on_reset == "pool")
+        specs = RunnerState.specs(uses_hidden=cfg.uses_llm, window=window)
+        carry = RolloutCarry.specs(uses_hidden=cfg.uses_llm, window=window)
+        rep, env, steps = P(), P(ENV_AXIS), P(None, ENV_AXIS)
+        if cfg.encoder == "vllm":
             if vllm_encoder is None:
                 raise ValueError("--encoder vllm needs the server's client (rl.encoders.load_encoder)")
             self._tokens = self._sharded(make_token_fn(llm.template), env, (env, env))
@@ -118,6 +139,10 @@ class Trainer:
         self.update = self._sharded(functools.partial(self._update, record=self.records), (specs, rep),
                                     (specs, rep, steps) if self.records else (specs, rep))
         self.encode_states = self._sharded(self._encode, (rep, rep, env), env) if self._encode else None
+        self._open = None
+        if self._encode is not None:
+            open_window = lambda args, es, key: self._open_window(LLMArgs(*args), es, key, self._env_index())
+            self._open = self._sharded(open_window, (rep, env, rep), (env, window))
         self._reset = self._sharded(lambda key: self.env.reset(key, self._env_index()), rep, (env, env))
         self._window = self._sharded(lambda p, c: self.run_window(p, c, cfg.skip_n, env_index=self._env_index()),
                                      (rep, carry), (carry, steps))
@@ -152,60 +177,83 @@ class Trainer:
         key = jax.random.PRNGKey(self.cfg.seed)
         key, k_net, k_env = jax.random.split(key, 3)
         obs, env_state = self._reset(k_env)
-        hidden = None
-        if self._encode is not None:
-            hidden = self.encode_states(*self.place_llm_args(llm_args), env_state.env_state)
+        hidden = window = None
+        if self._encode is not None:  # the first window (and its reset pool) starts now
+            hidden, window = self._open(self.place_llm_args(llm_args), env_state, jax.random.fold_in(k_env, 1))
         elif self.vllm is not None:
             hidden = self._vllm_hidden(env_state)
         # init reads only shapes; zeros (not obs[:1]) since with several processes obs is not all on this host
         dummy_h = None if hidden is None else jnp.zeros((1,) + hidden.shape[1:], hidden.dtype)
         params = self.network.init(k_net, jnp.zeros((1,) + obs.shape[1:], obs.dtype), dummy_h)
         opt_state = self.optimizer.init(params)
-        return self.place(RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32)))
+        return self.place(RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32),
+                                      window))
 
     # rollout ----------------------------------------------------------------------------------
-    def _act(self, params, carry: RolloutCarry, env_index):
+    def _open_window(self, llm_args: LLMArgs, env_state: EnvBatchState, key, env_index):
+        """A window starts on `env_state`: the envs' hidden states [B, D] and the new `LLMWindow` (clock =
+        skip_n; with the "pool" reset policy, one fresh world per reset block drawn with `key`, encoded in the
+        same LLM call as the envs)."""
+        clock = jnp.asarray(self.cfg.skip_n, jnp.int32)
+        raw = env_state.env_state
+        if self.cfg.hidden_on_reset != "pool":
+            return self._encode(*llm_args, raw), LLMWindow(clock, None, None)
+        pool = self.env.reset_pool(key, env_index)
+        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), raw, pool[1])
+        hidden = self._encode(*llm_args, both)
+        batch = env_index.shape[0]
+        return hidden[:batch], LLMWindow(clock, pool, hidden[batch:])
+
+    def _act(self, params, carry: RolloutCarry, env_index, llm_args: LLMArgs | None = None):
+        """One env+policy step. With `llm_args` (in-scan) the window's clock ticks, and the step that ends a
+        window encodes the new states (`lax.cond`: no LLM work on other steps)."""
         key, k_act, k_env = jax.random.split(carry.key, 3)
         pi, value = self.apply(params, carry.obs, carry.hidden)
         action = jax.vmap(jax.random.categorical)(keys_per_index(k_act, env_index), pi.logits)
         log_prob = pi.log_prob(action)
-        next_obs, next_state, reward, done, info = self.env.step(k_env, carry.env_state, action, env_index)
+        window = carry.window
+        pool = window.pool if window is not None else None
+        next_obs, next_state, reward, done, info = self.env.step(k_env, carry.env_state, action, env_index, pool)
         hidden = carry.hidden
         if hidden is not None:  # a new episode must not see the previous episode's vector
-            hidden = jnp.where(done[:, None], jnp.zeros_like(hidden), hidden)
-        tr = Transition(carry.obs, carry.hidden, action, log_prob, value, reward, done)
-        return RolloutCarry(next_state, next_obs, hidden, key), (tr, info, carry.env_state.env_state)
+            fresh = (jnp.zeros_like(hidden) if pool is None
+                     else window.pool_hidden[self.env.block_slots(env_index)])  # its pool world's reading
+            hidden = jnp.where(done[:, None], fresh, hidden)
+        if llm_args is not None and window is not None and self.cfg.skip_n > 0:
+            window = window._replace(clock=window.clock - 1)
+            k_pool = jax.random.split(k_env)[1]  # the step's own reset key, unused when the pool resets
 
-    def run_window(self, params, carry: RolloutCarry, length: int, keep_states: bool = False, env_index=None):
-        """`length` env+policy steps with the hidden state held (zeroed on reset) -> (carry, (Transition [T, B],
-        StepInfo [T, B], raw env states [T, B] or None)). `env_index`: global indices of the envs in `carry`
-        (default: 0..B-1, the whole batch on one device). Done envs restart (`BatchedEnv.step`)."""
+            def new_window(hidden, window):
+                return self._open_window(llm_args, next_state, k_pool, env_index)
+
+            hidden, window = jax.lax.cond(window.clock == 0, new_window, lambda h, w: (h, w), hidden, window)
+        tr = Transition(carry.obs, carry.hidden, action, log_prob, value, reward, done)
+        return RolloutCarry(next_state, next_obs, hidden, key, window), (tr, info, carry.env_state.env_state)
+
+    def run_window(self, params, carry: RolloutCarry, length: int, keep_states: bool = False, env_index=None,
+                   llm_args: LLMArgs | None = None):
+        """`length` env+policy steps -> (carry, (Transition [T, B], StepInfo [T, B], raw env states [T, B] or
+        None)). Without `llm_args` the hidden state is held (reset envs per `carry.window`, zeros without one);
+        with them the in-scan LLM's windows run as in training. `env_index`: global indices of the envs in
+        `carry` (default: 0..B-1, the whole batch on one device). Done envs restart (`BatchedEnv.step`)."""
         if env_index is None:
             env_index = jnp.arange(carry.obs.shape[0])
-        carry, (tr, info, states) = jax.lax.scan(lambda c, _: self._act(params, c, env_index), carry, None, length)
+        carry, (tr, info, states) = jax.lax.scan(lambda c, _: self._act(params, c, env_index, llm_args), carry,
+                                                 None, length)
         return carry, (tr, info, states if keep_states else None)
 
-    def rollout(self, params, env_state, obs, hidden, key, llm_args, keep_states: bool = False, env_index=None):
-        """One rollout of num_steps steps -> (RolloutCarry, Transition [T, B], StepInfo [T, B], states or None).
+    def rollout(self, params, carry: RolloutCarry, llm_args: LLMArgs, keep_states: bool = False, env_index=None):
+        """One rollout of num_steps steps from `carry` -> (RolloutCarry, Transition [T, B], StepInfo [T, B],
+        states or None). In-scan, `carry.window` (the runner's) says where the current LLM window stands.
 
         Runs on one device's envs inside the update's shard_map (`env_index`: their global indices), or on
         all envs when called directly. `keep_states=True` also returns every step's raw env state (for tests).
         """
-        cfg = self.cfg
-        carry = RolloutCarry(env_state, obs, hidden, key)
-        if self._encode is None:
-            if cfg.encoder == "vllm":
-                raise RuntimeError("the vllm encoder rolls out on the host; use Trainer.step")
-            carry, (tr, info, states) = self.run_window(params, carry, cfg.num_steps, keep_states, env_index)
-            return carry, tr, info, states
-
-        def window(carry, _):
-            carry, out = self.run_window(params, carry, cfg.skip_n, keep_states, env_index)
-            return carry._replace(hidden=self._encode(*llm_args, carry.env_state.env_state)), out
-
-        carry, out = jax.lax.scan(window, carry, None, cfg.num_steps // cfg.skip_n)
-        merge = lambda x: x.reshape((-1,) + x.shape[2:])
-        return (carry, *jax.tree.map(merge, out))
+        if self.vllm is not None:
+            raise RuntimeError("the vllm encoder rolls out on the host; use Trainer.step")
+        carry, (tr, info, states) = self.run_window(params, carry, self.cfg.num_steps, keep_states, env_index,
+                                                    LLMArgs(*llm_args) if self._encode is not None else None)
+        return carry, tr, info, states
 
     # update -----------------------------------------------------------------------------------
     def _finish_update(self, runner: RunnerState, carry: RolloutCarry, key_ppo, traj: Transition, info: StepInfo):
@@ -219,18 +267,29 @@ class Trainer:
         if traj.hidden is not None:
             metrics["hidden_zero_frac"] = jax.lax.pmean(jnp.mean(jnp.all(traj.hidden == 0, axis=-1)), ENV_AXIS)
         return RunnerState(params, opt_state, carry.env_state, carry.obs, carry.hidden, carry.key,
-                           runner.update + 1), metrics
+                           runner.update + 1, carry.window), metrics
 
     def _update(self, runner: RunnerState, llm_args: LLMArgs, record: bool = False):
         """One full training update (rollout + PPO) as a pure function; jitted as `self.update`. With `record`
         it also returns the rollout's (obs, action, reward, done, log_prob), each [T, B, ...]."""
         key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
-        carry, traj, info, _ = self.rollout(runner.params, runner.env_state, runner.obs, runner.hidden,
-                                            k_roll, llm_args, env_index=self._env_index())
+        start = RolloutCarry(runner.env_state, runner.obs, runner.hidden, k_roll, runner.window)
+        carry, traj, info, _ = self.rollout(runner.params, start, llm_args, env_index=self._env_index())
         runner, metrics = self._finish_update(runner, carry._replace(key=key), k_ppo, traj, info)
         if not record:
             return runner, metrics
         return runner, metrics, (traj.obs, traj.action, traj.reward, traj.done, traj.log_prob)
+
+    def dispatch(self, runner: RunnerState, llm_args=LLMArgs(), on_rollout: Callable | None = None):
+        """Start one update; returns (runner, metrics) as device arrays that are still being computed (nothing
+        waits for them; `on_rollout` as in `step`), except on the `vllm` host loop, which runs the update through."""
+        if self.vllm is None:
+            out = self.update(runner, LLMArgs(*llm_args))
+            if on_rollout is not None and self.records:
+                obs, action, reward, done, log_prob = out[2]
+                on_rollout(obs, out[0].obs, action, reward, done, log_prob)
+            return out[:2]
+        return self.step(runner, llm_args, on_rollout)
 
     def step(self, runner: RunnerState, llm_args=LLMArgs(), on_rollout: Callable | None = None):
         """Advance one update; returns (runner, metrics as numpy). Host loop only for `vllm`.
@@ -240,11 +299,7 @@ class Trainer:
         fetched, e.g. `rl.trajectories.TrajectoryWriter.add_rollout`, which copies them while the next update runs.
         """
         if self.vllm is None:
-            out = self.update(runner, LLMArgs(*llm_args))
-            runner, metrics = out[:2]
-            if on_rollout is not None and self.records:
-                obs, action, reward, done, log_prob = out[2]
-                on_rollout(obs, runner.obs, action, reward, done, log_prob)
+            runner, metrics = self.dispatch(runner, llm_args, on_rollout)
             return runner, jax.device_get(metrics)
         key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
         carry = RolloutCarry(runner.env_state, runner.obs, runner.hidden, k_roll)
@@ -274,7 +329,8 @@ class Trainer:
         t0 = time.perf_counter()
         jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
         per_call = time.perf_counter() - t0
-        return float(min(1.0, per_call * (self.cfg.num_steps // self.cfg.skip_n) / max(update_seconds, 1e-9)))
+        windows = self.cfg.num_steps / self.cfg.skip_n if self.cfg.skip_n else 0.0  # LLM calls per update, on average
+        return float(min(1.0, per_call * windows / max(update_seconds, 1e-9)))
 
 
 def _concat_steps(chunks):

@@ -17,8 +17,8 @@ For each config, in one process on one card:
     network once, as upstream does);
   * ours: the first update is timed (compile + run, `scripts/bench_train.py`'s `prepare`), then `--updates`
     updates `--repeats` times, two ways: `dispatch` (updates queued back to back, one block at the end:
-    bench_train's `measure`) and `host_loop` (as `rl.train` runs: every update's metrics read on the host
-    before the next update is dispatched).
+    bench_train's `measure`; `rl.train` reads update k's metrics after dispatching update k + 1) and
+    `host_loop` (every update's metrics read on the host before the next update is dispatched).
 The best of the repeats is reported for each (timings alternate between the two trainers).
 `--profile` adds, per config, the device time per kernel and the launch count of one of our updates and one
 reference call (`scripts/kernel_profile.py`), and our rollout alone, so the gap can be placed.
@@ -96,7 +96,8 @@ def time_reference(ref: dict) -> float:
 
 
 def time_ours_host_loop(prep: dict, updates: int) -> float:
-    """Seconds for `updates` updates as `rl.train` runs them (metrics read on the host after each)."""
+    """Seconds for `updates` updates with each update's metrics read on the host before the next is dispatched
+    (how `rl.train` ran before issue 15; it now dispatches the next update first, as `dispatch` times)."""
     trainer, runner, args_llm = prep["trainer"], prep["runner"], prep["args_llm"]
     t0 = time.perf_counter()
     for _ in range(updates):
@@ -111,9 +112,11 @@ def profile(prep: dict, ref: dict | None, out: dict) -> None:
     """Device time per kernel of one of our updates and one reference call (launch counts and the kernel time
     against the wall time say whether a program is launch-bound), and the wall time of our rollout alone."""
     from kernel_profile import kernel_table, print_kernel_table
+    from rl.trainer import RolloutCarry
 
     trainer, runner, args_llm = prep["trainer"], prep["runner"], prep["args_llm"]
-    roll = jax.jit(lambda r, k: trainer.rollout(r.params, r.env_state, r.obs, r.hidden, k, args_llm)[1:3])
+    roll = jax.jit(lambda r, k: trainer.rollout(r.params, RolloutCarry(r.env_state, r.obs, r.hidden, k, r.window),
+                                                args_llm)[1:3])
     key = jax.random.PRNGKey(1)
     jax.block_until_ready(roll(runner, key))
     t0 = time.perf_counter()

@@ -37,6 +37,11 @@ CONFIGS = {
     "inscan-128-k8": dict(encoder="inscan", num_envs=128, skip_n=8),
     "inscan-128-k32": dict(encoder="inscan", num_envs=128, skip_n=32),
     "inscan-128-k128": dict(encoder="inscan", num_envs=128, skip_n=128, num_steps=128),
+    # windows that do not fit a 64-step rollout (issue 15): they carry across rollouts
+    "inscan-128-k25": dict(encoder="inscan", num_envs=128, skip_n=25),
+    "inscan-128-k100": dict(encoder="inscan", num_envs=128, skip_n=100),
+    "inscan-128-kfar": dict(encoder="inscan", num_envs=128, skip_n=10**6),  # encoded at the start only
+    "inscan-128-k0": dict(encoder="inscan", num_envs=128, skip_n=0),  # encode once: no window clock at all
     "inscan-1024-k32": dict(encoder="inscan", num_envs=1024, skip_n=32),
     "inscan-1024-k128": dict(encoder="inscan", num_envs=1024, skip_n=128, num_steps=128),
     "inscan-128-k8-full": dict(encoder="inscan", num_envs=128, skip_n=8, obs_format="full"),
@@ -86,10 +91,14 @@ def measure(prep: dict, args) -> dict:
     """Steady-state SPS of a prepared config over `args.updates` updates (and its LLM call alone)."""
     cfg, llm, trainer, args_llm, runner = (prep[k] for k in ("cfg", "llm", "trainer", "args_llm", "runner"))
     t0 = time.perf_counter()
+    zero = []
     for _ in range(args.updates):
         runner, m = trainer.update(runner, args_llm)
+        zero.append(m.get("hidden_zero_frac"))
     jax.block_until_ready(runner)
     seconds = (time.perf_counter() - t0) / args.updates
+    if zero[0] is not None:
+        prep.setdefault("metrics", {})["hidden_zero_frac"] = float(sum(float(z) for z in zero) / len(zero))
     row = dict(config=prep["name"], env=cfg.env, encoder=cfg.encoder, num_envs=cfg.num_envs, num_steps=cfg.num_steps,
                skip_n=cfg.skip_n, obs_format=cfg.obs_format, model=cfg.model if llm else None,
                llm_encode=cfg.llm_encode if llm else None, llm_dtype=cfg.llm_dtype if llm else None,
@@ -103,9 +112,13 @@ def measure(prep: dict, args) -> dict:
             out = enc(*args_llm, runner.env_state.env_state)
         jax.block_until_ready(out)
         call = (time.perf_counter() - t0) / 3
+        windows = cfg.num_steps / cfg.skip_n if cfg.skip_n else 0.0  # LLM calls per update, on average
         row.update(prompt_rest_len=llm.template.max_len, prefix_len=len(llm.template.prefix_ids),
-                   llm_prompts_per_s=cfg.num_envs / call,
-                   llm_time_share=min(1.0, call * cfg.num_steps / cfg.skip_n / seconds))
+                   llm_prompts_per_s=cfg.num_envs / call, llm_time_share=min(1.0, call * windows / seconds),
+                   reset_hidden=cfg.hidden_on_reset,
+                   pool_prompts_per_window=cfg.num_envs // cfg.reset_ratio if cfg.hidden_on_reset == "pool" else 0)
+        if "hidden_zero_frac" in prep.get("metrics", {}):
+            row["hidden_zero_frac"] = prep["metrics"]["hidden_zero_frac"]
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:  # cumulative over the configs run so far in this process (an upper bound)
         row["peak_device_gib_so_far"] = stats["peak_bytes_in_use"] / 2**30
@@ -182,17 +195,21 @@ def main(argv=None) -> int:
             write(rows)
     none_sps = {(r["env"], r["num_envs"]): r["sps"] for r in rows if r["config"] in ("none-1024", "none-128")}
     print(f"\ndevice: {jax.devices()[0]}")
-    print(f"{'config':34s} {'GPUs':>4s} {'SPS':>10s} {'1st update s':>12s} {'LLM share':>9s} {'prompts/s':>10s} {'bound':>9s} {'ratio':>6s}")
+    print(f"{'config':34s} {'GPUs':>4s} {'SPS':>10s} {'1st update s':>12s} {'LLM share':>9s} {'prompts/s':>10s} "
+          f"{'bound':>9s} {'ratio':>6s} {'vs none':>7s} {'zero h':>6s}")
     for r in rows:
         bound = ratio = None
         base = none_sps.get((r["env"], r["num_envs"]))
         if r["encoder"] == "inscan" and base:
-            bound = 1 / (1 / base + 1 / (r["skip_n"] * r["llm_prompts_per_s"]))
+            bound = 1 / (1 / base + (1 / (r["skip_n"] * r["llm_prompts_per_s"]) if r["skip_n"] else 0.0))
             ratio = r["sps"] / bound
             r.update(bound_sps=bound, ratio_to_bound=ratio)
         f = lambda x, fmt: format(x, fmt) if x is not None else "-"
         print(f"{r['config']:34s} {r['devices']:4d} {r['sps']:10,.0f} {r['first_update_s']:12.1f} {f(r.get('llm_time_share'), '9.2f')} "
-              f"{f(r.get('llm_prompts_per_s'), '10,.0f')} {f(bound, '9,.0f')} {f(ratio, '6.2f')}")
+              f"{f(r.get('llm_prompts_per_s'), '10,.0f')} {f(bound, '9,.0f')} {f(ratio, '6.2f')} "
+              f"{f(r['sps'] / base if base else None, '7.3f')} {f(r.get('hidden_zero_frac'), '6.3f')}")
+        if base:
+            r["ratio_to_none"] = r["sps"] / base
     write(rows)  # with the bounds
     return 0
 

@@ -8,26 +8,59 @@ import pytest
 
 from rl.config import PRESETS, TrainConfig
 from rl.encoders import load_llm
-from rl.trainer import Trainer
+from rl.trainer import RolloutCarry, Trainer
 
 ENV = "Craftax-Classic-Symbolic-v1"
 
 
-@pytest.fixture(scope="module")
-def setup():
-    cfg = TrainConfig(**dict(PRESETS["test"], env=ENV, encoder="inscan", num_envs=4, num_steps=8, skip_n=4))
-    llm = load_llm(cfg)
-    trainer = Trainer(cfg, llm)
-    runner = trainer.init_state(llm.jit_args)
-    # Env 0 starts with zero health: it dies on its first step, so a reset happens inside a window.
+def _kill_env0(trainer, llm, runner):
+    """Env 0 with zero health: it dies on its first step, so a reset happens inside a window; the window is
+    re-opened on the changed states."""
     es = runner.env_state
     health = es.env_state.player_health.at[0].set(jnp.zeros((), es.env_state.player_health.dtype))
     es = es._replace(env_state=es.env_state.replace(player_health=health))
-    runner = runner._replace(env_state=es, hidden=trainer.encode_states(*llm.jit_args, es.env_state))
-    rollout = jax.jit(lambda r, args: trainer.rollout(r.params, r.env_state, r.obs, r.hidden, r.rng, args,
-                                                      keep_states=True))
-    carry, traj, info, states = rollout(runner, llm.jit_args)
+    hidden, window = trainer._open(llm.jit_args, es, jax.random.PRNGKey(7))
+    return runner._replace(env_state=es, hidden=hidden, window=window)
+
+
+def _rollout_fn(trainer):
+    return jax.jit(lambda carry, r, args: trainer.rollout(r.params, carry, args, keep_states=True))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """Zero-hidden reset policy, skip_n dividing num_steps (two windows per rollout)."""
+    cfg = TrainConfig(**dict(PRESETS["test"], env=ENV, encoder="inscan", num_envs=4, num_steps=8, skip_n=4,
+                             reset_hidden="zero"))
+    llm = load_llm(cfg)
+    trainer = Trainer(cfg, llm)
+    runner = _kill_env0(trainer, llm, trainer.init_state(llm.jit_args))
+    start = RolloutCarry(runner.env_state, runner.obs, runner.hidden, runner.rng, runner.window)
+    carry, traj, info, states = _rollout_fn(trainer)(start, runner, llm.jit_args)
     return cfg, llm, runner, carry, traj, states
+
+
+@pytest.fixture(scope="module")
+def spanning(setup):
+    """The pool reset policy with a window of 6 steps over two rollouts of 4: (cfg, llm, runner, carries,
+    hidden [8, B, D], done [8, B], raw states [9, B] (step starts, then the end))."""
+    _, llm, _, _, _, _ = setup
+    cfg = TrainConfig(**dict(PRESETS["test"], env=ENV, encoder="inscan", num_envs=4, num_steps=4, skip_n=6,
+                             reset_ratio=2))
+    trainer = Trainer(cfg, llm)
+    runner = _kill_env0(trainer, llm, trainer.init_state(llm.jit_args))
+    rollout = _rollout_fn(trainer)
+    carry = RolloutCarry(runner.env_state, runner.obs, runner.hidden, runner.rng, runner.window)
+    carries, hidden, done, states = [], [], [], []
+    for k in range(2):
+        carry, traj, _, st = rollout(carry._replace(key=jax.random.PRNGKey(k)), runner, llm.jit_args)
+        carries.append(carry)
+        hidden.append(np.asarray(traj.hidden))
+        done.append(np.asarray(traj.done))
+        states.append(st)
+    states.append(jax.tree.map(lambda x: x[None], carry.env_state.env_state))
+    states = jax.tree.map(lambda *xs: jnp.concatenate(xs), *states)
+    return cfg, llm, runner, carries, np.concatenate(hidden), np.concatenate(done), states
 
 
 def _outside(llm, cfg, raw_states):
@@ -47,7 +80,9 @@ def test_window_start_hidden_equals_outside_encode(setup):
         live = ~np.all(got == 0, axis=-1)  # envs reset at the step before (zeroed) are checked below
         np.testing.assert_allclose(got[live], expect[live], rtol=1e-5, atol=1e-5)
     # The hidden state carried out of the rollout (next window / bootstrap) is that of the final states.
-    np.testing.assert_allclose(np.asarray(carry[2]), _outside(llm, cfg, carry[0].env_state), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(carry.hidden), _outside(llm, cfg, carry.env_state.env_state), rtol=1e-5,
+                               atol=1e-5)
+    assert int(carry.window.clock) == cfg.skip_n  # a window ended on the last step: the next starts afresh
     # The first window's vectors are the ones computed at init for the initial states.
     np.testing.assert_allclose(np.asarray(traj.hidden[0][1:]), np.asarray(runner.hidden[1:]), rtol=0, atol=0)
 
@@ -71,6 +106,40 @@ def test_hidden_held_within_window_and_zeroed_after_reset(setup):
     assert not np.all(hidden[cfg.skip_n, 0] == 0)
 
 
+def test_window_spanning_two_rollouts_equals_step_by_step_reference(spanning):
+    """Window 1 = steps 0-5 (rollout 1 and half of rollout 2), window 2 starts at step 6. At every step an env
+    reads the LLM's vector of its state at the window start, or, after a reset inside the window, of the state
+    its new episode started from (the window's pool world): each checked against the encoder called outside."""
+    cfg, llm, runner, carries, hidden, done, states = spanning
+    assert done[0, 0], "env 0 was given zero health and must end its episode on the first step"
+    at = lambda t: jax.tree.map(lambda x: x[t], states)
+    expect_cache = {}
+
+    def outside(t):
+        if t not in expect_cache:
+            expect_cache[t] = _outside(llm, cfg, at(t))
+        return expect_cache[t]
+
+    resets_checked = 0
+    for t in range(8):
+        window_start = 0 if t < 6 else 6
+        for i in range(cfg.num_envs):
+            reset_steps = [s for s in range(window_start, t) if done[s, i]]
+            source = reset_steps[-1] + 1 if reset_steps else window_start  # the state the reading is of
+            np.testing.assert_allclose(hidden[t, i], outside(source)[i], rtol=1e-5, atol=1e-5, err_msg=str((t, i)))
+            resets_checked += bool(reset_steps)
+    assert resets_checked >= 5  # env 0, steps 1-5 at least
+    assert not np.any(np.all(hidden == 0, axis=-1))  # hidden_zero_frac = 0: no zero vector ever acted on
+    # env 0's new episode started in its block's pool world (drawn at the first window's start)
+    np.testing.assert_array_equal(np.asarray(at(1).map[0]), np.asarray(runner.window.pool[1].map[0]))
+    # clocks: 6 at the start, 2 left after rollout 1, the new window (from step 6) has 4 left after rollout 2
+    assert [int(runner.window.clock)] + [int(c.window.clock) for c in carries] == [6, 2, 4]
+    # the carried hidden state is the policy's input at the next step: window 2's reading of the step-6 states
+    # (no env of the pair reset after step 6 here, else its pool reading)
+    live = ~done[6:8].any(0)
+    np.testing.assert_allclose(np.asarray(carries[1].hidden)[live], outside(6)[live], rtol=1e-5, atol=1e-5)
+
+
 def test_readme_main_command_with_test_preset(tmp_path):
     """The README's `python -m rl.train --encoder=inscan --preset cpu`, shrunk to the test preset."""
     from rl.eval import evaluate
@@ -87,3 +156,34 @@ def test_readme_main_command_with_test_preset(tmp_path):
     assert set(results) == {"real", "zeros", "noise", "shuffled"}
     for r in results.values():
         assert r["episodes"] == 4 and np.isfinite(r["return_mean"])
+
+
+def test_resume_restores_window_clock_and_hidden_exactly(tmp_path):
+    """A 6-step window over 4-step rollouts, stopped after 2 of 3 updates (a window open across the stop: 4 of its 6
+    steps left) and resumed, ends exactly like the uninterrupted run: params, hidden states, clock, reset pool."""
+    from rl.config import load_config
+    from rl.rundir import Checkpoints
+    from rl.train import main
+
+    flags = ["--encoder=inscan", "--preset", "test", "--num-steps", "4", "--skip-n", "6", "--reset-ratio", "2",
+             "--total-timesteps", str(8 * 4 * 3), "--checkpoint-every", "5", "--quiet"]
+    assert main(flags + ["--run-dir", str(tmp_path / "full")]) == 0
+    assert main(flags + ["--run-dir", str(tmp_path / "cut"), "--max-updates", "2"]) == 0
+    assert main(["--resume", str(tmp_path / "cut"), "--quiet"]) == 0
+
+    cfg = load_config(tmp_path / "full" / "config.json")
+    llm = load_llm(cfg)
+    target = Trainer(cfg, llm).init_state(llm.jit_args)
+    finals = []
+    for name in ("full", "cut"):
+        ckpt = Checkpoints(tmp_path / name)
+        assert ckpt.latest_step() == 3
+        finals.append(ckpt.restore(target, 3))
+        ckpt.close()
+    full, cut = finals
+    # windows opened at steps 0, 6 and 12 (the last step): a resume that lost the clock (4 left at the stop)
+    # would have opened its next window at step 14 instead
+    assert int(full.window.clock) == int(cut.window.clock) == 6
+    for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(cut)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert jax.tree.structure(full) == jax.tree.structure(cut)

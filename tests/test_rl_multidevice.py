@@ -23,7 +23,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # The "none" run: 8 envs x 8 steps, 3 updates; reset_ratio 2: each of 4 devices holds one block of 2 envs.
 NONE_RUN = dict(encoder="none", total_timesteps=8 * 8 * 3, reset_ratio=2)
-INSCAN_RUN = dict(encoder="inscan", num_envs=4, num_steps=8, skip_n=4, reset_ratio=2, total_timesteps=4 * 8 * 1)
+# The "inscan" run: 2 updates of 4 steps with one LLM window of 6 steps spanning them; each of 2 devices holds one
+# reset block of 2 envs and its window's pool world.
+INSCAN_RUN = dict(encoder="inscan", num_envs=4, num_steps=4, skip_n=6, reset_ratio=2, total_timesteps=4 * 4 * 2)
 # Float reassociation of the gradient all-reduce and of sums over the env axis: a few ulps per update.
 RTOL, ATOL = 1e-4, 1e-6
 # The synthetic PPO update: T x B samples with an obs feature size seen nowhere else in its HLO.
@@ -188,7 +190,8 @@ def worker_equality(out: Path) -> None:
         cfg = _config(devices, **INSCAN_RUN)
         llm = llm or load_llm(cfg)
         _, runner, metrics = _train(cfg, llm)
-        _save(out, f"inscan_{devices}", runner.params, metrics, hidden=np.asarray(runner.hidden).tolist())
+        _save(out, f"inscan_{devices}", runner.params, metrics, hidden=np.asarray(runner.hidden).tolist(),
+              pool_hidden=np.asarray(runner.window.pool_hidden).tolist(), clock=int(runner.window.clock))
     for devices in (1, 4):  # the vllm path: host loop over windows, PPO step in its own shard_map
         cfg = _config(devices, **dict(NONE_RUN, encoder="vllm", total_timesteps=8 * 8 * 2))
         _, runner, metrics = _train_vllm(cfg)
@@ -293,6 +296,10 @@ def test_inscan_two_devices_equal_one_device(results):
     _, m2 = _assert_same_run(results, "inscan_1", "inscan_2")
     _, m1 = _load(results, "inscan_1")
     np.testing.assert_allclose(np.asarray(m1["hidden"]), np.asarray(m2["hidden"]), rtol=1e-4, atol=1e-4)
+    # the window (6 steps) began at step 6 of 8, inside the second rollout; its pool: one world per block of 2 envs
+    assert m1["clock"] == m2["clock"] == 4
+    np.testing.assert_allclose(np.asarray(m1["pool_hidden"]), np.asarray(m2["pool_hidden"]), rtol=1e-4, atol=1e-4)
+    assert np.asarray(m1["pool_hidden"]).shape[0] == 2
 
 
 def test_vllm_path_four_devices_equal_one_device(results):

@@ -114,26 +114,32 @@ def test_underscore_spelling_accepted(tmp_path):
     assert cfg.num_envs == 16 and cfg.skip_n == 4
 
 
-def test_skip_n_not_dividing_num_steps_is_an_error(capsys):
+def test_skip_n_not_dividing_num_steps_is_an_error_only_for_vllm(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["--encoder", "inscan", "--num-steps", "64", "--skip-n", "3"])
+        main(["--encoder", "vllm", "--num-steps", "64", "--skip-n", "3"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--skip-n 3 must divide --num-steps 64" in err
+    from rl.config import TrainConfig
+
+    assert TrainConfig(encoder="inscan", num_steps=64, skip_n=100).validate().hidden_on_reset == "pool"
+    assert TrainConfig(encoder="inscan", skip_n=0).validate().hidden_on_reset == "zero"
+    with pytest.raises(ValueError, match="--reset-hidden pool needs --encoder inscan and --skip-n >= 1"):
+        TrainConfig(encoder="inscan", skip_n=0, reset_hidden="pool").validate()
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys, monkeypatch):
     """A NaN loss at update 3 (injected into the real update's metrics): stop, keep checkpoint 2."""
     calls = []
-    real_step = Trainer.step
+    real_dispatch = Trainer.dispatch
 
-    def step(self, runner, llm_args=(None, None), on_rollout=None):
-        runner, metrics = real_step(self, runner, llm_args, on_rollout)
+    def dispatch(self, runner, llm_args=(None, None), on_rollout=None):
+        runner, metrics = real_dispatch(self, runner, llm_args, on_rollout)
         calls.append(1)
         if len(calls) == 3:
             metrics = dict(metrics, total_loss=np.float32("nan"))
         return runner, metrics
 
-    monkeypatch.setattr(Trainer, "step", step)
+    monkeypatch.setattr(Trainer, "dispatch", dispatch)
     run_dir = tmp_path / "nan"
     assert main(BASE + ["--run-dir", str(run_dir)]) == 1
     assert "loss is nan at update 3" in capsys.readouterr().err

@@ -133,15 +133,15 @@ def test_run_talks(tmp_path, capsys):
 
 def test_ctrl_c_checkpoints_the_last_update_and_says_how_to_resume(tmp_path, monkeypatch, capsys):
     calls = []
-    real_step = Trainer.step
+    real_dispatch = Trainer.dispatch
 
-    def step(self, *a, **k):
+    def dispatch(self, *a, **k):
         calls.append(1)
         if len(calls) == 3:
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during update 3: it finishes, is saved, the run stops
-        return real_step(self, *a, **k)
+        return real_dispatch(self, *a, **k)
 
-    monkeypatch.setattr(Trainer, "step", step)
+    monkeypatch.setattr(Trainer, "dispatch", dispatch)
     run_dir = tmp_path / "run"
     assert main(BASE + ["--run-dir", str(run_dir), "--quiet"]) == 130
     err = capsys.readouterr().err
@@ -151,11 +151,11 @@ def test_ctrl_c_checkpoints_the_last_update_and_says_how_to_resume(tmp_path, mon
 
 
 def test_ctrl_c_before_the_first_update_leaves_no_run_dir(tmp_path, monkeypatch, capsys):
-    def step(self, *a, **k):
+    def dispatch(self, *a, **k):
         os.kill(os.getpid(), signal.SIGINT)
         raise AssertionError("not reached")
 
-    monkeypatch.setattr(Trainer, "step", step)
+    monkeypatch.setattr(Trainer, "dispatch", dispatch)
     assert main(BASE + ["--run-dir", str(tmp_path / "run"), "--quiet"]) == 130
     assert "nothing was saved" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
