@@ -31,6 +31,16 @@ def _metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _assert_same_run(ref_dir, run_dir, updates: int) -> None:
+    """Both runs end at `updates` with bit-identical states and the same metrics apart from wall-clock fields."""
+    (step_a, a), (step_b, b) = _final_state(ref_dir), _final_state(run_dir)
+    assert step_a == step_b == updates
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    strip = lambda r: {k: v for k, v in r.items() if k not in WALL_CLOCK}
+    assert [strip(r) for r in _metrics(ref_dir)] == [strip(r) for r in _metrics(run_dir)]
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("rl") / "full"
@@ -64,15 +74,8 @@ def test_resume_after_kill_equals_uninterrupted(full_run, tmp_path):
     shutil.rmtree(run_dir / "checkpoints" / "3")
     assert main(["--resume", str(run_dir), "--quiet"]) == 0
 
-    step_a, a = _final_state(full_run)
-    step_b, b = _final_state(run_dir)
-    assert step_a == step_b == 4
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    rows_a, rows_b = _metrics(full_run), _metrics(run_dir)
-    assert [r["update"] for r in rows_b] == [1, 2, 3, 4]
-    strip = lambda r: {k: v for k, v in r.items() if k not in WALL_CLOCK}
-    assert [strip(r) for r in rows_a] == [strip(r) for r in rows_b]
+    assert [r["update"] for r in _metrics(run_dir)] == [1, 2, 3, 4]
+    _assert_same_run(full_run, run_dir, 4)
 
 
 def test_resume_of_finished_run_exits_zero(full_run, capsys):
@@ -211,12 +214,7 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
         f"the run never wrote a checkpoint (exit code {proc.returncode}):\n{log.read_text()[-3000:]}")
 
     assert main(["--resume", str(killed), "--quiet"]) == 0
-    (step_a, a), (step_b, b) = _final_state(ref), _final_state(killed)
-    assert step_a == step_b == 24
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    strip = lambda r: {k: v for k, v in r.items() if k not in WALL_CLOCK}
-    assert [strip(r) for r in _metrics(ref)] == [strip(r) for r in _metrics(killed)]
+    _assert_same_run(ref, killed, 24)
 
 
 # ------------------------------------------------------------------ reliability of the run directory (issue 18)
@@ -273,12 +271,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(full_run, tmp
     err = capsys.readouterr().err
     assert "checkpoint 4" in err and "does not restore" in err and "set aside" in err
     assert [p.name.split("-")[0] for p in (run_dir / "unreadable_checkpoints").iterdir()] == ["4"]
-    (step_a, a), (step_b, b) = _final_state(full_run), _final_state(run_dir)
-    assert step_a == step_b == 4
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    strip = lambda r: {k: v for k, v in r.items() if k not in WALL_CLOCK}
-    assert [strip(r) for r in _metrics(full_run)] == [strip(r) for r in _metrics(run_dir)]
+    _assert_same_run(full_run, run_dir, 4)
 
 
 def test_no_restorable_checkpoint_is_one_line(full_run, tmp_path, capsys):
