@@ -146,11 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--updates", type=int, default=10, help="updates per timed reference call / per timed loop of ours")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--profile", action="store_true", help="per-kernel device time tables (GPU)")
-    p.add_argument("--sync-dir", type=Path, default=None,
-                   help="with --sync-rank/--sync-world: compile in parallel with other bench processes (e.g. "
-                        "scripts/bench_train.py), then time one process after another in rank order")
-    p.add_argument("--sync-rank", type=int, default=0)
-    p.add_argument("--sync-world", type=int, default=1)
+    bench_train.add_sync_arguments(p, "e.g. beside scripts/bench_train.py")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, Classic, for a CPU check")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)

@@ -139,6 +139,15 @@ def release_turn(sync_dir: Path, rank: int) -> None:
         (sync_dir / name).touch()
 
 
+def add_sync_arguments(p: argparse.ArgumentParser, users: str) -> None:
+    """--sync-dir/--sync-rank/--sync-world: several bench processes compile in parallel, then time in turn."""
+    p.add_argument("--sync-dir", type=Path, default=None,
+                   help=f"with --sync-rank/--sync-world: compile in parallel with other bench processes, then time "
+                        f"one process after another in rank order ({users})")
+    p.add_argument("--sync-rank", type=int, default=0)
+    p.add_argument("--sync-world", type=int, default=1)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=sorted(CONFIGS), default=None)
@@ -152,11 +161,7 @@ def main(argv=None) -> int:
     p.add_argument("--devices", type=int, default=1,
                    help="devices to spread the envs over (default 1: the single-GPU numbers; 0 = all visible)")
     p.add_argument("--per-device", action="store_true", help="a config's env count is per device (scaling runs)")
-    p.add_argument("--sync-dir", type=Path, default=None,
-                   help="with --sync-rank/--sync-world: compile in parallel with other bench processes, then time "
-                        "one process after another in rank order (scripts/bench_scaling.py uses this)")
-    p.add_argument("--sync-rank", type=int, default=0)
-    p.add_argument("--sync-world", type=int, default=1)
+    add_sync_arguments(p, "scripts/bench_scaling.py and bench_reference.py use this")
     p.add_argument("--smoke", action="store_true", help="tiny shapes and the tiny model, for a CPU check")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
