@@ -146,9 +146,17 @@ DEFAULT_CAPACITY = 32768  # tokens of the largest packed pass (GEMMs of 32K rows
 
 
 def default_capacity(batch: int, max_len: int) -> int:
-    """`encode_packed`'s capacity when none is given: the whole padded batch when it is small, else
-    DEFAULT_CAPACITY tokens (at least one longest prompt), a multiple of 128."""
-    return _round_up(max(max_len, min(batch * max_len, DEFAULT_CAPACITY)), 128 if batch * max_len > 128 else 1)
+    """`encode_packed`'s capacity when none is given.
+
+    A packed pass never needs more than the padded batch (`batch * max_len` tokens), so that is the capacity up to
+    DEFAULT_CAPACITY tokens; above it, DEFAULT_CAPACITY (but at least one longest prompt). Rounded up to a multiple
+    of 128 rows, the GEMM tile size on the GPU, except for tiny batches (<= 128 tokens, as in tests), which get
+    exactly their padded size.
+    """
+    padded = batch * max_len
+    if padded <= 128:
+        return padded
+    return _round_up(max(max_len, min(padded, DEFAULT_CAPACITY)), 128)
 
 
 def pass_capacities(capacity: int, max_len: int, levels: int = 4) -> tuple[int, ...]:

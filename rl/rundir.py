@@ -177,16 +177,20 @@ def _quiet_orbax_errors(after_failure_too: bool = False):
     """Silence orbax's own ERROR logs (a traceback per worker thread) while it works: a failure reaches the caller
     as one line instead. ``after_failure_too``: stay silent after a failure (a failed save's threads keep
     logging after it returned; the run stops on it anyway)."""
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.CRITICAL)
     try:
         yield
     except BaseException:
-        if not after_failure_too:
-            logger.setLevel(level)
+        if after_failure_too:
+            # The failed writes' asyncio tasks are collected later, each logging "Task exception was never
+            # retrieved" with a traceback through the asyncio logger; the failure is reported once already.
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        else:
+            absl.setLevel(level)
         raise
-    logger.setLevel(level)
+    absl.setLevel(level)
 
 
 def _drop_closed_loop_reports() -> None:

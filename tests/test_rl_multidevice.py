@@ -253,7 +253,7 @@ def results(tmp_path_factory):
         procs[name] = subprocess.Popen([sys.executable, __file__, name, str(out)], env=env, cwd=out,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for name, proc in procs.items():
-        log, _ = proc.communicate(timeout=600)
+        log, _ = proc.communicate(timeout=1500)  # a hang guard: ~7 min beside another pytest worker on 2 cores
         assert proc.returncode == 0, f"worker {name} failed:\n{log[-6000:]}"
     return out
 
