@@ -46,6 +46,7 @@ def plot_runs(run_dirs, out: Path, smooth: int = 10, labels=None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     avg = f"moving average of {smooth} updates" if smooth > 1 else "not smoothed"
@@ -66,6 +67,7 @@ def plot_runs(run_dirs, out: Path, smooth: int = 10, labels=None) -> Path:
                         ha="center", va="center", transform=ax.transAxes, color="gray")
             ax.set_title(f"{title}\n{subtitle}", fontsize=9)
             ax.set_xlabel("env steps")
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 400k, 10M: long step counts do not collide
             ax.set_ylabel(ylabel)
     axes[0].legend(fontsize=8)
     fig.suptitle(names[0] if len(names) == 1 else f"{len(names)} runs: " + ", ".join(names)[:150], fontsize=11)
