@@ -2,8 +2,8 @@
 
 Each `Leaf` gives the HF checkpoint name, the shape in our layout (projections [in, out]), whether loading
 transposes HF's [out, in], and how random init fills it. The decoder-layer leaves (`LAYER_LEAVES`) are stacked on a
-leading layer axis; `model.LAYER_KEYS`, `weights.param_shapes`, the checkpoint key plan and `weights.init_params`
-are all derived from these tables.
+leading layer axis; `LAYER_KEYS`, `weights.param_shapes`, the checkpoint key plan, `weights.init_params` and
+`fp8.QUANTIZED_LEAVES` are all derived from these tables.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rl.config import load_config  # noqa: E402
 from rl.plot import plot_runs  # noqa: E402
 from rl.train import main as train_main  # noqa: E402
+from scripts.learning_curves import is_finished  # noqa: E402
 
 POLICIES = ("zero", "pool")
 
@@ -62,7 +63,7 @@ def main(argv=None) -> dict:
             run_dir = args.out / f"{policy}-s{seed}"
             if not (run_dir / "config.json").exists():
                 flags = train_flags(policy, seed, args.total_timesteps, args.skip_n, run_dir)
-            elif not (run_dir / "checkpoints" / str(load_config(run_dir / "config.json").num_updates)).exists():
+            elif not is_finished(run_dir):
                 flags = ["--resume", str(run_dir), "--quiet"]  # stopped part way
             else:
                 flags = None
