@@ -143,11 +143,12 @@ def test_ctrl_c_checkpoints_the_last_update_and_says_how_to_resume(tmp_path, mon
 
     monkeypatch.setattr(Trainer, "dispatch", dispatch)
     run_dir = tmp_path / "run"
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN in a pytest-xdist worker started in the background
     assert main(BASE + ["--run-dir", str(run_dir), "--quiet"]) == 130
     err = capsys.readouterr().err
     assert f"continue with python -m rl.train --resume {run_dir}" in err and "Traceback" not in err
     assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == [2, 3]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before  # the run's handler is gone again
 
 
 def test_ctrl_c_before_the_first_update_leaves_no_run_dir(tmp_path, monkeypatch, capsys):
