@@ -1,7 +1,8 @@
 """What recording trajectories (`rl.train --save-trajectories`) costs the training loop.
 
-In one call: the same training updates (`rl.trainer.Trainer.step`, as `rl.train` runs them: one update, then its
-metrics fetched) without and with recording, each after one compiling update; samples/s of each and their ratio.
+In one call: the same training updates (`rl.trainer.Trainer.step`: one update, then its metrics fetched; `rl.train`
+also dispatches the next update before that fetch, so this loop leaves the copy less to overlap with) without and
+with recording, each after one compiling update; samples/s of each and their ratio.
 With recording, every rollout goes to `rl.trajectories.TrajectoryWriter.add_rollout` (the copy to the host
 overlaps the next update; a writer thread writes the files); the time to write what is still queued after the
 last update is reported apart (`close_s`).
