@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import compile as compile_lib
 from . import fp8
 from . import model as model_lib
 from .config import PRESETS, Qwen3Config
@@ -17,10 +19,16 @@ from .resolve import resolve_checkpoint_dir
 from .weights import init_params, load_params
 
 _STATIC = ("config", "attention_impl")
-_encode_jit = jax.jit(encode, static_argnames=_STATIC + ("layer", "pooling"))
-_prefill_jit = jax.jit(prefill, static_argnames=_STATIC)
-_hidden_states_jit = jax.jit(model_lib.hidden_states, static_argnames=_STATIC)
-_logits_jit = jax.jit(model_lib.logits, static_argnames=_STATIC)
+_FUNCTIONS = {"encode": (encode, _STATIC + ("layer", "pooling")), "prefill": (prefill, _STATIC),
+              "hidden_states": (model_lib.hidden_states, _STATIC), "logits": (model_lib.logits, _STATIC)}
+
+
+@functools.cache
+def _jitted(name: str, quantization: str | None):
+    """The jitted pure function `name`, compiled with the XLA options of the model's matmul dtype
+    (`jaxllm.compile.compiler_options`: Triton GEMMs off for fp8 on a GPU)."""
+    fn, static = _FUNCTIONS[name]
+    return compile_lib.jit(fn, compiler_options=compile_lib.compiler_options(quantization), static_argnames=static)
 
 
 def default_dtype() -> Any:
@@ -70,12 +78,12 @@ class Model:
 
     def hidden_states(self, ids: Any) -> tuple[jax.Array, ...]:
         """ids int [B, T] -> L+1 arrays [B, T, D] (HF output_hidden_states; the last is post-norm)."""
-        return _hidden_states_jit(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
+        return _jitted("hidden_states", self.quantization)(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
 
     def prefill(self, prefix_ids: Any) -> PrefixCache:
         """1-D prefix token ids -> PrefixCache for `encode(..., prefix=cache)`."""
         ids = _check_ids(prefix_ids, self.config, 1, "prefix_ids")
-        return _prefill_jit(self.params, self.config, ids)
+        return _jitted("prefill", self.quantization)(self.params, self.config, ids)
 
     def encode(self, ids: Any, lengths: Any, layer: int = -1, pooling: str = "last",
                prefix: PrefixCache | None = None) -> jax.Array:
@@ -90,13 +98,13 @@ class Model:
             if lens.size and (lens.min() < 0 or lens.max() > ids.shape[1]):
                 raise ValueError(f"lengths must lie in [0, T={ids.shape[1]}], got min {lens.min()} "
                                  f"max {lens.max()}")
-        return _encode_jit(self.params, self.config, ids, jnp.asarray(lengths, jnp.int32), layer=layer,
+        return _jitted("encode", self.quantization)(self.params, self.config, ids, jnp.asarray(lengths, jnp.int32), layer=layer,
                            pooling=pooling, prefix=prefix)
 
     def logits(self, ids: Any) -> jax.Array:
         """ids int [B, T] -> float32 logits [B, T, V] (the only path that uses the LM head)."""
         model_lib.lm_head_weight(self.params, self.config)  # clear error early when there is no head
-        return _logits_jit(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
+        return _jitted("logits", self.quantization)(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
 
 
 def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0) -> Model:

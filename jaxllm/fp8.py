@@ -96,15 +96,21 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def fp8_matmul(x: jax.Array, m: Fp8Matrix) -> jax.Array:
     """x [..., in] @ the matrix of `m`, W8A8: per-token e4m3 activations, per-channel e4m3 weights, float32
-    accumulation, result in x's dtype."""
+    accumulation, result in x's dtype.
+
+    For 16-bit activations the GEMM writes its product in that dtype (cuBLASLt rounds its float32 accumulator
+    once, on the way out), half the bytes of a float32 product; the two scales are then applied in float32 by
+    the elementwise fusion that reads it (the consumer: SwiGLU, the residual add, the q/k norms). Emulated
+    backends round the same float32 product to the same dtype, so both give the same numbers."""
     xq, x_scale = quantize_rows(x)
     dims = (((xq.ndim - 1,), (1,)), ((), ()))
+    out_dtype = x.dtype if jnp.dtype(x.dtype).itemsize == 2 else jnp.float32
     if native_fp8_available():
-        y = lax.dot_general(xq, m.weight, dims, preferred_element_type=jnp.float32)
+        y = lax.dot_general(xq, m.weight, dims, preferred_element_type=out_dtype)
     else:
         y = lax.dot_general(xq.astype(jnp.float32), m.weight.astype(jnp.float32), dims,
-                            precision=lax.Precision.HIGHEST)
-    return (y * x_scale[..., None] * m.scale).astype(x.dtype)
+                            precision=lax.Precision.HIGHEST).astype(out_dtype)
+    return (y.astype(jnp.float32) * (x_scale[..., None] * m.scale)).astype(x.dtype)
 
 
 def linear(x: jax.Array, w: jax.Array | Fp8Matrix) -> jax.Array:

@@ -93,3 +93,19 @@ def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: Se
         kw["metavar"] = f.metadata.get("metavar", kw["metavar"])
         action = section.add_argument("--" + f.name.replace("_", "-"), **kw)
         action.shown_default = f.default
+
+
+def add_compile_cache_option(p: argparse.ArgumentParser | Any) -> None:
+    """--compile-cache DIR|off: JAX's persistent compilation cache (on by default; jaxllm.compile)."""
+    from jaxllm.compile import default_cache_dir
+
+    p.add_argument("--compile-cache", dest="compile_cache", metavar="DIR", default=None,
+                   help=f"keep compiled programs here so the next start skips most compiling (default: "
+                        f"{default_cache_dir()}; JAX_COMPILATION_CACHE_DIR wins); off = do not keep them")
+
+
+def apply_compile_cache(args: argparse.Namespace) -> None:
+    """Turn on the persistent compilation cache that --compile-cache names (default on)."""
+    from jaxllm.compile import enable_persistent_cache
+
+    enable_persistent_cache(getattr(args, "compile_cache", None))

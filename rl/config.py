@@ -96,8 +96,8 @@ class TrainConfig:
                                      applies="llm")
     fusion: str = _opt("norm", LLM, "how the hidden state joins the symbolic observation in the policy",
                        applies="llm")
-    # bucketed stays the default until packed is measured faster in the trainer (docs/BENCHMARKS.md)
-    llm_encode: str = _opt("bucketed", LLM, "batching of prompts: bucketed = llm_chunk prompts per call, sorted by "
+    # packed: measured 1.26x bucketed's SPS in the trainer on an H100 (issue 23, docs/BENCHMARKS.md)
+    llm_encode: str = _opt("packed", LLM, "batching of prompts: bucketed = llm_chunk prompts per call, sorted by "
                                             "length, padded to a length bucket; packed = real tokens only, in "
                                             "passes of llm_capacity tokens", applies="llm")
     llm_capacity: int = _opt(0, LLM, "tokens per packed LLM pass (0 = jaxllm.default_capacity)", applies="llm")

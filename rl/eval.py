@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxllm.compile import jit as jit_with_options
 from rl.config import load_config
 from rl.encoders import LLMArgs, load_llm, make_inscan_encoder
 from rl.envs import StepInfo
@@ -73,7 +73,6 @@ def make_player(trainer, num_episodes: int, encode=None):
     cfg, env, n = trainer.cfg, trainer.env, num_episodes
     reset = jax.jit(lambda key: env.reset(key, jnp.arange(n)))
 
-    @partial(jax.jit, static_argnames=("window", "keep"))
     def run_window(carry: RolloutCarry, seen: Episodes, params, mode, llm_params, cache, window, keep=False):
         if encode is not None:
             key, k = jax.random.split(carry.key)
@@ -82,6 +81,9 @@ def make_player(trainer, num_episodes: int, encode=None):
         carry, (tr, info, _) = trainer.run_window(params, carry, window)
         out = carry._replace(hidden=None), first_episodes(seen, info)
         return out + ((tr.obs, tr.action, tr.reward, tr.done, tr.log_prob),) if keep else out
+
+    run_window = jit_with_options(run_window, compiler_options=trainer.compiler_options,
+                                  static_argnames=("window", "keep"))
 
     def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs(), on_window=None):
         """on_window: called with every window's device arrays (obs [T, B, O], the observation after the window
@@ -177,7 +179,7 @@ def _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes,
 
 
 def main(argv=None) -> int:
-    from rl.cli import Parser
+    from rl.cli import Parser, add_compile_cache_option, apply_compile_cache
 
     p = Parser(prog="python -m rl.eval", description=__doc__)
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory written by rl.train")
@@ -196,7 +198,9 @@ def main(argv=None) -> int:
     p.add_argument("--video-episodes", type=int, default=1, metavar="N", help="episodes in the video, one after another")
     p.add_argument("--video-max-steps", type=int, default=300, metavar="N", help="steps per recorded episode at most")
     p.add_argument("--video-fps", type=float, default=6.0, metavar="X", help="frames (env steps) per second")
+    add_compile_cache_option(p)
     args = p.parse_args(argv)
+    apply_compile_cache(args)
     say = lambda text: print(text, file=sys.stderr, flush=True)
     if args.video is not None:
         from rl.video import check_video_path

@@ -183,6 +183,7 @@ class Labeller:
             from jax.sharding import PartitionSpec as P
 
             from jaxllm import prefill
+            from jaxllm.compile import compiler_options, jit as jit_with_options
             from render import build_template
             from rl.encoders import make_ids_encoder
 
@@ -194,9 +195,10 @@ class Labeller:
             cache = jax.device_put(cache, self._replicated)
             encode_ids = make_ids_encoder(self.model.config, layer=c.llm_layer, pooling=c.pooling,
                                           method=c.llm_encode, capacity=c.llm_capacity, chunk=c.llm_chunk)
-            fn = jax.jit(jax.shard_map(_chunk_fn(tpl, encode_ids), mesh=self.mesh,
-                                       in_specs=(P(), P(), P(DATA_AXIS), P(DATA_AXIS)), out_specs=P(DATA_AXIS),
-                                       check_vma=False))
+            fn = jit_with_options(jax.shard_map(_chunk_fn(tpl, encode_ids), mesh=self.mesh,
+                                                in_specs=(P(), P(), P(DATA_AXIS), P(DATA_AXIS)),
+                                                out_specs=P(DATA_AXIS), check_vma=False),
+                                  compiler_options=compiler_options(c.llm_dtype))
             self._per_env[env] = (tpl, cache, fn)
         return self._per_env[env]
 
@@ -462,7 +464,7 @@ class _progress:
 def build_parser() -> argparse.ArgumentParser:
     from render.envs import ENV_NAMES
 
-    from rl.cli import Parser
+    from rl.cli import Parser, add_compile_cache_option
 
     p = Parser(prog="python -m rl.label", description=__doc__)
     p.add_argument("inputs", metavar="IN_DIR_OR_GLOB", help="a directory of .npz files, a glob pattern or one file")
@@ -490,11 +492,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", choices=ENV_NAMES, default=None,
                    help="env of every file (default: the file's recorded env, else told by the observation size)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_compile_cache_option(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from rl.cli import apply_compile_cache
+
     args = build_parser().parse_args(argv)
+    apply_compile_cache(args)
     if args.batch < 1:
         print("error: --batch must be >= 1", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from rl.cli import Parser, add_dataclass_options
+from rl.cli import Parser, add_compile_cache_option, add_dataclass_options, apply_compile_cache
 from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, TrainConfig, inapplicable_flags, load_config,
                        read_settings_file, resolve_devices)
 from rl.encoders import LLMArgs
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--time-limit", type=float, dest="time_limit", metavar="SECONDS",
                      help="stop (with a checkpoint) once this many seconds have passed")
     run.add_argument("--quiet", action="store_true", help="no status line, only one line per checkpoint")
+    add_compile_cache_option(run)
     track = p.add_argument_group("tracking (pip install -e \".[track]\")")
     track.add_argument("--track", action="store_true",
                        help="log the config, every metrics record and the curves to Weights & Biases (WANDB_MODE="
@@ -352,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{', '.join('--' + f.replace('_', '-') for f in wandb_flags)} "
                      f"{'has' if len(wandb_flags) == 1 else 'have'} no effect without --track; add --track")
     tracking = tracking_options(args)
+    apply_compile_cache(args)
     stop = StopOnInterrupt(lambda text: print("\n" + text, file=sys.stderr, flush=True))
     try:
         with stop:

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxllm.compile import compiler_options, jit as jit_with_options
 from rl.config import TrainConfig, resolve_devices
 from rl.encoders import LLMArgs, make_inscan_encoder, make_token_fn
 from rl.envs import BatchedEnv, EnvBatchState, StepInfo
@@ -119,6 +120,8 @@ class Trainer:
                                         anneal=cfg.anneal_lr, max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps)
         self.llm = llm
         self.vllm = vllm_encoder
+        # XLA options of the programs that hold the in-scan LLM (fp8 on a GPU: no Triton GEMMs; jaxllm.compile)
+        self.compiler_options = compiler_options(cfg.llm_dtype) if cfg.encoder == "inscan" else {}
         if cfg.uses_llm and llm is None:
             raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_encoder)")
         self._encode = None
@@ -154,7 +157,8 @@ class Trainer:
         """`fn` jitted as a shard_map over the env axis: per-env arguments (spec P(ENV_AXIS)) arrive as
         this device's rows, replicated ones (P()) whole. Replication is not type-checked (craftax's own
         scans are not written for it); every collective is explicit (`rl.ppo`, `episode_metrics`)."""
-        return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+        return jit_with_options(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+                                              check_vma=False), compiler_options=self.compiler_options)
 
     def _env_index(self) -> jax.Array:
         """Global indices of this device's envs (inside a shard_map; all envs on one device)."""

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxllm.compile import jit as jit_with_options
+
 PANEL_WIDTH = 560  # pixels of the text panel
 FRAME_HEIGHT = 480  # pixels of the game view after scaling
 FONT_SIZE = 15
@@ -140,7 +142,7 @@ def record_video(run_dir: Path, out: Path, *, episodes: int = 1, seed: int = 123
     if llm is not None:
         enc = make_inscan_encoder(llm.template, llm.model.config, layer=cfg.llm_layer, pooling=cfg.pooling,
                                   method=cfg.llm_encode, capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
-        encode = jax.jit(enc)
+        encode = jit_with_options(enc, compiler_options=trainer.compiler_options)
 
     @jax.jit
     def play_window(carry):

@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
                    choices=["rect", "bucketed", "packed"], help="--ragged: encode paths to time")
+    p.add_argument("--fp8-float32-product", action="store_true",
+                   help="--ragged: fp8 GEMMs write float32 products, as before issue 23 (to measure that lever)")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--hf-worker", type=Path, default=None, help=argparse.SUPPRESS)  # internal: HF-only subprocess
     args = p.parse_args(argv)
@@ -151,11 +153,14 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 def bench_gemms(config: Qwen3Config, tokens: int, dtypes: list[str], iters: int) -> dict[str, Any]:
     """The card's GEMM rate at the model's own projection shapes ([tokens, in] x [in, out]), per dtype: bf16 x bf16,
-    and fp8 x fp8 (e4m3, both operands contracted on their minor axis, float32 out: cuBLASLt's fp8 GEMM). The best
+    and fp8 x fp8 (e4m3, both operands contracted on their minor axis, bfloat16 out: cuBLASLt's fp8 GEMM as the
+    encoder calls it). The best
     shape's rate is the ceiling an encoder row of that dtype is compared with."""
     import jax
     import jax.numpy as jnp
     from jax import lax
+
+    from jaxllm.compile import compiler_options, jit
 
     d, i = config.hidden_size, config.intermediate_size
     shapes = {"gate_proj": (d, i), "down_proj": (i, d)}  # the two largest (2/3 of a layer's matmul FLOPs)
@@ -166,10 +171,11 @@ def bench_gemms(config: Qwen3Config, tokens: int, dtypes: list[str], iters: int)
             kx, kw = jax.random.split(jax.random.key(len(rates)))
             x = jax.random.normal(kx, (tokens, k_in), jnp.float32)
             w = jax.random.normal(kw, (n_out, k_in), jnp.float32)  # [out, in]
-            if dtype == "fp8":
+            if dtype == "fp8":  # compiled as the encoder's fp8 programs are (cuBLASLt, jaxllm.compile)
                 x, w = x.astype(jnp.float8_e4m3fn), w.astype(jnp.float8_e4m3fn)
-                fn = jax.jit(lambda a, b: lax.dot_general(a, b, (((1,), (1,)), ((), ())),
-                                                          preferred_element_type=jnp.float32))
+                fn = jit(lambda a, b: lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                                                      preferred_element_type=jnp.bfloat16),
+                         compiler_options=compiler_options("fp8"))
             else:
                 x, w = x.astype(jnp.bfloat16), w.T.astype(jnp.bfloat16)
                 fn = jax.jit(jnp.matmul)
@@ -201,7 +207,11 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     from jaxllm import default_capacity, encode, encode_bucketed, encode_packed, init_params, prefill
+    from jaxllm.compile import compiler_options, jit
     from jaxllm.fp8 import quantize_params
+
+    if args.fp8_float32_product:
+        use_float32_fp8_product()
 
     config = model_config(args)
     t0 = time.perf_counter()
@@ -220,19 +230,24 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     for dtype in args.dtypes:
         params = base if dtype != "fp8" else jax.block_until_ready(quantize_params(base))
         cache = jax.block_until_ready(jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(prefix_ids)))
+        opts = compiler_options(dtype)  # the trainer's: Triton GEMMs off for fp8 on a GPU (jaxllm.compile)
         calls = {
-            "rect": jax.jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c)),
-            "bucketed": jax.jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64)),
-            "packed": jax.jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=capacity,
-                                                                  attention_impl=args.packed_attention)),
+            "rect": jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c), compiler_options=opts),
+            "bucketed": jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64),
+                            compiler_options=opts),
+            "packed": jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=capacity,
+                                                           attention_impl=args.packed_attention),
+                          compiler_options=opts),
         }
         for method in args.methods:
             row = {"dtype": dtype, "method": method, "batch": args.batch, "real_tokens": real,
                    "computed_tokens": {"rect": args.batch * t, "packed": capacity}.get(method)}
             log(f"{dtype} {method}: compiling and timing")
             try:
+                t_compile = time.perf_counter()
                 vec = np.asarray(calls[method](params, cache, ids, lengths))
-                seconds = time_calls(lambda: calls[method](params, cache, ids, lengths), jax.block_until_ready,
+                row["first_call_s"] = time.perf_counter() - t_compile  # compile + one call
+                seconds = time_calls(lambda p=params, c=cache: calls[method](p, c, ids, lengths), jax.block_until_ready,
                                      args.iters)
             except Exception as e:  # report and keep measuring the rest
                 rows.append(row | {"error": f"{type(e).__name__}: {str(e)[:400]}"})
@@ -260,6 +275,27 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
             log(f"{row['dtype']:>9} {row['method']:<9} {row['ms']:8.1f} ms  {row['prompts_per_s']:6.1f} prompts/s  "
                 f"{row['useful_tflops']:6.1f} TFLOP/s = {row['vs_gemm_ceiling']:.2f} of the GEMM ceiling")
     return {"gemms": gemms, "capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
+
+
+def use_float32_fp8_product() -> None:
+    """Make jaxllm's fp8 matmuls write float32 GEMM products (the form before issue 23), for this process only:
+    the benchmark's switch for measuring what the bfloat16 product buys."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from jaxllm import fp8
+
+    def fp8_matmul_float32_product(x, m):
+        xq, x_scale = fp8.quantize_rows(x)
+        dims = (((xq.ndim - 1,), (1,)), ((), ()))
+        if fp8.native_fp8_available():
+            y = lax.dot_general(xq, m.weight, dims, preferred_element_type=jnp.float32)
+        else:
+            y = lax.dot_general(xq.astype(jnp.float32), m.weight.astype(jnp.float32), dims,
+                                precision=lax.Precision.HIGHEST)
+        return (y * x_scale[..., None] * m.scale).astype(x.dtype)
+
+    fp8.fp8_matmul = fp8_matmul_float32_product
 
 
 def _round_to(n: int, multiple: int) -> int:

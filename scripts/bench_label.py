@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
     p.add_argument("--pooling", default="last")
     p.add_argument("--obs-format", default="compact")
     p.add_argument("--llm-dtype", default="auto")
-    p.add_argument("--llm-encode", default="bucketed", help="bucketed (the trainer's default) or packed")
+    p.add_argument("--llm-encode", default="packed", help="packed (the trainer's default) or bucketed")
     p.add_argument("--encoder-chunks", type=int, default=10, help="chunks timed for the encoder alone")
     p.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one, removed)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

@@ -3,6 +3,12 @@
     python scripts/bench_train.py --out bench_train.json                 # GPU: every config (split with --only)
     python scripts/bench_train.py --only none-1024 inscan-128-k8         # a subset
     python scripts/bench_train.py --smoke                                # CPU check at tiny shapes
+    python scripts/bench_train.py --table --out table.json               # GPU: issue 23's table in one call
+
+`--table` runs the table of issue 23 (none-128, inscan-128-k8/k32 in bucketed/bf16, packed/bf16 and packed/fp8,
+the layer-16 row, and none-128 / packed bf16 k8 compiled with Triton GEMMs off) as one worker process per LLM
+variant: each loads its LLM once and compiles its rows while the others compile theirs, then the workers time their
+rows one after another (--sync-dir), so no two rows share the card while they are timed.
 
 For each config: the first update is timed (compile + run), then `--updates` updates are timed with
 block_until_ready (SPS = env steps / seconds). For `inscan` the batched encoder call of the same envs is timed
@@ -45,7 +51,15 @@ CONFIGS = {
     "inscan-1024-k32": dict(encoder="inscan", num_envs=1024, skip_n=32),
     "inscan-1024-k128": dict(encoder="inscan", num_envs=1024, skip_n=128, num_steps=128),
     "inscan-128-k8-full": dict(encoder="inscan", num_envs=128, skip_n=8, obs_format="full"),
+    "inscan-128-k8-l16": dict(encoder="inscan", num_envs=128, skip_n=8, llm_layer=16),  # layers after 16 not computed
 }
+# --table: (worker label, configs, LLM variant, extra XLA_FLAGS); one worker process each
+TABLE = (
+    ("bucketed-bf16", ["none-128", "inscan-128-k8", "inscan-128-k32"], "bucketed/bfloat16", ""),
+    ("packed-bf16", ["inscan-128-k8", "inscan-128-k32", "inscan-128-k8-l16"], "packed/bfloat16", ""),
+    ("packed-fp8", ["inscan-128-k8", "inscan-128-k32", "inscan-128-k8-l16"], "packed/fp8", ""),
+    ("no-triton-gemm", ["none-128", "inscan-128-k8"], "packed/bfloat16", "--xla_gpu_enable_triton_gemm=false"),
+)
 SMOKE = dict(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1, width=32)
 
 
@@ -53,10 +67,11 @@ _LLM_CACHE: dict = {}
 
 
 def _llm_for(cfg: TrainConfig):
-    """The in-scan LLM of `cfg`, loaded once per (model, dtype, env, format, layer, pooling, prompt) in this process."""
+    """The in-scan LLM of `cfg`, loaded once per (model, dtype, env, format, prompt) in this process (the layer and the
+    pooling are the encoder's, not the loaded model's: rows that differ only there share one copy)."""
     from rl.encoders import load_llm
 
-    key = (cfg.model, cfg.llm_dtype, cfg.env, cfg.obs_format, cfg.llm_layer, cfg.pooling, cfg.system_prompt)
+    key = (cfg.model, cfg.llm_dtype, cfg.env, cfg.obs_format, cfg.system_prompt)
     if key not in _LLM_CACHE:
         _LLM_CACHE[key] = load_llm(cfg)
     return _LLM_CACHE[key]
@@ -163,8 +178,12 @@ def main(argv=None) -> int:
     p.add_argument("--per-device", action="store_true", help="a config's env count is per device (scaling runs)")
     add_sync_arguments(p, "scripts/bench_scaling.py and bench_reference.py use this")
     p.add_argument("--smoke", action="store_true", help="tiny shapes and the tiny model, for a CPU check")
+    p.add_argument("--table", action="store_true", help="issue 23's table: one worker process per LLM variant")
+    p.add_argument("--worker-label", default=None, help=argparse.SUPPRESS)  # set by --table for its workers
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
+    if args.table:
+        return run_table(args)
     args.model = args.model or ("tiny" if args.smoke else "qwen3-4b")
     args.env = args.env or ("Craftax-Classic-Symbolic-v1" if args.smoke else SYM)
     names = args.only or list(CONFIGS)
@@ -182,6 +201,8 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"),
                                                 rows=rows), indent=2))
 
+    if args.worker_label == "no-triton-gemm":  # its rows repeat others' under other XLA flags: name them apart
+        jobs = [(f"{name} [{args.worker_label}]", overrides) for name, overrides in jobs]
     rows = []
     if args.sync_dir:  # compile everything first, then time in turn
         try:
@@ -198,6 +219,13 @@ def main(argv=None) -> int:
             rows.append(measure(prepare(name, overrides, args), args))
             print(json.dumps(rows[-1]), flush=True)
             write(rows)
+    print_rows(rows)
+    write(rows)  # with the bounds
+    return 0
+
+
+def print_rows(rows: list[dict]) -> None:
+    """The rows as a table, each inscan row with its bound (from the `none` row of its env and env count)."""
     none_sps = {(r["env"], r["num_envs"]): r["sps"] for r in rows if r["config"] in ("none-1024", "none-128")}
     print(f"\ndevice: {jax.devices()[0]}")
     print(f"{'config':34s} {'GPUs':>4s} {'SPS':>10s} {'1st update s':>12s} {'LLM share':>9s} {'prompts/s':>10s} "
@@ -215,8 +243,39 @@ def main(argv=None) -> int:
               f"{f(r['sps'] / base if base else None, '7.3f')} {f(r.get('hidden_zero_frac'), '6.3f')}")
         if base:
             r["ratio_to_none"] = r["sps"] / base
-    write(rows)  # with the bounds
-    return 0
+
+
+def run_table(args) -> int:
+    """Issue 23's table: the TABLE workers started together (each compiles its rows), timed one after another."""
+    import os
+    import subprocess
+    import tempfile
+
+    sync = Path(tempfile.mkdtemp(prefix="bench_train_sync_"))
+    out_dir = Path(tempfile.mkdtemp(prefix="bench_train_rows_"))
+    procs = []
+    for rank, (label, names, variant, flags) in enumerate(TABLE):
+        cmd = [sys.executable, __file__, "--only", *names, "--llm-variants", variant, "--updates", str(args.updates),
+               "--sync-dir", str(sync), "--sync-rank", str(rank), "--sync-world", str(len(TABLE)),
+               "--worker-label", label, "--out", str(out_dir / f"{rank}.json")]
+        cmd += ["--smoke"] if args.smoke else []
+        cmd += ["--model", args.model] if args.model else []
+        env = dict(os.environ)
+        if flags:
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
+        print(f"worker {rank} ({label}): {' '.join(names)} as {variant}{' with ' + flags if flags else ''}", flush=True)
+        procs.append(subprocess.Popen(cmd, env=env))
+    codes = [p.wait() for p in procs]
+    rows = []
+    for rank in range(len(TABLE)):
+        path = out_dir / f"{rank}.json"
+        if path.exists():
+            rows += json.loads(path.read_text())["rows"]
+    print_rows(rows)
+    if args.out:
+        args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"), rows=rows,
+                                            worker_exit_codes=codes), indent=2))
+    return max(codes)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,28 @@ def test_fp8_matmul_matches_numpy_reference():
     np.testing.assert_allclose(got, numpy_w8a8(x, w), rtol=1e-5, atol=1e-6 * np.abs(got).max())
 
 
+def test_fp8_matmul_of_bf16_activations_rounds_the_unscaled_product_to_bf16():
+    """16-bit activations: the GEMM writes the unscaled float32 product rounded to bfloat16 (as cuBLASLt does with
+    a bf16 output), then both scales apply in float32 and the result is rounded to bfloat16 again."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((4, 64)) * rng.uniform(0.05, 20, size=(4, 1))).astype(np.float32)
+    w = (rng.standard_normal((64, 24)) * rng.uniform(0.01, 2, size=(1, 24))).astype(np.float32)
+    xb = jnp.asarray(x, jnp.bfloat16)
+    got = fp8_matmul(xb, quantize_matrix(jnp.asarray(w)))
+    assert got.dtype == jnp.bfloat16
+    e4m3, bf16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
+    xr = np.asarray(xb, np.float32)
+    sx = np.maximum(np.abs(xr).max(-1, keepdims=True) / 448.0, 1e-12).astype(np.float32)
+    sw = np.maximum(np.abs(w).max(0, keepdims=True) / 448.0, 1e-12).astype(np.float32)
+    xq = (xr / sx).astype(e4m3).astype(np.float64)
+    wq = (w / sw).astype(e4m3).astype(np.float64)
+    unscaled = (xq @ wq).astype(np.float32).astype(bf16).astype(np.float32)
+    want = (unscaled * (sx * sw)).astype(bf16).astype(np.float32)
+    # float32 accumulation order may move the unscaled product by an ulp of float32 before its bf16 rounding:
+    # allow one bf16 ulp (2^-8 relative) on top of the output rounding
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2.0 ** -7, atol=1e-6 * np.abs(want).max())
+
+
 def test_quantized_matrix_layout_and_rounding():
     w = jax.random.normal(jax.random.key(1), (2, 24, 16)) * jnp.linspace(0.1, 3, 16)
     m = quantize_matrix(w)

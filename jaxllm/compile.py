@@ -1,0 +1,100 @@
+"""How the programs that hold the LLM are compiled: XLA options per model dtype, and the persistent cache.
+
+fp8 programs on a GPU compile with Triton GEMMs off (`FP8_COMPILER_OPTIONS`). With Triton GEMMs on, XLA's
+autotuner tries Triton kernels for every fp8 dot and ran for over 9 minutes on an H100 at the Qwen3-4B shape
+(issue 23); with them off, each fp8 dot becomes one cuBLASLt fp8 GEMM, the program compiles in seconds and runs
+faster. The options go on the outermost `jax.jit` of a program only (XLA refuses them on a nested jit), through
+`jit`, which never touches the user's `XLA_FLAGS` and falls back to compiling without an option that the
+installed XLA rejects (one warning naming it).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+
+FP8_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_triton_gemm": False}
+
+
+def compiler_options(dtype: str | None, backend: str | None = None) -> dict[str, Any]:
+    """XLA options for a program whose LLM matmuls run in `dtype` ("fp8", "bfloat16", ...) on `backend`
+    (default: JAX's default backend): `FP8_COMPILER_OPTIONS` for fp8 on a GPU, none otherwise."""
+    backend = backend or jax.default_backend()
+    if dtype == "fp8" and backend == "gpu":
+        return dict(FP8_COMPILER_OPTIONS)
+    return {}
+
+
+class _JitWithOptions:
+    """`jax.jit(fn, compiler_options=options)`, or plain `jax.jit(fn)` once XLA rejected one of the options."""
+
+    def __init__(self, fn: Callable, options: Mapping[str, Any], jit_kwargs: dict[str, Any]):
+        self.options = dict(options)
+        self._with = jax.jit(fn, compiler_options=self.options, **jit_kwargs)
+        self._without = jax.jit(fn, **jit_kwargs)
+        self.fell_back = False
+
+    def _rejected(self, error: Exception) -> str | None:
+        """The option `error` names when XLA refused it, else None."""
+        text = str(error)
+        if "compile option" not in text and "While setting option" not in text:
+            return None
+        return next((name for name in self.options if name in text), None)
+
+    def __call__(self, *args, **kwargs):
+        if not self.fell_back:
+            try:
+                return self._with(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - XLA reports a refused option as a runtime error
+                name = self._rejected(e)
+                if name is None:
+                    raise
+                warnings.warn(f"this JAX/XLA does not accept the compiler option {name}="
+                              f"{self.options[name]!r} ({str(e).splitlines()[0]}); compiling without it",
+                              stacklevel=2)
+                self.fell_back = True
+        return self._without(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        return (self._without if self.fell_back else self._with).lower(*args, **kwargs)
+
+
+def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **jit_kwargs) -> Callable:
+    """`jax.jit(fn, **jit_kwargs)` compiled with XLA `compiler_options` (e.g. `compiler_options(dtype)`); an option
+    the installed XLA rejects is dropped with one warning instead of failing. Use it for outermost jits only."""
+    if not compiler_options:
+        return jax.jit(fn, **jit_kwargs)
+    return _JitWithOptions(fn, compiler_options, jit_kwargs)
+
+
+def default_cache_dir() -> Path:
+    """Where compiled programs are kept between runs: $XDG_CACHE_HOME (or ~/.cache)/craftax-llm/jax."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "craftax-llm" / "jax"
+
+
+def enable_persistent_cache(directory: str | Path | None = None) -> Path | None:
+    """Turn on JAX's persistent compilation cache so a second start skips recompiling the same programs.
+
+    `directory`: where (default `default_cache_dir()`); "off" (or "none", "") disables it. A directory already
+    configured (JAX_COMPILATION_CACHE_DIR, or `jax.config` set by the caller) is kept: the user's choice wins.
+    Returns the directory in use, None when off."""
+    if directory is not None and str(directory).lower() in ("off", "none", ""):
+        return None
+    configured = jax.config.jax_compilation_cache_dir
+    if configured:
+        return Path(configured)
+    path = Path(directory) if directory is not None else default_cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        warnings.warn(f"compilation cache {path} cannot be created ({e.strerror or e}); compiling without it",
+                      stacklevel=2)
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    # programs that take under a second to compile are not worth a file (the default, stated)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    return path

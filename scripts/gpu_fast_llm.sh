@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 23's GPU measurements, one stage per device call (each well under 10 minutes on an H100).
+#   bash scripts/gpu_fast_llm.sh encoder OUT   # fp8 HLO report, encoder packed bf16/fp8 (+ float32 product, + bf16
+#                                              # with Triton GEMMs off), fp8 fidelity at the 4B shape
+#   bash scripts/gpu_fast_llm.sh table OUT     # bench_train --table: the issue's table in one call
+#   bash scripts/gpu_fast_llm.sh restart OUT   # rl.train fp8 twice: first update cold, then from the compile cache
+# Every step is bounded by `timeout` and its output teed to OUT as it comes.
+set -uo pipefail
+stage=${1:?stage: encoder, table or restart}
+out=${2:?output directory}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+step() {  # step NAME SECONDS CMD...: run CMD under timeout, teeing to OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  echo "=== $name (limit ${limit}s): $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
+  echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
+}
+case $stage in
+  encoder)
+    step hlo 150 python3 scripts/fp8_hlo_report.py --out "$out/hlo.json"
+    step encoder 240 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed --dtypes bfloat16 fp8 \
+      --out "$out/encoder.json"
+    step encoder_f32_product 120 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed --dtypes fp8 \
+      --fp8-float32-product --out "$out/encoder_f32_product.json"
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" step encoder_bf16_no_triton 120 \
+      python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed --dtypes bfloat16 \
+      --out "$out/encoder_bf16_no_triton.json"
+    ;;
+  fidelity)
+    step fidelity 400 python3 scripts/fp8_fidelity.py --model qwen3-4b --out "$out/fidelity.json"
+    ;;
+  table)
+    step table 560 python3 scripts/bench_train.py --table --out "$out/table.json"
+    ;;
+  restart)
+    for run in cold warm; do
+      step "restart_$run" 280 python3 -m rl.train --encoder inscan --model qwen3-4b --llm-dtype fp8 --num-envs 128 \
+        --skip-n 8 --max-updates 2 --quiet --compile-cache /tmp/jax_cache --run-dir "/tmp/restart_$run"
+      python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('first update s:', r[0]['seconds'])" \
+        "/tmp/restart_$run/metrics.jsonl" | tee -a "$out/restart.log"
+    done
+    ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac

@@ -1,0 +1,48 @@
+"""jaxllm.compile: XLA options per dtype, the fallback when XLA rejects an option, the persistent cache switch."""
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxllm import compile as jcompile
+
+
+def test_fp8_on_a_gpu_turns_triton_gemms_off_and_nothing_else_gets_options():
+    assert jcompile.compiler_options("fp8", backend="gpu") == {"xla_gpu_enable_triton_gemm": False}
+    for dtype in ("bfloat16", "float32", "auto", None):
+        assert jcompile.compiler_options(dtype, backend="gpu") == {}
+    assert jcompile.compiler_options("fp8", backend="cpu") == {}
+
+
+def test_jit_with_an_accepted_option_computes_the_same():
+    f = jcompile.jit(lambda x: x @ x, compiler_options={"xla_gpu_enable_triton_gemm": False})
+    x = jnp.arange(16.0).reshape(4, 4)
+    np.testing.assert_array_equal(f(x), x @ x)
+
+
+def test_an_option_xla_rejects_falls_back_with_one_warning_naming_it():
+    f = jcompile.jit(lambda x: x * 2, compiler_options={"xla_no_such_option_for_the_test": True})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        np.testing.assert_array_equal(f(jnp.ones(3)), 2 * np.ones(3))
+        np.testing.assert_array_equal(f(jnp.ones(3)), 2 * np.ones(3))  # no second warning
+    lines = [str(w.message) for w in caught]
+    assert len(lines) == 1 and "xla_no_such_option_for_the_test" in lines[0] and "compiling without it" in lines[0]
+
+
+def test_other_errors_are_not_swallowed_by_the_fallback():
+    f = jcompile.jit(lambda x: x @ jnp.ones((5, 2)), compiler_options={"xla_gpu_enable_triton_gemm": False})
+    with pytest.raises(TypeError):
+        f(jnp.ones((3, 4)))
+
+
+def test_persistent_cache_keeps_a_configured_directory_and_can_be_turned_off(tmp_path, monkeypatch):
+    assert jcompile.enable_persistent_cache("off") is None
+    configured = jax.config.jax_compilation_cache_dir
+    if configured:  # the tests' own cache (tests/conftest.py) is the user's choice here: kept
+        assert jcompile.enable_persistent_cache(tmp_path / "elsewhere") == jcompile.Path(configured)
+        assert jax.config.jax_compilation_cache_dir == configured
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert jcompile.default_cache_dir() == tmp_path / "craftax-llm" / "jax"
