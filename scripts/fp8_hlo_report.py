@@ -50,7 +50,7 @@ def kernels(hlo: str) -> list[dict]:
     comps = computations(hlo)
     rows = []
     for line in comps.get("ENTRY", "").splitlines():
-        m = re.match(r"\s*%?([\w.\-]+) = (\S+) (fusion|custom-call)\(", line)
+        m = re.match(r"\s*%?([\w.\-]+) = (\(.*?\)|\S+) (fusion|custom-call)\(", line)
         if not m:
             continue
         name, shape, op = m.groups()

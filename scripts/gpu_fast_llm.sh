@@ -32,7 +32,7 @@ case $stage in
     step fidelity 400 python3 scripts/fp8_fidelity.py --model qwen3-4b --out "$out/fidelity.json"
     ;;
   table)
-    step table 560 python3 scripts/bench_train.py --table --out "$out/table.json"
+    step table 585 python3 scripts/bench_train.py --table --out "$out/table.json"
     ;;
   restart)
     for run in cold warm; do
