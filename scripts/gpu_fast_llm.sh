@@ -28,15 +28,17 @@ case $stage in
       python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed --dtypes bfloat16 \
       --out "$out/encoder_bf16_no_triton.json"
     ;;
-  fidelity)
-    step fidelity 400 python3 scripts/fp8_fidelity.py --model qwen3-4b --out "$out/fidelity.json"
+  fidelity)  # with the fp8 HLO report and the compile-cache restart: one call
+    step hlo 100 python3 scripts/fp8_hlo_report.py --out "$out/hlo.json"
+    step fidelity 200 python3 scripts/fp8_fidelity.py --model qwen3-4b --out "$out/fidelity.json"
+    bash "$0" restart "$out"
     ;;
   table)
     step table 585 python3 scripts/bench_train.py --table --out "$out/table.json"
     ;;
   restart)
     for run in cold warm; do
-      step "restart_$run" 280 python3 -m rl.train --encoder inscan --model qwen3-4b --llm-dtype fp8 --num-envs 128 \
+      step "restart_$run" 170 python3 -m rl.train --encoder inscan --model qwen3-4b --llm-dtype fp8 --num-envs 128 \
         --skip-n 8 --max-updates 2 --quiet --compile-cache /tmp/jax_cache --run-dir "/tmp/restart_$run"
       python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('first update s:', r[0]['seconds'])" \
         "/tmp/restart_$run/metrics.jsonl" | tee -a "$out/restart.log"
