@@ -38,7 +38,7 @@ case $stage in
     ;;
   restart)
     for run in cold warm; do
-      step "restart_$run" 170 python3 -m rl.train --encoder inscan --model qwen3-4b --llm-dtype fp8 --num-envs 128 \
+      step "restart_$run" $([ $run = cold ] && echo 330 || echo 150) python3 -m rl.train --encoder inscan --model qwen3-4b --llm-dtype fp8 --num-envs 128 \
         --skip-n 8 --max-updates 2 --quiet --compile-cache /tmp/jax_cache --run-dir "/tmp/restart_$run"
       python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('first update s:', r[0]['seconds'])" \
         "/tmp/restart_$run/metrics.jsonl" | tee -a "$out/restart.log"
