@@ -24,11 +24,10 @@ _FUNCTIONS = {"encode": (encode, _STATIC + ("layer", "pooling")), "prefill": (pr
 
 
 @functools.cache
-def _jitted(name: str, quantization: str | None):
-    """The jitted pure function `name`, compiled with the XLA options of the model's matmul dtype
-    (`jaxllm.compile.compiler_options`: Triton GEMMs off for fp8 on a GPU)."""
+def _jitted(name: str):
+    """The jitted pure function `name`, compiled with the project's XLA options (`jaxllm.compile`)."""
     fn, static = _FUNCTIONS[name]
-    return compile_lib.jit(fn, compiler_options=compile_lib.compiler_options(quantization), static_argnames=static)
+    return compile_lib.jit(fn, compiler_options=compile_lib.compiler_options(), static_argnames=static)
 
 
 def default_dtype() -> Any:
@@ -78,12 +77,12 @@ class Model:
 
     def hidden_states(self, ids: Any) -> tuple[jax.Array, ...]:
         """ids int [B, T] -> L+1 arrays [B, T, D] (HF output_hidden_states; the last is post-norm)."""
-        return _jitted("hidden_states", self.quantization)(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
+        return _jitted("hidden_states")(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
 
     def prefill(self, prefix_ids: Any) -> PrefixCache:
         """1-D prefix token ids -> PrefixCache for `encode(..., prefix=cache)`."""
         ids = _check_ids(prefix_ids, self.config, 1, "prefix_ids")
-        return _jitted("prefill", self.quantization)(self.params, self.config, ids)
+        return _jitted("prefill")(self.params, self.config, ids)
 
     def encode(self, ids: Any, lengths: Any, layer: int = -1, pooling: str = "last",
                prefix: PrefixCache | None = None) -> jax.Array:
@@ -98,13 +97,13 @@ class Model:
             if lens.size and (lens.min() < 0 or lens.max() > ids.shape[1]):
                 raise ValueError(f"lengths must lie in [0, T={ids.shape[1]}], got min {lens.min()} "
                                  f"max {lens.max()}")
-        return _jitted("encode", self.quantization)(self.params, self.config, ids, jnp.asarray(lengths, jnp.int32), layer=layer,
+        return _jitted("encode")(self.params, self.config, ids, jnp.asarray(lengths, jnp.int32), layer=layer,
                            pooling=pooling, prefix=prefix)
 
     def logits(self, ids: Any) -> jax.Array:
         """ids int [B, T] -> float32 logits [B, T, V] (the only path that uses the LM head)."""
         model_lib.lm_head_weight(self.params, self.config)  # clear error early when there is no head
-        return _jitted("logits", self.quantization)(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
+        return _jitted("logits")(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
 
 
 def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0) -> Model:

@@ -1,11 +1,13 @@
-"""How the programs that hold the LLM are compiled: XLA options per model dtype, and the persistent cache.
+"""How the project's programs are compiled: XLA options on a GPU, and the persistent compilation cache.
 
-fp8 programs on a GPU compile with Triton GEMMs off (`FP8_COMPILER_OPTIONS`). With Triton GEMMs on, XLA's
+On a GPU every program compiles with Triton GEMMs off (`GPU_COMPILER_OPTIONS`). With Triton GEMMs on, XLA's
 autotuner tries Triton kernels for every fp8 dot and ran for over 9 minutes on an H100 at the Qwen3-4B shape
-(issue 23); with them off, each fp8 dot becomes one cuBLASLt fp8 GEMM, the program compiles in seconds and runs
-faster. The options go on the outermost `jax.jit` of a program only (XLA refuses them on a nested jit), through
-`jit`, which never touches the user's `XLA_FLAGS` and falls back to compiling without an option that the
-installed XLA rejects (one warning naming it).
+(issue 23); with them off, each fp8 dot becomes one cuBLASLt fp8 GEMM and the program compiles in seconds. The
+same option measured no slower for bfloat16 and plain PPO on the same H100 (docs/BENCHMARKS.md: the in-scan bf16
+row 1,731 vs 1,682 SPS, plain PPO at 128 envs 19,660 vs 17,872), so it is not limited to fp8. The options go on
+the outermost `jax.jit` of a program only (XLA refuses them on a nested jit), through `jit`, which never touches
+the user's `XLA_FLAGS` and falls back to compiling without an option that the installed XLA rejects (one warning
+naming it).
 """
 from __future__ import annotations
 
@@ -16,16 +18,14 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-FP8_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_triton_gemm": False}
+GPU_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_triton_gemm": False}
 
 
-def compiler_options(dtype: str | None, backend: str | None = None) -> dict[str, Any]:
-    """XLA options for a program whose LLM matmuls run in `dtype` ("fp8", "bfloat16", ...) on `backend`
-    (default: JAX's default backend): `FP8_COMPILER_OPTIONS` for fp8 on a GPU, none otherwise."""
+def compiler_options(backend: str | None = None) -> dict[str, Any]:
+    """XLA options for an outermost jit on `backend` (default: JAX's default backend): `GPU_COMPILER_OPTIONS` on
+    a GPU, none elsewhere."""
     backend = backend or jax.default_backend()
-    if dtype == "fp8" and backend == "gpu":
-        return dict(FP8_COMPILER_OPTIONS)
-    return {}
+    return dict(GPU_COMPILER_OPTIONS) if backend == "gpu" else {}
 
 
 class _JitWithOptions:

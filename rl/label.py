@@ -198,7 +198,7 @@ class Labeller:
             fn = jit_with_options(jax.shard_map(_chunk_fn(tpl, encode_ids), mesh=self.mesh,
                                                 in_specs=(P(), P(), P(DATA_AXIS), P(DATA_AXIS)),
                                                 out_specs=P(DATA_AXIS), check_vma=False),
-                                  compiler_options=compiler_options(c.llm_dtype))
+                                  compiler_options=compiler_options())
             self._per_env[env] = (tpl, cache, fn)
         return self._per_env[env]
 

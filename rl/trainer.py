@@ -120,8 +120,8 @@ class Trainer:
                                         anneal=cfg.anneal_lr, max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps)
         self.llm = llm
         self.vllm = vllm_encoder
-        # XLA options of the programs that hold the in-scan LLM (fp8 on a GPU: no Triton GEMMs; jaxllm.compile)
-        self.compiler_options = compiler_options(cfg.llm_dtype) if cfg.encoder == "inscan" else {}
+        # XLA options of the outermost jits (on a GPU: no Triton GEMMs; jaxllm.compile)
+        self.compiler_options = compiler_options()
         if cfg.uses_llm and llm is None:
             raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_encoder)")
         self._encode = None

@@ -175,7 +175,7 @@ def bench_gemms(config: Qwen3Config, tokens: int, dtypes: list[str], iters: int)
                 x, w = x.astype(jnp.float8_e4m3fn), w.astype(jnp.float8_e4m3fn)
                 fn = jit(lambda a, b: lax.dot_general(a, b, (((1,), (1,)), ((), ())),
                                                       preferred_element_type=jnp.bfloat16),
-                         compiler_options=compiler_options("fp8"))
+                         compiler_options=compiler_options())
             else:
                 x, w = x.astype(jnp.bfloat16), w.T.astype(jnp.bfloat16)
                 fn = jax.jit(jnp.matmul)
@@ -230,7 +230,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     for dtype in args.dtypes:
         params = base if dtype != "fp8" else jax.block_until_ready(quantize_params(base))
         cache = jax.block_until_ready(jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(prefix_ids)))
-        opts = compiler_options(dtype)  # the trainer's: Triton GEMMs off for fp8 on a GPU (jaxllm.compile)
+        opts = compiler_options()  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)
         calls = {
             "rect": jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c), compiler_options=opts),
             "bucketed": jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64),

@@ -6,7 +6,8 @@
     python scripts/bench_train.py --table --out table.json               # GPU: issue 23's table in one call
 
 `--table` runs the table of issue 23 (none-128, inscan-128-k8/k32 in bucketed/bf16, packed/bf16 and packed/fp8,
-the layer-16 row, and none-128 / packed bf16 k8 compiled with Triton GEMMs off) as one worker process per LLM
+the layer-16 row, and none-128 / packed bf16 k8 compiled with XLA's Triton GEMMs on, i.e. without the project's
+compiler options, jaxllm.compile) as one worker process per LLM
 variant: each loads its LLM once and compiles its rows while the others compile theirs, then the workers time their
 rows one after another (--sync-dir), so no two rows share the card while they are timed.
 
@@ -58,7 +59,7 @@ TABLE = (
     ("bucketed-bf16", ["none-128", "inscan-128-k8", "inscan-128-k32"], "bucketed/bfloat16", ""),
     ("packed-bf16", ["inscan-128-k8", "inscan-128-k32", "inscan-128-k8-l16"], "packed/bfloat16", ""),
     ("packed-fp8", ["inscan-128-k8", "inscan-128-k32"], "packed/fp8", ""),
-    ("no-triton-gemm", ["none-128", "inscan-128-k8"], "packed/bfloat16", "--xla_gpu_enable_triton_gemm=false"),
+    ("triton-gemms-on", ["none-128", "inscan-128-k8"], "packed/bfloat16", ""),
 )
 SMOKE = dict(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1, width=32)
 
@@ -201,7 +202,10 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"),
                                                 rows=rows), indent=2))
 
-    if args.worker_label == "no-triton-gemm":  # its rows repeat others' under other XLA flags: name them apart
+    if args.worker_label == "triton-gemms-on":  # its rows repeat others' without the project's XLA options
+        import rl.trainer
+
+        rl.trainer.compiler_options = lambda *a, **k: {}  # this worker process only: XLA's defaults
         jobs = [(f"{name} [{args.worker_label}]", overrides) for name, overrides in jobs]
     rows = []
     if args.sync_dir:  # compile everything first, then time in turn

@@ -5,7 +5,7 @@ whether each activation quantisation (abs-max, divide, cast to e4m3) is fused wi
     python scripts/fp8_hlo_report.py --smoke               # CPU: a small layer (XLA:CPU fuses differently)
 
 It compiles `jaxllm.model.decoder_layer` alone (not under the layers' scan, so the kernels sit in the entry
-computation) with the options the trainer uses for fp8 (`jaxllm.compile.compiler_options("fp8")`), then prints one
+computation) with the options the trainer uses for fp8 (`jaxllm.compile.compiler_options()`), then prints one
 line per kernel: its kind, output, and the marker ops inside it (rsqrt = RMSNorm, logistic = SiLU, reduce,
 convert to f8e4m3fn = a quantisation, the custom-call target). A quantisation fused with its producer shows as one
 kernel holding both `rsqrt`/`logistic` and `->f8`; the abs-max reduce may sit in the producer's kernel or just before.
@@ -91,13 +91,13 @@ def main(argv=None) -> int:
     layer = jax.tree.map(lambda a: a[0], params["layers"])
     h = jax.random.normal(jax.random.key(1), (1, tokens, config.hidden_size), jnp.bfloat16)
     cos, sin = rope_cos_sin(jnp.arange(tokens), config.head_dim, config.rope_theta, jnp.bfloat16)
-    fn = jit(lambda h, lp: decoder_layer(h, lp, cos, sin, config)[0], compiler_options=compiler_options("fp8"))
+    fn = jit(lambda h, lp: decoder_layer(h, lp, cos, sin, config)[0], compiler_options=compiler_options())
     t0 = time.perf_counter()
     hlo = fn.lower(h, layer).compile().as_text()
     seconds = time.perf_counter() - t0
     rows = kernels(hlo)
     print(f"device {jax.devices()[0].device_kind}: one fp8 decoder layer, {tokens} tokens, compiled in "
-          f"{seconds:.1f} s, {len(rows)} kernels, options {compiler_options('fp8')}")
+          f"{seconds:.1f} s, {len(rows)} kernels, options {compiler_options()}")
     for i, r in enumerate(rows):
         what = r["target"] or ",".join(r["marks"]) or "-"
         print(f"{i:3d} {r['op']:11s} {r['out'][:40]:40s} {what}")
