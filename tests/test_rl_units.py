@@ -97,7 +97,7 @@ def test_networks_shapes_init_and_fusion():
     for fusion, invariant in (("norm", True), ("raw", False)):
         aug = ActorCriticAug(num_actions=7, width=32, fusion=fusion)
         p = aug.init(jax.random.PRNGKey(2), obs, h)
-        (pi1, v1), (pi2, v2) = aug.apply(p, obs, h), aug.apply(p, obs, 100 * h + 5)
+        (_, v1), (_, v2) = aug.apply(p, obs, h), aug.apply(p, obs, 100 * h + 5)
         same = np.allclose(np.asarray(v1), np.asarray(v2), atol=1e-4)
         assert same == invariant, fusion  # norm: per-vector standardisation removes scale and shift
 
