@@ -31,7 +31,7 @@ from rl.sharding import ENV_AXIS, from_process_local_rows, process_local_rows
 from rl.trajectories import RecordedRollout
 
 Trainer = Any  # rl.trainer.Trainer, which imports this module: the host-side methods receive the one they serve
-Update = Callable[[Any, LLMArgs], tuple]  # (runner, llm_args) -> (runner, metrics, samples or None)
+Update = Callable[[Any, LLMArgs], tuple]  # (runner, llm_args) -> (runner, metrics[, RecordedRollout or None])
 
 
 class LLMWindow(NamedTuple):
@@ -109,7 +109,9 @@ class Encoder:
 
     def describe(self) -> str | None:
         """One line about the LLM for the run's start (None without an LLM)."""
-        return None
+        from rl.progress import describe_llm
+
+        return describe_llm(self.cfg, self.llm) if self.llm is not None else None
 
 
 class NoEncoder(Encoder):
@@ -207,11 +209,6 @@ class InScanEncoder(Encoder):
         windows = self.cfg.num_steps / self.skip_n if self.skip_n else 0.0  # LLM calls per update, on average
         return float(min(1.0, per_call * windows / max(update_seconds, 1e-9)))
 
-    def describe(self) -> str:
-        from rl.progress import describe_llm
-
-        return describe_llm(self.cfg, self.llm)
-
 
 class HTTPEncoder(Encoder):
     """`--encoder vllm`: an embedding server speaking vLLM's API. An update runs on the host: a jitted window of
@@ -283,11 +280,6 @@ class HTTPEncoder(Encoder):
 
     def llm_share(self, trainer, runner, llm_args, update_seconds, updates_done, previous):
         return self._last_seconds / update_seconds
-
-    def describe(self) -> str:
-        from rl.progress import describe_llm
-
-        return describe_llm(self.cfg, self.llm)
 
 
 def concat_steps(chunks):
