@@ -1,6 +1,7 @@
 """Env names, their craftax classes, and the format registry: the one place that maps an env name to code.
 
-Craftax's own `make_craftax_env_from_name` builds the env; `ENVS` says where the rest of each env lives.
+Craftax's own `make_craftax_env_from_name` builds the env; `ENVS` says where the rest of each env lives and the
+facts other modules read (observation size, the observation decoder, the pixel renderer).
 """
 from __future__ import annotations
 
@@ -16,17 +17,24 @@ FORMATS = ("compact", "full")
 
 
 class EnvModules(NamedTuple):
-    """Where an env's pieces live (module paths, imported on first use)."""
+    """Where an env's pieces live (module paths, imported on first use) and its facts."""
 
     state: str  # its raw `EnvState` class
-    constants: str  # its `Achievement` enum
+    constants: str  # its `Achievement` enum and `BLOCK_PIXEL_SIZE_IMG`
     formats: str  # its render formats (`formats()` -> {name: Format}) and `view_from_state`
+    obs_size: int  # floats of its symbolic observation vector
+    obs_view: str  # the `render.observation` function: one observation vector -> the formats' `View`
+    renderer: str  # its pixel renderer (`make_craftax_pixel_renderer`)
+    night_noise: bool  # the renderer takes `do_night_noise`
 
 
 ENVS: dict[str, EnvModules] = {
-    CRAFTAX: EnvModules("craftax.craftax.craftax_state", "craftax.craftax.constants", "render.formats_craftax"),
+    CRAFTAX: EnvModules("craftax.craftax.craftax_state", "craftax.craftax.constants", "render.formats_craftax",
+                        obs_size=9 * 11 * 83 + 51, obs_view="craftax_view", renderer="craftax.craftax.renderer",
+                        night_noise=True),
     CLASSIC: EnvModules("craftax.craftax_classic.envs.craftax_state", "craftax.craftax_classic.constants",
-                        "render.formats_classic"),
+                        "render.formats_classic", obs_size=7 * 9 * 21 + 22, obs_view="classic_view",
+                        renderer="craftax.craftax_classic.renderer", night_noise=False),
 }
 ENV_NAMES = tuple(ENVS)
 

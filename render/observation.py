@@ -22,9 +22,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from render.envs import CLASSIC, CRAFTAX, check_env_name
+from render.envs import ENVS, check_env_name
 
-OBS_SIZES = {CRAFTAX: 9 * 11 * 83 + 51, CLASSIC: 7 * 9 * 21 + 22}
+OBS_SIZES = {name: env.obs_size for name, env in ENVS.items()}  # render.envs.ENVS holds them
 _BIG = 1e7  # decoded numbers are clipped to +-this before the cast to int32 (inf/nan in a vector stay harmless)
 
 
@@ -139,4 +139,4 @@ def classic_view(obs):
     )
 
 
-VIEWS = {CRAFTAX: craftax_view, CLASSIC: classic_view}
+VIEWS = {name: globals()[env.obs_view] for name, env in ENVS.items()}  # as render.envs.ENVS names them

@@ -72,13 +72,14 @@ def parse_bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
 
 
-def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: Sequence[str],
-                          choices: dict[str, Sequence[str]] | None = None) -> None:
-    """One `--field-name` option per field of `cls`, under its metadata's group (in `groups` order), with its
-    metadata's help and its default shown (the parser's own default may be SUPPRESS: only given flags land)."""
+def add_dataclass_options(parser: argparse.ArgumentParser, fields: type | Sequence[dataclasses.Field],
+                          groups: Sequence[str], choices: dict[str, Sequence[str]] | None = None) -> None:
+    """One `--field-name` option per field (of a dataclass, or a sequence of fields), under its metadata's group (in
+    `groups` order), with its metadata's help and its default shown (the parser's own default may be SUPPRESS: only
+    given flags land)."""
     choices = choices or {}
     sections = {g: parser.add_argument_group(g) for g in groups}
-    for f in dataclasses.fields(cls):
+    for f in (dataclasses.fields(fields) if isinstance(fields, type) else fields):
         section = sections.get(f.metadata.get("group"), parser)
         kw: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help", "")}
         if f.name in choices:

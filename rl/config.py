@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,24 @@ from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
 from rl.sharding import resolve_device_count
 
-ENCODERS = ("none", "inscan", "vllm")
+
+
+@dataclass(frozen=True)
+class EncoderFacts:
+    """What an `--encoder` kind is, as data (the settings' checks and `rl.encoder_kinds` read it; nothing else
+    compares kind names)."""
+
+    uses_llm: bool  # the policy reads an LLM hidden state
+    in_scan: bool  # the LLM runs inside the jitted rollout (template kernels, reset pool, any skip_n)
+    http: bool  # hidden states come from an embedding server, window by window on the host
+
+
+ENCODER_FACTS = {
+    "none": EncoderFacts(uses_llm=False, in_scan=False, http=False),
+    "inscan": EncoderFacts(uses_llm=True, in_scan=True, http=False),
+    "vllm": EncoderFacts(uses_llm=True, in_scan=False, http=True),
+}
+ENCODERS = tuple(ENCODER_FACTS)
 OBS_FORMATS = FORMATS  # render.build_template's `fmt`
 TEMPLATE_ASSEMBLIES = ASSEMBLIES  # render.build_template's `assembly` (same ids, different kernels)
 LLM_DTYPES = ("auto", "float32", "bfloat16", "fp8")  # fp8: W8A8 matmuls (jaxllm.fp8), bf16 elsewhere
@@ -44,15 +62,19 @@ def _opt(default: Any, group: str, help: str, applies: str | None = None, metava
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Everything that defines a training run. Defaults = the reference trainer (REFERENCE §2)."""
+class EnvConfig:
+    """The env batch: which game, how many envs, seeds and optimistic resets."""
 
-    # environment
     env: str = _opt("Craftax-Symbolic-v1", ENV, "Craftax game: full Craftax or Craftax-Classic, symbolic observations")
     seed: int = _opt(0, ENV, "seed of the env worlds, the network init and the PPO sampling")
     num_envs: int = _opt(1024, ENV, "envs stepped in parallel (all devices together)")
     reset_ratio: int = _opt(16, ENV, "optimistic resets: one fresh world per block of this many envs")
-    # PPO
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO and the actor-critic network (the reference trainer's hyperparameters)."""
+
     total_timesteps: int = _opt(10_000_000, PPO, "env steps of the whole run (updates = this / (num_envs x num_steps))")
     num_steps: int = _opt(64, PPO, "rollout length per env between two updates")
     lr: float = _opt(2e-4, PPO, "Adam learning rate")
@@ -69,12 +91,15 @@ class TrainConfig:
     ent_coef: float = _opt(0.01, PPO, "entropy bonus coefficient")
     vf_coef: float = _opt(0.5, PPO, "value loss coefficient")
     width: int = _opt(512, PPO, "hidden width of the actor-critic MLP")
-    # LLM encoder
+
+
+@dataclass(frozen=True)
+class HiddenConfig:
+    """Where the policy's hidden state comes from (`--encoder`), how often it is refreshed, what a reset env reads, how
+    the policy fuses it, and the HTTP server of `--encoder vllm`."""
+
     encoder: str = _opt("none", LLM, "LLM hidden state as extra input: none (plain PPO), inscan (the JAX Qwen3 "
                                      "inside the rollout scan), vllm (an HTTP embedding server)")
-    model: str = _opt("tiny", LLM, "LLM: checkpoint directory, Hugging Face hub id (downloaded once) or preset "
-                                   "(tiny = random 2-layer Qwen3, qwen3-4b = random init of the 4B shape)",
-                      applies="llm", metavar="NAME")
     skip_n: int = _opt(1, LLM, "re-encode each env's game state every skip_n steps (in-scan: any value, windows "
                                "carry across rollouts, 0 = once at the start; vllm: must divide num_steps)",
                        applies="llm")
@@ -82,6 +107,20 @@ class TrainConfig:
                                           "pool = its fresh world's real hidden state (one world per reset block "
                                           "encoded at each window start), zero = zeros; auto = pool for in-scan "
                                           "with skip_n >= 1, else zero", applies="llm")
+    fusion: str = _opt("norm", LLM, "how the hidden state joins the symbolic observation in the policy",
+                       applies="llm")
+    vllm_url: str = _opt("http://127.0.0.1:8000", HTTP, "base URL of the vLLM / jaxllm.http.server embedding "
+                                                        "server", applies="vllm", metavar="URL")
+    vllm_timeout: float = _opt(30.0, HTTP, "seconds to wait for one embedding request", applies="vllm")
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """The LLM and how it reads a game state: the settings training, evaluation, video and labelling share."""
+
+    model: str = _opt("tiny", LLM, "LLM: checkpoint directory, Hugging Face hub id (downloaded once) or preset "
+                                   "(tiny = random 2-layer Qwen3, qwen3-4b = random init of the 4B shape)",
+                      applies="llm", metavar="NAME")
     llm_layer: int = _opt(-1, LLM, "hidden-state index fed to the policy (HF numbering; -1 = final layer)",
                           applies="llm")
     pooling: str = _opt("last", LLM, "how the prompt's token states become one vector: last token or mean",
@@ -94,30 +133,93 @@ class TrainConfig:
                                        "bf16 elsewhere", applies="llm")
     system_prompt: str | None = _opt(None, LLM, "system prompt before the game text (default: the template's own)",
                                      applies="llm")
-    fusion: str = _opt("norm", LLM, "how the hidden state joins the symbolic observation in the policy",
-                       applies="llm")
-    # packed: measured 1.26x bucketed's SPS in the trainer on an H100 (issue 23, docs/BENCHMARKS.md)
+    # packed: measured 1.30x bucketed's SPS in the trainer on an H100 (issue 23, docs/BENCHMARKS.md)
     llm_encode: str = _opt("packed", LLM, "batching of prompts: bucketed = llm_chunk prompts per call, sorted by "
                                             "length, padded to a length bucket; packed = real tokens only, in "
                                             "passes of llm_capacity tokens", applies="llm")
     llm_capacity: int = _opt(0, LLM, "tokens per packed LLM pass (0 = jaxllm.default_capacity)", applies="llm")
     llm_chunk: int = _opt(64, LLM, "prompts per LLM call with --llm-encode bucketed", applies="llm")
-    # HTTP embedding server (--encoder vllm)
-    vllm_url: str = _opt("http://127.0.0.1:8000", HTTP, "base URL of the vLLM / jaxllm.http.server embedding "
-                                                        "server", applies="vllm", metavar="URL")
-    vllm_timeout: float = _opt(30.0, HTTP, "seconds to wait for one embedding request", applies="vllm")
-    # devices
+
+    def encode_options(self) -> dict[str, Any]:
+        """The keyword arguments of `rl.encoders.make_ids_encoder` (and `make_inscan_encoder`) these settings give."""
+        return dict(layer=self.llm_layer, pooling=self.pooling, method=self.llm_encode, capacity=self.llm_capacity,
+                    chunk=self.llm_chunk)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Devices and the run directory."""
+
     devices: int = _opt(0, DEVICES, "devices the env batch is split over (0 = all visible; docs/MULTIGPU.md); "
                                     "config.json stores the resolved count")
-    # run directory
     run_dir: str | None = _opt(None, RUN, "where config.json, metrics.jsonl and checkpoints/ go "
                                           "(default: checkpoints/<env>-<encoder>-s<seed>-<time>)", metavar="DIR")
     checkpoint_every: int = _opt(50, RUN, "save a checkpoint every this many updates (and at the end)")
     keep_checkpoints: int = _opt(2, RUN, "checkpoints kept on disk (older ones are deleted)")
-    # recording (docs/OFFLINE.md)
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """Recording the rollouts as trajectory files (docs/OFFLINE.md)."""
+
     save_trajectories: str | None = _opt(None, RECORD, "write every rollout's samples to this directory as "
                                                        "trajectory files (rl.label can label them)", metavar="DIR")
     samples_per_file: int = _opt(8192, RECORD, "samples per trajectory file of --save-trajectories")
+
+
+class Sectioned:
+    """Base of a frozen dataclass whose fields are sections (frozen dataclasses of settings) and plain settings:
+    every setting also goes by its flat name, the name of its flag.
+
+    `Cls(name=value, ...)` builds one from flat names (sections may also be passed whole; flat names override
+    them), `obj.name` reads a setting of a section, `obj.replace(...)` (or `dataclasses.replace`) changes some.
+    Declare subclasses with `@dataclass(frozen=True, init=False)`; section fields need a default instance."""
+
+    def __init__(self, **settings: Any) -> None:
+        owners = flat_owners(type(self))
+        unknown = sorted(set(settings) - set(owners) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unknown settings {unknown}")
+        for f in dataclasses.fields(self):
+            value = settings.get(f.name, f.default)
+            if dataclasses.is_dataclass(f.default):  # a section: its flat names override it
+                mine = {k: v for k, v in settings.items() if owners.get(k) == f.name}
+                value = dataclasses.replace(value, **mine) if mine else value
+            elif value is dataclasses.MISSING:
+                raise TypeError(f"{type(self).__name__} needs {f.name}")
+            object.__setattr__(self, f.name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        """A section's setting by its flat name (only called for names that are not attributes of the class)."""
+        section = flat_owners(type(self)).get(name)
+        if section is None:
+            raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
+        return getattr(object.__getattribute__(self, section), name)
+
+    def replace(self, **settings: Any):
+        """A copy with some settings (flat names, or whole sections) changed."""
+        return dataclasses.replace(self, **settings)
+
+
+@functools.lru_cache(maxsize=None)
+def flat_owners(cls: type) -> dict[str, str]:
+    """{flat name: the section field of `cls` that holds it} for a `Sectioned` dataclass."""
+    return {f.name: section.name for section in dataclasses.fields(cls) if dataclasses.is_dataclass(section.default)
+            for f in dataclasses.fields(section.default)}
+
+
+@dataclass(frozen=True, init=False)
+class TrainConfig(Sectioned):
+    """Everything that defines a training run, in sections that the parts of the project take on their own:
+    `envs`, `ppo`, `hidden` (the encoder kind and its window), `llm`, `run`, `record`. Defaults = the reference
+    trainer (REFERENCE §2). Settings also go by their flat names (`Sectioned`): the flags and config.json keys."""
+
+    envs: EnvConfig = EnvConfig()
+    ppo: PPOConfig = PPOConfig()
+    hidden: HiddenConfig = HiddenConfig()
+    llm: LLMConfig = LLMConfig()
+    run: RunConfig = RunConfig()
+    record: RecordConfig = RecordConfig()
 
     # derived -----------------------------------------------------------------------------
     @property
@@ -129,15 +231,20 @@ class TrainConfig:
         return self.total_timesteps // self.batch_size
 
     @property
+    def kind(self) -> EncoderFacts:
+        """The facts of `encoder` (an unknown name is refused by `validate`)."""
+        return ENCODER_FACTS[self.encoder]
+
+    @property
     def uses_llm(self) -> bool:
-        return self.encoder != "none"
+        return self.kind.uses_llm
 
     @property
     def hidden_on_reset(self) -> str:
         """The reset policy in force: "pool" or "zero" (`reset_hidden` with "auto" resolved)."""
         if self.reset_hidden != "auto":
             return self.reset_hidden
-        return "pool" if self.encoder == "inscan" and self.skip_n > 0 else "zero"
+        return "pool" if self.kind.in_scan and self.skip_n > 0 else "zero"
 
     def validate(self, num_devices: int | None = None) -> "TrainConfig":
         """Raise ValueError naming the bad field and the fix; return self when fine.
@@ -179,13 +286,13 @@ class TrainConfig:
         _choice("reset_hidden", self.reset_hidden, RESET_HIDDEN)
         if self.skip_n < 0:
             raise ValueError(f"--skip-n must be >= 0 (0 = encode once at the start), got {self.skip_n}")
-        if self.encoder == "vllm" and (self.skip_n < 1 or self.num_steps % self.skip_n):
+        if self.kind.http and (self.skip_n < 1 or self.num_steps % self.skip_n):
             fit = -(-self.num_steps // max(self.skip_n, 1)) * max(self.skip_n, 1)
             raise ValueError(
                 f"--encoder vllm: --skip-n {self.skip_n} must divide --num-steps {self.num_steps} (the host loop "
                 f"re-encodes every env once per skip_n-step window, and a rollout holds whole windows); e.g. "
                 f"--num-steps {fit}, or --encoder inscan (any skip_n)")
-        if self.uses_llm and self.reset_hidden == "pool" and (self.encoder != "inscan" or self.skip_n == 0):
+        if self.uses_llm and self.reset_hidden == "pool" and (not self.kind.in_scan or self.skip_n == 0):
             raise ValueError(f"--reset-hidden pool needs --encoder inscan and --skip-n >= 1 (the pool is drawn at "
                              f"every window start); got --encoder {self.encoder} --skip-n {self.skip_n}. Use "
                              f"--reset-hidden zero (or auto)")
@@ -212,12 +319,12 @@ class TrainConfig:
                              f"does not split over {devices} devices; change one of them, or use --shuffle per_env")
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every setting by its flat name (config.json's layout: the names of the flags)."""
+        return {f.name: getattr(self, f.name) for f in flat_fields()}
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
+        unknown = sorted(set(d) - set(SECTION_OF))
         if unknown:
             raise ValueError(f"{source}: unknown config fields {unknown}; was it written by another version?")
         return cls(**d)
@@ -226,6 +333,14 @@ class TrainConfig:
         """Fields (apart from RESUME_MUTABLE) whose values differ: {name: (self, other)}."""
         a, b = self.to_json(), other.to_json()
         return {k: (a[k], b[k]) for k in a if k not in RESUME_MUTABLE and a[k] != b[k]}
+
+
+SECTION_OF = flat_owners(TrainConfig)  # every setting by its flat name (flag, config.json key) -> its section
+
+
+def flat_fields() -> tuple[dataclasses.Field, ...]:
+    """Every setting of a run, section by section (with its --help line and group in `metadata`)."""
+    return tuple(f for section in dataclasses.fields(TrainConfig) for f in dataclasses.fields(section.default))
 
 
 # Fields that take one of a fixed set of values (the CLI lists them; validate() checks them).
@@ -237,19 +352,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 def inapplicable_flags(given: set[str] | list[str], encoder: str) -> str | None:
     """One line refusing the explicitly given fields that have no effect with `encoder`, or None when all apply."""
-    applies = {f.name: f.metadata.get("applies") for f in dataclasses.fields(TrainConfig)}
-    flag = lambda n: "--" + n.replace("_", "-")
-    if encoder == "none":
-        idle = [n for n in given if applies.get(n) in ("llm", "vllm")]
-        if idle:
-            return (f"{', '.join(map(flag, idle))} {'has' if len(idle) == 1 else 'have'} no effect with --encoder none "
-                    f"(plain PPO, no LLM); add --encoder inscan (or vllm) to use an LLM, or drop them")
-    elif encoder != "vllm":
-        idle = [n for n in given if applies.get(n) == "vllm"]
-        if idle:
-            return (f"{', '.join(map(flag, idle))} {'has' if len(idle) == 1 else 'have'} no effect with --encoder "
-                    f"{encoder}; add --encoder vllm to use an embedding server, or drop them")
-    return None
+    applies = {f.name: f.metadata.get("applies") for f in flat_fields()}
+    facts = ENCODER_FACTS[encoder]
+    serves = {None: True, "llm": facts.uses_llm, "vllm": facts.http}
+    idle = [n for n in given if not serves[applies.get(n)]]
+    if not idle:
+        return None
+    flags = f"{', '.join('--' + n.replace('_', '-') for n in idle)} {'has' if len(idle) == 1 else 'have'}"
+    if not facts.uses_llm:
+        return (f"{flags} no effect with --encoder {encoder} (plain PPO, no LLM); add --encoder inscan (or vllm) to "
+                f"use an LLM, or drop them")
+    return f"{flags} no effect with --encoder {encoder}; add --encoder vllm to use an embedding server, or drop them"
 
 
 def read_settings_file(path: str | Path) -> dict[str, Any]:
@@ -274,8 +387,7 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ValueError(f"--config {path}: expected a mapping of setting names to values, got {type(d).__name__}")
     d = {k.replace("-", "_"): v for k, v in d.items()}
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(d) - names)
+    unknown = sorted(set(d) - set(SECTION_OF))
     if unknown:
         raise ValueError(f"--config {path}: unknown settings {unknown} (python -m rl.train --help lists them)")
     d.pop("run_dir", None)
@@ -309,7 +421,7 @@ def resolve_devices(cfg: TrainConfig, *, resumed: bool = False) -> TrainConfig:
             raise ValueError(f"this run was trained on {cfg.devices} devices (config.json) and resumes only on "
                              f"{cfg.devices}: {e}") from None
         raise
-    resolved = dataclasses.replace(cfg, devices=n)
+    resolved = cfg.replace(devices=n)
     resolved._check_split(n)
     return resolved
 

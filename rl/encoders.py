@@ -59,15 +59,6 @@ def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMS
     return LLMSetup(model, tokenizer, template, cache, int(model.config.hidden_size))
 
 
-def load_encoder(cfg) -> tuple[LLMSetup | None, "VLLMEncoder | None"]:
-    """What a run of `cfg` encodes with: (None, None) for `--encoder none`; the model, template and prefix cache
-    for `inscan`; the tokenizer, template and a client of the (reachable) server for `vllm`."""
-    if cfg.encoder == "vllm":
-        llm = load_llm(cfg, with_model=False)
-        return llm, VLLMEncoder(cfg.vllm_url, llm.template, timeout=cfg.vllm_timeout)
-    return (load_llm(cfg) if cfg.uses_llm else None), None
-
-
 ENCODE_METHODS = ("bucketed", "packed")  # how make_ids_encoder lays a batch of prompts out for the LLM
 
 
@@ -113,6 +104,12 @@ def make_inscan_encoder(template, llm_config, *, layer: int, pooling: str, metho
         return encode_ids(llm_params, prefix_cache, ids, lengths)
 
     return encode_states
+
+
+def make_llm_encoder(llm_cfg, llm: LLMSetup) -> Callable:
+    """The in-scan encoder that LLM settings `llm_cfg` (`rl.config.LLMConfig`) describe, on the loaded `llm`: a pure
+    function (llm_params, prefix_cache, raw_states [B]) -> hidden float32 [B, D] (`make_inscan_encoder`)."""
+    return make_inscan_encoder(llm.template, llm.model.config, **llm_cfg.encode_options())
 
 
 def make_token_fn(template) -> Callable:

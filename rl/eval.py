@@ -13,7 +13,6 @@ evaluated with the in-scan encoder of the same `--model` (it must be loadable lo
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -24,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxllm.compile import jit as jit_with_options
-from rl.config import load_config
-from rl.encoders import LLMArgs, load_llm, make_inscan_encoder
+from rl.encoders import LLMArgs, load_llm, make_llm_encoder
 from rl.envs import StepInfo
-from rl.rundir import Checkpoints
-from rl.trainer import RolloutCarry, Trainer
+from rl.runs import restore_policy
+from rl.trainer import RolloutCarry
+from rl.trajectories import RecordedRollout
 
 MODES = ("real", "zeros", "noise", "shuffled", "other_prompt")
 OTHER_PROMPT = "You are a helpful assistant. Describe what you see."
@@ -78,16 +77,18 @@ def make_player(trainer, num_episodes: int, encode=None):
             key, k = jax.random.split(carry.key)
             hidden = ablate(encode(llm_params, cache, carry.env_state.env_state), mode, k)
             carry = carry._replace(hidden=hidden, key=key)
-        carry, (tr, info, _) = trainer.run_window(params, carry, window)
-        out = carry._replace(hidden=None), first_episodes(seen, info)
-        return out + ((tr.obs, tr.action, tr.reward, tr.done, tr.log_prob),) if keep else out
+        carry, steps = trainer.run_window(params, carry, window)
+        out = carry._replace(hidden=None), first_episodes(seen, steps.info)
+        tr = steps.transition
+        return out + (RecordedRollout(tr.obs, carry.obs, tr.action, tr.reward, tr.done, tr.log_prob),) if keep else out
 
     run_window = jit_with_options(run_window, compiler_options=trainer.compiler_options,
                                   static_argnames=("window", "keep"))
 
     def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs(), on_window=None):
-        """on_window: called with every window's device arrays (obs [T, B, O], the observation after the window
-        [B, O], action, reward, done, log_prob [T, B]), e.g. `rl.trajectories.TrajectoryWriter.add_rollout`."""
+        """on_window: called with every window's `RecordedRollout` of device arrays (obs [T, B, O], the observation
+        after the window [B, O], action, reward, done, log_prob [T, B]), e.g.
+        `rl.trajectories.TrajectoryWriter.add_rollout`."""
         window = (cfg.skip_n or max_steps) if encode is not None else min(64, max_steps)  # skip_n 0: encode once
         k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
         obs, state = reset(k_reset)
@@ -100,8 +101,7 @@ def make_player(trainer, num_episodes: int, encode=None):
                              keep=on_window is not None)
             carry, seen = out[:2]
             if on_window is not None:
-                obs, action, reward, done, log_prob = out[2]
-                on_window(obs, carry.obs, action, reward, done, log_prob)
+                on_window(out[2])
             steps += window
         seen, running = jax.device_get((seen, carry.env_state))
         return dict(returns=np.where(seen.finished, seen.returns, running.episode_return),
@@ -125,21 +125,8 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
     """Evaluate the latest checkpoint of `run_dir` (all ablation modes for LLM policies). With `save_trajectories`
     every step of the `real` play (the trained policy, sampling, as in training) is recorded there as trajectory
     files (docs/OFFLINE.md). `say` gets a line before each mode is played (progress)."""
-    import dataclasses
-
-    # evaluation plays on one device whatever the run trained on (orbax reshards the checkpoint on restore)
-    cfg = dataclasses.replace(load_config(Path(run_dir) / "config.json"), devices=1, save_trajectories=None)
-    llm = None
-    if cfg.uses_llm:
-        cfg = dataclasses.replace(cfg, encoder="inscan")
-        llm = load_llm(cfg)
-    trainer = Trainer(cfg, llm)
-    ckpt = Checkpoints(run_dir)
-    step = ckpt.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"{run_dir} has no checkpoint to evaluate")
-    runner = ckpt.restore(trainer.init_state(llm.jit_args if llm else LLMArgs()), step)
-    ckpt.close()
+    policy = restore_policy(run_dir, purpose="evaluate")
+    cfg, step = policy.cfg, policy.step
     writer = None
     if save_trajectories is not None:
         from rl.trajectories import TrajectoryWriter
@@ -148,15 +135,15 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
                 "checkpoint": int(step), "seed": seed, "source": "rl.eval"}
         writer = TrajectoryWriter(Path(save_trajectories), samples_per_file, meta)
     try:
-        return _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes,
-                           writer.add_rollout if writer else None, say, step)
+        return _play_modes(policy, num_episodes, seed, max_steps, modes, writer.add_rollout if writer else None, say)
     finally:
         if writer is not None:
             writer.close()
 
 
-def _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes, on_window, say, step):
+def _play_modes(policy, num_episodes, seed, max_steps, modes, on_window, say):
     """The results of every mode (only `real` without an LLM); `on_window` sees the `real` play's windows."""
+    cfg, trainer, llm, runner, step = policy.cfg, policy.trainer, policy.llm, policy.runner, policy.step
     names = trainer.env.achievement_names
     if llm is None:
         say(f"playing {num_episodes} episodes of update {step}'s policy (the first one compiles) ...")
@@ -166,8 +153,7 @@ def _play_modes(cfg, trainer, llm, runner, num_episodes, seed, max_steps, modes,
     for setup in (llm, load_llm(cfg, system_prompt=OTHER_PROMPT) if "other_prompt" in modes else None):
         if setup is None:
             continue
-        enc = make_inscan_encoder(setup.template, setup.model.config, layer=cfg.llm_layer, pooling=cfg.pooling,
-                                  method=cfg.llm_encode, capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
+        enc = policy.encode if setup is llm else make_llm_encoder(cfg.llm, setup)
         play = make_player(trainer, num_episodes, enc)
         for mode in modes:
             if (mode == "other_prompt") == (setup is not llm):

@@ -35,31 +35,24 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rl.config import LLM_DTYPES, LLM_ENCODES, OBS_FORMATS, POOLINGS, TrainConfig
-from rl.trajectories import (HIDDEN_KEY, LABELLING_KEY, RECORDING_KEY, TrajectoryError, load_arrays, meta_array,
+from rl.config import LLM_DTYPES, LLM_ENCODES, OBS_FORMATS, POOLINGS, LLMConfig, Sectioned
+from rl.trajectories import (HIDDEN_KEY, LABELLING_KEY, TrajectoryError, load_arrays, meta_array,
                              read_meta, save_npz_atomic, trajectory_env)
 
 DATA_AXIS = "samples"
 
 
-@dataclass(frozen=True)
-class LabelConfig:
+@dataclass(frozen=True, init=False)
+class LabelConfig(Sectioned):
     """What a labelling computes (everything but `batch`, `devices`, `env` and `quiet` is stored in each file).
-    The LLM settings default to the trainer's (`rl.config.TrainConfig`)."""
+    `llm`: the trainer's LLM settings (`rl.config.LLMConfig`; `template_assembly` does not apply to observations);
+    they also go by their flat names, e.g. `LabelConfig(model="tiny", batch=64)`, `cfg.llm_layer`."""
 
-    model: str = "tiny"
-    llm_layer: int = TrainConfig.llm_layer
-    pooling: str = TrainConfig.pooling
-    obs_format: str = TrainConfig.obs_format
-    llm_dtype: str = TrainConfig.llm_dtype
-    llm_encode: str = TrainConfig.llm_encode
-    llm_capacity: int = TrainConfig.llm_capacity
-    llm_chunk: int = TrainConfig.llm_chunk
-    system_prompt: str | None = None
+    llm: LLMConfig = LLMConfig()
     batch: int = 1024  # observations per chunk (all devices together): the unit of resuming
     devices: int = 0  # 0: all visible devices
     env: str | None = None  # override the env of every file
@@ -193,8 +186,7 @@ class Labeller:
             cache = jax.jit(prefill, static_argnums=1)(self.params, self.model.config,
                                                        np.asarray(tpl.prefix_ids, np.int32))
             cache = jax.device_put(cache, self._replicated)
-            encode_ids = make_ids_encoder(self.model.config, layer=c.llm_layer, pooling=c.pooling,
-                                          method=c.llm_encode, capacity=c.llm_capacity, chunk=c.llm_chunk)
+            encode_ids = make_ids_encoder(self.model.config, **c.llm.encode_options())
             fn = jit_with_options(jax.shard_map(_chunk_fn(tpl, encode_ids), mesh=self.mesh,
                                                 in_specs=(P(), P(), P(DATA_AXIS), P(DATA_AXIS)),
                                                 out_specs=P(DATA_AXIS), check_vma=False),
@@ -469,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m rl.label", description=__doc__)
     p.add_argument("inputs", metavar="IN_DIR_OR_GLOB", help="a directory of .npz files, a glob pattern or one file")
     p.add_argument("--out", required=True, type=Path, help="output directory (same file names)")
-    p.add_argument("--model", default=LabelConfig.model, help="checkpoint directory, hub id or preset (tiny, qwen3-4b)")
+    p.add_argument("--model", default=LLMConfig.model, help="checkpoint directory, hub id or preset (tiny, qwen3-4b)")
     d = LabelConfig()
     p.add_argument("--llm-layer", type=int, default=d.llm_layer, dest="llm_layer",
                    help="hidden state index (HF numbering: 0 embeddings, k after k layers; -1 final, normed)")

@@ -7,7 +7,6 @@ compiled.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 

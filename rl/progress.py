@@ -105,7 +105,7 @@ class Progress:
             parts.append(f"ETA {_duration(per_update * (cfg.num_updates - update))}")
         parts.append("return " + ("-" if ret is None or not math.isfinite(ret) else f"{ret:.2f}"))
         share = rec.get("llm_time_share")
-        if cfg.encoder != "none" and share is not None and math.isfinite(share):
+        if cfg.uses_llm and share is not None and math.isfinite(share):
             parts.append(f"LLM {share:.0%} of time")
         return " | ".join(parts)
 

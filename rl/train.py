@@ -11,7 +11,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import shutil
@@ -25,11 +24,11 @@ import jax
 import numpy as np
 
 from rl.cli import Parser, add_compile_cache_option, add_dataclass_options, apply_compile_cache
-from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, TrainConfig, inapplicable_flags, load_config,
-                       read_settings_file, resolve_devices)
-from rl.encoders import LLMArgs
+from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, SECTION_OF, TrainConfig, flat_fields,
+                       inapplicable_flags, load_config, read_settings_file, resolve_devices)
+from rl.encoder_kinds import encoder_class
 from rl.interrupt import StopOnInterrupt
-from rl.progress import Progress, describe_llm
+from rl.progress import Progress
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
 from rl.tracking import TrackingOptions, Trackers, TrackingUnavailable
 from rl.sharding import (agree_with_main_process, check_same_on_all_processes, is_main_process,
@@ -71,13 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_argument("--wandb-group", metavar="NAME", help="Weights & Biases run group (default: none)")
     track.add_argument("--run-name", metavar="NAME", help="the run's name in Weights & Biases (default: the run "
                                                           "directory's name)")
-    add_dataclass_options(p, TrainConfig, GROUPS, CHOICES)
+    add_dataclass_options(p, flat_fields(), GROUPS, CHOICES)
     return p
 
 
 def resolve_config(args: argparse.Namespace) -> TrainConfig:
     """Defaults <- --config file <- preset <- explicit flags."""
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = set(SECTION_OF)
     values = read_settings_file(args.config) if "config" in args else {}
     values.update(PRESETS[args.preset] if "preset" in args else {})
     values.update({k: v for k, v in vars(args).items() if k in fields})
@@ -143,12 +142,9 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
         raise ValueError(f"with {jax.process_count()} processes pass --run-dir (one directory that every process "
                          f"can reach, e.g. on a shared file system)")
     run_dir = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
-    cfg = resolve_devices(dataclasses.replace(cfg, run_dir=str(run_dir)), resumed=resume)
+    cfg = resolve_devices(cfg.replace(run_dir=str(run_dir)), resumed=resume)
     shared = {k: v for k, v in cfg.to_json().items() if k != "vllm_url"}  # each host may use its own server
     check_same_on_all_processes(json.dumps(shared, sort_keys=True), "config (flags or config.json)")
-    if cfg.encoder == "inscan" and cfg.template_assembly == "pallas" and jax.default_backend() != "gpu":
-        raise ValueError(f"--template-assembly pallas needs a GPU (on {jax.default_backend()} Pallas's interpreter "
-                         f"would run it, which fails inside the trainer's shard_map); use auto or jnp")
     if cfg.save_trajectories is not None:
         if jax.process_count() > 1:
             raise ValueError("--save-trajectories records from one process; several processes are not supported yet")
@@ -156,10 +152,7 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
             from rl.trajectories import check_new_stream
 
             check_new_stream(Path(cfg.save_trajectories))
-    if cfg.encoder == "vllm":  # fail fast, before touching the run directory
-        from rl.encoders import check_vllm_reachable
-
-        check_vllm_reachable(cfg.vllm_url, cfg.vllm_timeout)
+    encoder_class(cfg).preflight(cfg)  # e.g. a server that does not answer: fail fast, before the run directory
     _open_run_dir_on_main_process(cfg, run_dir, resume)
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     log = MetricsLog(run_dir / "metrics.jsonl", writable=is_main_process())
@@ -231,7 +224,7 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     """The training loop of an opened run: load the encoder, restore the newest checkpoint, then update, log and
     checkpoint until the run ends, `max_updates` updates were done here, `time_limit` seconds passed or
     `should_stop()` said so. `trackers` get every metrics record."""
-    from rl.encoders import load_encoder
+    from rl.encoder_kinds import load_encoder
     from rl.trainer import Trainer
 
     cfg, run_dir, ckpt, log, start = run.cfg, run.run_dir, run.ckpt, run.log, run.start
@@ -239,27 +232,27 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     progress = Progress(cfg, run_dir, start, quiet=quiet, enabled=main_process)
     if cfg.uses_llm and not quiet:
         progress.say(f"loading the LLM ({cfg.model}) and its tokenizer ...")
-    llm, vllm = load_encoder(cfg)
-    trainer = Trainer(cfg, llm, vllm)
-    llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else LLMArgs())
+    encoder = load_encoder(cfg)
+    trainer = Trainer(cfg, encoder)
+    llm_args = trainer.place_llm_args(encoder.jit_args())
     runner = trainer.init_state(llm_args)
     if start:  # newest first; one that does not restore is reported and set aside
         start, runner = ckpt.restore_newest(runner)
         if main_process:
             print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
     log.truncate_after(start)
-    progress.starting(cfg.devices, jax.default_backend(), describe_llm(cfg, llm) if llm is not None else None)
+    progress.starting(cfg.devices, jax.default_backend(), encoder.describe())
 
-    # Update u + 1 is dispatched before update u's metrics are read (except on the vllm host loop), so the device
-    # never idles while the host logs, checks and checkpoints; a NaN at update u still stops with state u - 1 saved.
-    pipelined = vllm is None
+    # Update u + 1 is dispatched before update u's metrics are read (except where the encoder runs the update on the
+    # host), so the device never idles while the host logs, checks and checkpoints; a NaN at update u still stops
+    # with state u - 1 saved.
+    pipelined = encoder.pipelined
     on_rollout = run.recorder.add_rollout if run.recorder else None  # --save-trajectories, in update order
     last = cfg.num_updates if max_updates is None else min(cfg.num_updates, start + max_updates)
     t_start = time.perf_counter()
     done_here, llm_share = 0, None
     saved_at = start if start else None  # update count of the newest checkpoint
     before = runner  # the state the update in flight started from
-    llm_t0 = vllm.seconds if vllm else 0.0  # the server's time so far, when the update in flight was dispatched
     t_read = time.perf_counter()  # when the previous update's metrics arrived (for the first: before its compile)
     in_flight = trainer.dispatch(runner, llm_args, on_rollout)
     for update in range(start + 1, last + 1):  # `update`: the update now in flight (1-based count)
@@ -281,12 +274,7 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
             raise TrainingDiverged(
                 f"loss is {float(m['total_loss'])} at update {update}; stopped. The last good state "
                 f"(update {update - 1}) is checkpointed in {run_dir}/checkpoints; lower --lr or check the inputs")
-        if vllm is not None:
-            llm_share = (vllm.seconds - llm_t0) / seconds
-        elif llm is None:
-            llm_share = 0.0
-        elif done_here == 1:  # in-scan: estimated once, on an already compiled update
-            llm_share = trainer.time_llm_share(new_runner, llm_args, seconds)
+        llm_share = trainer.llm_share(new_runner, llm_args, seconds, done_here, llm_share)
         rec = _record(cfg, trainer.env.achievement_names, update, m, seconds, llm_share)
         if done_here == 0:
             rec["first_call_includes_compile"] = True
@@ -305,7 +293,6 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
             return
         before = new_runner
         if more and not pipelined:
-            llm_t0 = vllm.seconds if vllm else 0.0
             in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
     progress.finished()
     if trackers is not None:
@@ -343,11 +330,10 @@ def tracking_options(args: argparse.Namespace) -> TrackingOptions | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """rl.train's command line; returns the exit code (130 when stopped by Ctrl-C)."""
-    from jaxllm.http.client import VLLMError
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = set(SECTION_OF)
     wandb_flags = [f for f in ("wandb_project", "wandb_entity", "wandb_group", "run_name") if f in args]
     if wandb_flags and "track" not in args:
         parser.error(f"{', '.join('--' + f.replace('_', '-') for f in wandb_flags)} "
@@ -384,7 +370,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, fields: set
                              f"{', '.join('--' + e.replace('_', '-') for e in extra)}")
             run_dir = Path(args.resume)
             cfg = load_config(run_dir / "config.json")
-            cfg = dataclasses.replace(cfg, **{k: getattr(args, k) for k in RESUME_OVERRIDABLE if k in args})
+            cfg = cfg.replace(**{k: getattr(args, k) for k in RESUME_OVERRIDABLE if k in args})
             train(cfg, run_dir, resume=True, **run)
         else:
             try:

@@ -27,7 +27,7 @@ import re
 import threading
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -37,6 +37,18 @@ LABELLING_KEY = "labelling"
 HIDDEN_KEY = "hidden_state"
 FILE_PATTERN = "{prefix}-{first:012d}.npz"  # recorded files are named by their first sample's stream index
 _NAME_RE = re.compile(r"^(?P<prefix>.+)-(?P<first>\d{12})\.npz$")
+
+
+class RecordedRollout(NamedTuple):
+    """One rollout (or evaluation window) as the recorder takes it: time-major arrays [T, B, ...] of the steps,
+    and the observation after the last step [B, O] (the next_obs of the final row)."""
+
+    obs: Any  # float32 [T, B, O]
+    last_obs: Any  # float32 [B, O]
+    action: Any  # int32 [T, B]
+    reward: Any  # float32 [T, B]
+    done: Any  # bool [T, B]
+    log_prob: Any  # float32 [T, B]
 
 
 class TrajectoryError(ValueError):
@@ -190,10 +202,10 @@ class TrajectoryWriter:
         """Queue one batch of samples (a dict of ARRAYS, sample axis first)."""
         self._put(dict(arrays))
 
-    def add_rollout(self, obs, last_obs, action, reward, done, log_prob) -> None:
-        """Queue one rollout's time-major arrays ([T, B, ...], and the observation after its last step [B, O]);
-        the thread flattens them (`transitions_to_samples`)."""
-        self._put((obs, last_obs, action, reward, done, log_prob))
+    def add_rollout(self, rollout: RecordedRollout) -> None:
+        """Queue one rollout's time-major arrays (`RecordedRollout`); the thread flattens them
+        (`transitions_to_samples`)."""
+        self._put(RecordedRollout(*rollout))
 
     def _put(self, item) -> None:
         self._raise_if_failed()

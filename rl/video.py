@@ -8,7 +8,6 @@ reading along. GIF needs only Pillow; MP4 needs imageio's ffmpeg plugin (`pip in
 """
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -25,17 +24,16 @@ FONT_SIZE = 15
 
 
 def _pixel_renderer(env_name: str):
-    """A jitted [T] batch of raw craftax states -> uint8 [T, H, W, 3] with the upstream renderer of `env_name`."""
-    if "Classic" in env_name:
-        from craftax.craftax_classic.constants import BLOCK_PIXEL_SIZE_IMG
-        from craftax.craftax_classic.renderer import make_craftax_pixel_renderer
+    """A jitted [T] batch of raw craftax states -> uint8 [T, H, W, 3] with the upstream renderer of `env_name`
+    (`render.envs.ENVS` names it; night noise off where the renderer has it)."""
+    import importlib
 
-        render = make_craftax_pixel_renderer(BLOCK_PIXEL_SIZE_IMG)
-    else:
-        from craftax.craftax.constants import BLOCK_PIXEL_SIZE_IMG
-        from craftax.craftax.renderer import make_craftax_pixel_renderer
+    from render.envs import check_env_name
 
-        render = make_craftax_pixel_renderer(BLOCK_PIXEL_SIZE_IMG, do_night_noise=False)
+    env = check_env_name(env_name)
+    block_pixels = importlib.import_module(env.constants).BLOCK_PIXEL_SIZE_IMG
+    options = {"do_night_noise": False} if env.night_noise else {}
+    render = importlib.import_module(env.renderer).make_craftax_pixel_renderer(block_pixels, **options)
     return jax.jit(lambda states: jnp.clip(jax.vmap(render)(states), 0, 255).astype(jnp.uint8))
 
 
@@ -113,36 +111,17 @@ def record_video(run_dir: Path, out: Path, *, episodes: int = 1, seed: int = 123
     """Play `episodes` episodes (one env each, one after the other in the video) with the latest checkpoint of
     `run_dir` and write them to `out` (.gif or .mp4). Each env's video ends with its first episode, or after
     `max_steps` steps."""
-    from rl.config import load_config
-    from rl.encoders import LLMArgs, make_inscan_encoder
-    from rl.rundir import Checkpoints
-    from rl.trainer import RolloutCarry, Trainer
+    from rl.runs import restore_policy
+    from rl.trainer import RolloutCarry
 
     check_video_path(out)
-    run_dir = Path(run_dir)
-    cfg = dataclasses.replace(load_config(run_dir / "config.json"), devices=1, save_trajectories=None)
-    llm = None
-    if cfg.uses_llm:
-        from rl.encoders import load_llm
-
-        cfg = dataclasses.replace(cfg, encoder="inscan")
-        llm = load_llm(cfg)
-    trainer = Trainer(cfg, llm)
-    llm_args = llm.jit_args if llm else LLMArgs()
-    ckpt = Checkpoints(run_dir)
-    step = ckpt.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"{run_dir} has no checkpoint to record")
-    runner = ckpt.restore(trainer.init_state(llm_args), step)
-    ckpt.close()
-
+    policy = restore_policy(run_dir, purpose="record")
+    cfg, trainer, runner, step, llm, llm_args = (policy.cfg, policy.trainer, policy.runner, policy.step, policy.llm,
+                                                 policy.llm_args)
     env, n = trainer.env, episodes
     window = cfg.skip_n if llm is not None else 16
-    encode = None
-    if llm is not None:
-        enc = make_inscan_encoder(llm.template, llm.model.config, layer=cfg.llm_layer, pooling=cfg.pooling,
-                                  method=cfg.llm_encode, capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
-        encode = jit_with_options(enc, compiler_options=trainer.compiler_options)
+    encode = (jit_with_options(policy.encode, compiler_options=trainer.compiler_options)
+              if policy.encode is not None else None)
 
     @jax.jit
     def play_window(carry):
@@ -163,7 +142,8 @@ def record_video(run_dir: Path, out: Path, *, episodes: int = 1, seed: int = 123
         if encode is not None:
             carry = carry._replace(hidden=encode(*llm_args, raw))
         texts = [obs_text(jax.tree.map(lambda x: x[i], raw)) for i in range(n)]
-        carry, (_, info, states) = play_window(carry)
+        carry, steps = play_window(carry)
+        info, states = steps.info, steps.states
         pixels = np.asarray(jax.vmap(render, in_axes=1, out_axes=1)(states))  # [T, B, H, W, 3]
         ended = np.asarray(info.episode_length > 0)
         for k in range(min(window, max_steps - t)):

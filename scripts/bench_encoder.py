@@ -263,7 +263,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                                "real_tokens_per_s": real / seconds, "useful_tflops": useful / seconds / 1e12,
                                "min_cosine_vs_first_bf16": float(cos.min()), "finite": bool(np.isfinite(vec).all())})
             log({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()})
-        del params, cache
+        params = cache = None  # free them before the next dtype
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's
     gemms = bench_gemms(config, _round_to(capacity, 1024), args.dtypes, args.iters)
     log(f"GEMM ceilings at M={gemms['tokens']}: " + ", ".join(

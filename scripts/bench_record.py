@@ -14,7 +14,6 @@ last update is reported apart (`close_s`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import sys
@@ -30,15 +29,15 @@ def timed_updates(cfg, updates: int, out_dir: Path | None) -> dict:
     """Samples/s of `updates` training updates (after one compiling update), recording into `out_dir` if given."""
     import jax
 
-    from rl.encoders import LLMArgs, load_encoder
+    from rl.encoder_kinds import load_encoder
     from rl.trainer import Trainer
     from rl.trajectories import TrajectoryWriter
 
     if out_dir is not None:
-        cfg = dataclasses.replace(cfg, save_trajectories=str(out_dir))
-    llm, vllm = load_encoder(cfg)
-    trainer = Trainer(cfg, llm, vllm)
-    llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else LLMArgs())
+        cfg = cfg.replace(save_trajectories=str(out_dir))
+    encoder = load_encoder(cfg)
+    trainer = Trainer(cfg, encoder)
+    llm_args = trainer.place_llm_args(encoder.jit_args())
     runner = trainer.init_state(llm_args)
     writer = None
     if out_dir is not None:

@@ -26,7 +26,6 @@ reference call (`scripts/kernel_profile.py`), and our rollout alone, so the gap 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import sys

@@ -121,7 +121,7 @@ def measure(prep: dict, args) -> dict:
                devices=trainer.num_devices,
                first_update_s=prep["first"], update_s=seconds, sps=cfg.batch_size / seconds)
     if llm is not None:
-        enc = trainer.encode_states
+        enc = trainer.encoder.encode_states
         jax.block_until_ready(enc(*args_llm, runner.env_state.env_state))
         t0 = time.perf_counter()
         for _ in range(3):

@@ -42,8 +42,8 @@ def main(argv=None) -> dict:
 
     from jaxllm import fp8, load_model, load_tokenizer
     from jaxllm.api import Model
-    from tests.parity.helpers import (collect_hidden_states, compare_hidden_states, craftax_prompts,
-                                      format_table, jax_hidden_states)
+    from jaxllm.parity import collect_hidden_states, compare_hidden_states, format_table, jax_hidden_states
+    from render.sample_prompts import craftax_prompts
 
     started = time.perf_counter()
     model = load_model(args.model, "bfloat16", seed=args.seed)

@@ -10,8 +10,8 @@ dtype. With two dtypes it adds the HF-bf16-vs-HF-f32 gap, the floor that bf16 ro
 With ``--vllm-url`` it adds a row comparing the server's ``/v1/embeddings`` vector with jaxllm's last-token
 final hidden state (what ``scripts/start_vllm.sh`` configures vLLM to return).
 
-The library (prompts, random checkpoints, hidden states, comparisons) is tests/parity/helpers.py, shared with
-the parity suite.
+The library is shared with the parity suite: random checkpoints, hidden states and comparisons in
+jaxllm/parity.py, real Craftax prompts in render/sample_prompts.py.
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from render.envs import ENV_NAMES, FORMATS  # noqa: E402
-from tests.parity.helpers import (ENV_DEFAULT, IndexStats, collect_hidden_states, compare_hidden_states,  # noqa: E402
-                                  craftax_prompts, format_table, hf_hidden_states, jax_hidden_states, vector_errors,
-                                  write_random_checkpoint)
+from jaxllm.parity import (IndexStats, collect_hidden_states, compare_hidden_states, format_table,  # noqa: E402
+                           hf_hidden_states, jax_hidden_states, vector_errors, write_random_checkpoint)
+from render.sample_prompts import ENV_DEFAULT, craftax_prompts  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------ CLI

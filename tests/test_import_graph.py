@@ -1,4 +1,5 @@
-"""The packages' import graph (parsed with `ast`, nothing imported): a DAG, layered scripts -> rl -> (jaxllm, render).
+"""The packages' import graph (parsed with `ast`, nothing imported): a DAG, layered (tests, scripts) -> rl ->
+(jaxllm, render), and no package imports scripts/ or tests/ (library code lives in the packages).
 
 Every import counts, also those inside functions (a lazy import still ties two modules together).
 """
@@ -9,8 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("jaxllm", "render", "rl")
+CALLERS = ("scripts", "tests")  # import the packages; never imported by them
 # package -> packages (ours or third-party roots) it must never import
-FORBIDDEN = {"render": {"jaxllm", "rl"}, "jaxllm": {"craftax", "render", "rl"}}
+FORBIDDEN = {"render": {"jaxllm", "rl", *CALLERS}, "jaxllm": {"craftax", "render", "rl", *CALLERS}, "rl": {*CALLERS}}
 
 
 def _module_name(path: Path) -> str:
@@ -36,8 +38,8 @@ def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    """Module -> the modules it imports, for every module of PACKAGES."""
-    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    """Module -> the modules it imports, for every module of PACKAGES and CALLERS."""
+    files = {_module_name(p): p for pkg in PACKAGES + CALLERS for p in (ROOT / pkg).rglob("*.py")}
     return {module: _imports(path, module, set(files)) for module, path in files.items()}
 
 
@@ -68,7 +70,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_import_graph_is_a_dag():
     graph = _graph()
-    assert {"rl.trainer", "rl.sharding", "jaxllm.model", "render.template"} <= set(graph)
+    assert {"rl.trainer", "rl.sharding", "jaxllm.model", "render.template", "scripts.parity_report",
+            "tests.parity.conftest"} <= set(graph)
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -79,6 +82,12 @@ def test_layers(package):
     bad = sorted((m, d) for m, deps in graph.items() if m.split(".")[0] == package
                  for d in deps if d.split(".")[0] in FORBIDDEN[package])
     assert not bad, f"{package} must not import {sorted(FORBIDDEN[package])}: {bad}"
+
+
+def test_the_layer_check_sees_an_import_of_tests(tmp_path):
+    bad = tmp_path / "m.py"
+    bad.write_text("def f():\n    from tests.parity import conftest\n")
+    assert "tests" in _imports(bad, "rl.m", set())
 
 
 def test_the_checker_finds_a_cycle():

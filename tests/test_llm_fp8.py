@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxllm import Qwen3Config, encode, encode_packed, load_model
+from jaxllm import Qwen3Config, encode_packed, load_model
 from jaxllm.fp8 import Fp8Matrix, dequantize_matrix, fp8_matmul, linear, native_fp8_available, quantize_matrix
 
 MID = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=6,

@@ -1,13 +1,12 @@
 """The command lines explain themselves: help and default of every option, --config files, refused idle flags."""
 import dataclasses
-import json
 
 import pytest
 
-from rl.config import GROUPS, PRESETS, TrainConfig, save_config
+from rl.config import GROUPS, PRESETS, TrainConfig, flat_fields, save_config
 from rl.train import _note_gpu_sized_defaults_on_cpu, build_parser, main, resolve_config
 
-FIELDS = dataclasses.fields(TrainConfig)
+FIELDS = flat_fields()
 
 
 def _help(capsys, entry, argv=("--help",)):

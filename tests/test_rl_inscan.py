@@ -19,7 +19,7 @@ def _kill_env0(trainer, llm, runner):
     es = runner.env_state
     health = es.env_state.player_health.at[0].set(jnp.zeros((), es.env_state.player_health.dtype))
     es = es._replace(env_state=es.env_state.replace(player_health=health))
-    hidden, window = trainer._open(llm.jit_args, es, jax.random.PRNGKey(7))
+    hidden, window = trainer.encoder.open_window(llm.jit_args, es, jax.random.PRNGKey(7))
     return runner._replace(env_state=es, hidden=hidden, window=window)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from rl.label import Labeller, LabelConfig, label_files, main, sample_count
-from rl.trajectories import ARRAYS, HIDDEN_KEY, LABELLING_KEY, RECORDING_KEY, read_meta
+from rl.trajectories import ARRAYS, HIDDEN_KEY, LABELLING_KEY, RECORDING_KEY
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = "Craftax-Classic-Symbolic-v1"

@@ -97,7 +97,7 @@ def test_networks_shapes_init_and_fusion():
     for fusion, invariant in (("norm", True), ("raw", False)):
         aug = ActorCriticAug(num_actions=7, width=32, fusion=fusion)
         p = aug.init(jax.random.PRNGKey(2), obs, h)
-        (pi1, v1), (pi2, v2) = aug.apply(p, obs, h), aug.apply(p, obs, 100 * h + 5)
+        (_, v1), (_, v2) = aug.apply(p, obs, h), aug.apply(p, obs, 100 * h + 5)
         same = np.allclose(np.asarray(v1), np.asarray(v2), atol=1e-4)
         assert same == invariant, fusion  # norm: per-vector standardisation removes scale and shift
 
@@ -180,3 +180,32 @@ def test_eval_keeps_each_envs_first_episode():
     assert out.achievements.tolist() == [[True, False], [False, False], [True, True]]
     later = first_episodes(out, StepInfo(ret + 100, length + 1, ~ach))  # every env ends at every step now
     assert later.finished.all() and later.returns.tolist() == [2.0, 100.0, 1.5] and later.lengths.tolist() == [4, 1, 5]
+
+
+def test_restore_policy_reads_a_run_written_before_the_config_sections(tmp_path):
+    """tests/fixtures/run_flat_config: a run directory (flat config.json, orbax checkpoint of update 1) written by
+    rl.train before the settings became sections (issue 22); `rl.runs.restore_policy` reads it as written."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from rl.config import TrainConfig
+    from rl.rundir import Checkpoints
+    from rl.runs import restore_policy
+
+    run = Path(shutil.copytree(Path(__file__).parent / "fixtures" / "run_flat_config", tmp_path / "run"))
+    flat = json.loads((run / "config.json").read_text())
+    policy = restore_policy(run)
+    assert policy.cfg == TrainConfig(**flat).replace(devices=1, save_trajectories=None)
+    assert (policy.cfg.envs.num_envs, policy.cfg.ppo.width, policy.cfg.hidden.encoder) == (
+        flat["num_envs"], flat["width"], flat["encoder"])
+    assert policy.step == 1 and policy.llm is None and policy.encode is None
+    ckpt = Checkpoints(run)
+    saved = ckpt.restore(None)  # the checkpoint as written, without a target structure
+    ckpt.close()
+    saved_params = jax.tree.leaves(saved["params"])
+    assert len(saved_params) == len(jax.tree.leaves(policy.params)) > 0
+    for a, b in zip(saved_params, jax.tree.leaves(policy.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    pi, value = policy.trainer.apply(policy.params, policy.runner.obs, None)
+    assert pi.logits.shape == (flat["num_envs"], policy.trainer.env.num_actions) and value.shape == (flat["num_envs"],)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.parity.helpers import craftax_prompts, write_random_checkpoint
+from jaxllm.parity import write_random_checkpoint
+from render.sample_prompts import craftax_prompts
 
 NUM_PROMPTS = 8
 

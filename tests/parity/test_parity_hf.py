@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from jaxllm import load_model
-from tests.parity.helpers import (collect_hidden_states, compare_hidden_states, format_table, hf_hidden_states,
-                                  jax_hidden_states)
+from jaxllm.parity import (collect_hidden_states, compare_hidden_states, format_table, hf_hidden_states,
+                           jax_hidden_states)
 
 # Per-token relative L2 and cosine bounds. f32: rounding only. bf16: both sides round activations to bf16
 # at the same points (HF numerics), but op order differs; measured ~1e-2 (same as HF bf16 vs HF f32).

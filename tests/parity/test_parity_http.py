@@ -17,7 +17,7 @@ from jaxllm.http.batching import BatchingEncoder
 from jaxllm.http.client import VLLMClient
 from jaxllm.http.server import HTTPServer, build_encode_fn
 from jaxllm.http.service import EmbeddingService, limits_for
-from tests.parity.helpers import vector_errors
+from jaxllm.parity import vector_errors
 
 CHUNKS = 2  # the scan runs over CHUNKS steps of NUM_PROMPTS / CHUNKS envs each
 

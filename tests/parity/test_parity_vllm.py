@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.parity.helpers import craftax_prompts, vector_errors
+from jaxllm.parity import vector_errors
+from render.sample_prompts import craftax_prompts
 
 VLLM_URL = os.environ.get("VLLM_URL")
 VLLM_MODEL = os.environ.get("VLLM_MODEL")

@@ -1,0 +1,319 @@
+"""Where the policy's hidden state comes from, as a type: one `Encoder` per `--encoder` kind.
+
+    NoEncoder      --encoder none    plain PPO: the policy reads no hidden state
+    InScanEncoder  --encoder inscan  the JAX LLM inside the jitted rollout, one window of skip_n steps at a time
+    HTTPEncoder    --encoder vllm    an embedding server, asked on the host between windows of skip_n steps
+
+`make_encoder` picks the kind once, where the run's config is read; the trainer (`rl.trainer.Trainer`) and the
+training loop (`rl.train.run_updates`) then call this interface only and never ask which kind they hold:
+
+    how a window opens     `start` (the run's first hidden state), `advance` (each step, inside the scan)
+    what the policy reads  the hidden state that `start` / `advance` return, held in the rollout carry
+    what a reset reads     `reset_reads` (an env that finished an episode inside a window)
+    how an update runs     `make_update` (one jitted function, or the HTTP host loop over windows)
+    what it costs          `llm_share` (the share of an update's time spent in the LLM)
+
+The jit-side methods (`reset_reads`, `advance`) are pure functions of their arguments; the host-side ones take
+the `Trainer` they serve (its mesh, env, sharded jits).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from rl.config import TrainConfig
+from rl.encoders import LLMArgs, LLMSetup, VLLMEncoder, make_llm_encoder, make_token_fn
+from rl.sharding import ENV_AXIS, from_process_local_rows, process_local_rows
+from rl.trajectories import RecordedRollout
+
+Trainer = Any  # rl.trainer.Trainer, which imports this module: the host-side methods receive the one they serve
+Update = Callable[[Any, LLMArgs], tuple]  # (runner, llm_args) -> (runner, metrics[, RecordedRollout or None])
+
+
+class LLMWindow(NamedTuple):
+    """The in-scan LLM's window, carried from step to step and rollout to rollout (checkpointed)."""
+
+    clock: jax.Array  # int32 scalar: steps left in the current window (unused with skip_n 0)
+    pool: tuple[jax.Array, Any] | None  # (obs [W, O], raw states [W]): one fresh world per reset block ("pool")
+    pool_hidden: jax.Array | None  # [W, D]: their hidden states, encoded with the window's envs
+
+    @staticmethod
+    def specs(pooled: bool) -> "LLMWindow":
+        env = P(ENV_AXIS)
+        return LLMWindow(P(), (env, env) if pooled else None, env if pooled else None)
+
+
+class Encoder:
+    """The interface (and the behaviour every kind shares: no window, a reset env reads zeros).
+
+    `llm`: the host-side LLM objects (`rl.encoders.LLMSetup`), None without an LLM. `pipelined`: an update is
+    one jitted call that returns before it is computed, so the loop may dispatch the next one first."""
+
+    uses_hidden = True
+    pipelined = True
+
+    def __init__(self, cfg: TrainConfig, llm: LLMSetup | None = None):
+        self.cfg, self.llm = cfg, llm
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, llm: LLMSetup | None, client: VLLMEncoder | None) -> "Encoder":
+        """An encoder of this kind from the loaded parts it needs (ValueError naming what is missing)."""
+        raise NotImplementedError
+
+    @classmethod
+    def preflight(cls, cfg: TrainConfig) -> None:
+        """Refuse (ValueError / ConnectionError, one line) what cannot run, before a run directory is touched."""
+
+    # what the trainer carries ---------------------------------------------------------------
+    def window_specs(self) -> LLMWindow | None:
+        """PartitionSpecs of the `LLMWindow` carried in the runner state (None: no window is carried)."""
+        return None
+
+    def jit_args(self) -> LLMArgs:
+        """The LLM arrays every jitted call takes as arguments (empty without an in-scan LLM)."""
+        return LLMArgs()
+
+    def attach(self, trainer: Trainer) -> None:
+        """Build this kind's jitted helpers on `trainer`'s mesh (called once by the trainer it serves)."""
+
+    # jit side (pure) --------------------------------------------------------------------------
+    def reset_reads(self, hidden, window: LLMWindow | None, done, block_slots: Callable) -> jax.Array | None:
+        """The hidden state [B, D] after a step whose `done` [B] envs start a new episode: a new episode never
+        sees its predecessor's vector. Here: zeros ("no LLM reading yet")."""
+        if hidden is None:
+            return None
+        return jnp.where(done[:, None], jnp.zeros_like(hidden), hidden)
+
+    def advance(self, llm_args: LLMArgs, hidden, window, next_state, k_env, env_index, env) -> tuple:
+        """(hidden, window) after one step of the rollout's scan (the window's clock). Here: unchanged."""
+        return hidden, window
+
+    # host side --------------------------------------------------------------------------------
+    def start(self, trainer: Trainer, llm_args: LLMArgs, env_state, key) -> tuple:
+        """(hidden [B, D] or None, window or None) that the run's first step reads (the first window opens)."""
+        return None, None
+
+    def make_update(self, trainer: Trainer) -> Update:
+        """The function that runs one training update: by default the trainer's single jitted update."""
+        return trainer.update
+
+    def llm_share(self, trainer: Trainer, runner, llm_args: LLMArgs, update_seconds: float, updates_done: int,
+                  previous: float | None) -> float | None:
+        """The share of the latest update's `update_seconds` spent in the LLM (None: not known yet).
+        `updates_done`: updates finished in this invocation before it; `previous`: the share given then."""
+        return 0.0
+
+    def describe(self) -> str | None:
+        """One line about the LLM for the run's start (None without an LLM)."""
+        from rl.progress import describe_llm
+
+        return describe_llm(self.cfg, self.llm) if self.llm is not None else None
+
+
+class NoEncoder(Encoder):
+    """`--encoder none`: plain PPO on the symbolic observation."""
+
+    uses_hidden = False
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, llm: LLMSetup | None, client: VLLMEncoder | None) -> "NoEncoder":
+        return cls(cfg)
+
+
+class InScanEncoder(Encoder):
+    """`--encoder inscan`: the JAX LLM inside the jitted update. A window of skip_n steps opens by encoding the envs'
+    states (and, with the "pool" reset policy, one fresh world per reset block in the same LLM call); its clock
+    ticks every step and the step that ends it opens the next (`lax.cond`: no LLM work on other steps)."""
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, llm: LLMSetup | None, client: VLLMEncoder | None) -> "InScanEncoder":
+        if llm is None:
+            raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_encoder)")
+        return cls(cfg, llm)
+
+    def __init__(self, cfg: TrainConfig, llm: LLMSetup):
+        super().__init__(cfg, llm)
+        self.skip_n, self.pooled = cfg.skip_n, cfg.hidden_on_reset == "pool"
+        self.encode = make_llm_encoder(cfg.llm, llm)
+        self.open_window = self.encode_states = None  # sharded over the trainer's mesh by `attach`
+
+    @classmethod
+    def preflight(cls, cfg: TrainConfig) -> None:
+        if cfg.template_assembly == "pallas" and jax.default_backend() != "gpu":
+            raise ValueError(f"--template-assembly pallas needs a GPU (on {jax.default_backend()} Pallas's "
+                             f"interpreter would run it, which fails inside the trainer's shard_map); use auto or jnp")
+
+    def window_specs(self) -> LLMWindow:
+        return LLMWindow.specs(pooled=self.pooled)
+
+    def jit_args(self) -> LLMArgs:
+        return self.llm.jit_args
+
+    def attach(self, trainer: Trainer) -> None:
+        rep, env = P(), P(ENV_AXIS)
+        self.encode_states = trainer.sharded(self.encode, (rep, rep, env), env)
+        open_window = lambda args, es, key: self.open(LLMArgs(*args), es, key, trainer.env_index(), trainer.env)
+        self.open_window = trainer.sharded(open_window, (rep, env, rep), (env, self.window_specs()))
+
+    def open(self, llm_args: LLMArgs, env_state, key, env_index, env) -> tuple:
+        """A window starts on `env_state`: the envs' hidden states [B, D] and the new `LLMWindow` (clock =
+        skip_n; with the "pool" reset policy, one fresh world per reset block drawn with `key`, encoded in the
+        same LLM call as the envs)."""
+        clock = jnp.asarray(self.skip_n, jnp.int32)
+        raw = env_state.env_state
+        if not self.pooled:
+            return self.encode(*llm_args, raw), LLMWindow(clock, None, None)
+        pool = env.reset_pool(key, env_index)
+        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), raw, pool[1])
+        hidden = self.encode(*llm_args, both)
+        batch = env_index.shape[0]
+        return hidden[:batch], LLMWindow(clock, pool, hidden[batch:])
+
+    def reset_reads(self, hidden, window, done, block_slots):
+        """A reset env reads its pool world's hidden state ("pool"), else zeros."""
+        pool = window.pool if window is not None else None
+        if hidden is None or pool is None:
+            return super().reset_reads(hidden, window, done, block_slots)
+        return jnp.where(done[:, None], window.pool_hidden[block_slots()], hidden)
+
+    def advance(self, llm_args, hidden, window, next_state, k_env, env_index, env):
+        if window is None or self.skip_n == 0:
+            return hidden, window
+        window = window._replace(clock=window.clock - 1)
+        k_pool = jax.random.split(k_env)[1]  # the step's own reset key, unused when the pool resets
+
+        def new_window(hidden, window):
+            return self.open(llm_args, next_state, k_pool, env_index, env)
+
+        return jax.lax.cond(window.clock == 0, new_window, lambda h, w: (h, w), hidden, window)
+
+    def start(self, trainer, llm_args, env_state, key):
+        return self.open_window(trainer.place_llm_args(llm_args), env_state, jax.random.fold_in(key, 1))
+
+    def llm_share(self, trainer, runner, llm_args, update_seconds, updates_done, previous):
+        if updates_done != 1:  # estimated once, on an already compiled update
+            return previous
+        return self.time_share(runner, llm_args, update_seconds)
+
+    def time_share(self, runner, llm_args: LLMArgs, update_seconds: float) -> float:
+        """Estimated share of an update's time spent in the in-scan LLM: one timed batched encode
+        (already compiled) x windows per update / measured update time."""
+        jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
+        t0 = time.perf_counter()
+        jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
+        per_call = time.perf_counter() - t0
+        windows = self.cfg.num_steps / self.skip_n if self.skip_n else 0.0  # LLM calls per update, on average
+        return float(min(1.0, per_call * windows / max(update_seconds, 1e-9)))
+
+
+class HTTPEncoder(Encoder):
+    """`--encoder vllm`: an embedding server speaking vLLM's API. An update runs on the host: a jitted window of
+    skip_n steps (the hidden state held, a reset env reads zeros), the server encodes the envs' new states, and
+    so on for num_steps / skip_n windows; then the PPO step runs in its own jitted call."""
+
+    pipelined = False
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, llm: LLMSetup | None, client: VLLMEncoder | None) -> "HTTPEncoder":
+        if llm is None:
+            raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_encoder)")
+        if client is None:
+            raise ValueError("--encoder vllm needs the server's client (rl.encoders.load_encoder)")
+        return cls(cfg, llm, client)
+
+    def __init__(self, cfg: TrainConfig, llm: LLMSetup, client: VLLMEncoder):
+        super().__init__(cfg, llm)
+        self.client = client
+        self._last_seconds = 0.0  # the server's time during the latest update
+        self._tokens = None
+
+    @classmethod
+    def preflight(cls, cfg: TrainConfig) -> None:
+        from rl.encoders import check_vllm_reachable
+
+        check_vllm_reachable(cfg.vllm_url, cfg.vllm_timeout)
+
+    def attach(self, trainer: Trainer) -> None:
+        env = P(ENV_AXIS)
+        self._tokens = trainer.sharded(make_token_fn(self.llm.template), env, (env, env))
+
+    def hidden_of(self, trainer: Trainer, env_state) -> jax.Array:
+        """Hidden states from the server, placed split over the mesh like every per-env array.
+        Each process sends only its own envs' prompts (all of them when there is one process)."""
+        ids, lengths = (process_local_rows(x) for x in self._tokens(env_state.env_state))
+        return from_process_local_rows(self.client(ids, lengths), trainer.mesh, self.cfg.num_envs)
+
+    def start(self, trainer, llm_args, env_state, key):
+        return self.hidden_of(trainer, env_state), None
+
+    def advance(self, llm_args, hidden, window, next_state, k_env, env_index, env):
+        raise RuntimeError("the vllm encoder rolls out on the host; use Trainer.step")
+
+    def make_update(self, trainer: Trainer) -> Update:
+        cfg = self.cfg
+        rep, steps = P(), P(None, ENV_AXIS)
+        specs, carry_specs = trainer.runner_specs, trainer.carry_specs
+        run_window = trainer.sharded(lambda p, c: trainer.run_window(p, c, cfg.skip_n, env_index=trainer.env_index()),
+                                     (rep, carry_specs), (carry_specs, steps))
+        finish = trainer.sharded(lambda runner, c, k, chunks: trainer.finish_update(runner, c, k, *concat_steps(chunks)),
+                                 (specs, carry_specs, rep, steps), (specs, rep))
+
+        def update(runner, llm_args):
+            t0 = self.client.seconds
+            key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
+            carry = runner.rollout_carry(k_roll)
+            chunks = []
+            for _ in range(cfg.num_steps // cfg.skip_n):
+                carry, out = run_window(runner.params, carry)
+                chunks.append((out.transition, out.info))
+                carry = carry._replace(hidden=self.hidden_of(trainer, carry.env_state))
+            runner, metrics = finish(runner, carry._replace(key=key), k_ppo, chunks)
+            self._last_seconds = self.client.seconds - t0
+            samples = recorded_rollout(concat_steps([tr for tr, _ in chunks]), runner.obs) if trainer.records else None
+            return runner, metrics, samples
+
+        return update
+
+    def llm_share(self, trainer, runner, llm_args, update_seconds, updates_done, previous):
+        return self._last_seconds / update_seconds
+
+
+def concat_steps(chunks):
+    """Windows' pytrees of [T, B, ...] arrays joined along the time axis."""
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *chunks)
+
+
+def recorded_rollout(traj, last_obs: jax.Array) -> RecordedRollout:
+    """The samples of a rollout (`rl.ppo.Transition` [T, B]) that `--save-trajectories` keeps."""
+    return RecordedRollout(traj.obs, last_obs, traj.action, traj.reward, traj.done, traj.log_prob)
+
+
+KINDS: dict[str, type[Encoder]] = {"none": NoEncoder, "inscan": InScanEncoder, "vllm": HTTPEncoder}
+
+
+def encoder_class(cfg: TrainConfig) -> type[Encoder]:
+    """The `Encoder` type of `cfg.encoder` (for its `preflight` before anything is loaded)."""
+    return KINDS[cfg.encoder]
+
+
+def make_encoder(cfg: TrainConfig, llm: LLMSetup | None = None, client: VLLMEncoder | None = None) -> Encoder:
+    """The encoder of `cfg` from already loaded parts (`load_encoder` loads them): the one place that turns the
+    `--encoder` name into behaviour."""
+    return KINDS[cfg.encoder].build(cfg, llm, client)
+
+
+def load_encoder(cfg: TrainConfig) -> Encoder:
+    """Load what a run of `cfg` encodes with (the model, template and prefix cache in-scan; the tokenizer, template
+    and a client of the server for HTTP) and return its `Encoder`."""
+    from rl.encoders import load_llm
+
+    facts = cfg.kind
+    if not facts.uses_llm:
+        return make_encoder(cfg)
+    llm = load_llm(cfg, with_model=not facts.http)
+    client = VLLMEncoder(cfg.vllm_url, llm.template, timeout=cfg.vllm_timeout) if facts.http else None
+    return make_encoder(cfg, llm, client)
