@@ -116,3 +116,55 @@ def templates(tokenizer):
 def batched_templates(templates):
     """(env, fmt) -> jax.jit(jax.vmap(state template)), compiled once per input shape for the whole session."""
     return {key: jax.jit(jax.vmap(tpl)) for key, tpl in templates.items()}
+
+
+# ------------------------------------------------------------------------------- xdist schedule (CI: -n 2 --dist loadfile)
+# Files that share expensive session fixtures run as one unit on one worker, so the fixtures are built once:
+# the render files share the sampled states and the compiled templates above, the parity files their prompts and
+# checkpoint (tests/parity/conftest.py).
+SHARED_FIXTURE_GROUPS = (("test_render_template.py", "test_render_obs.py"),
+                         ("test_parity_hf.py", "test_parity_http.py", "test_parity_vllm.py"))
+# The longest units first (seconds on CI's 2-core machine, with the other worker busy, empty compilation cache;
+# measured 2026-11-27, rounded): started last, one of them would leave the other worker idle at the end. Files not
+# listed follow in xdist's own order (most tests first).
+LONGEST_UNITS = ("test_rl_multidevice.py", "test_render_template.py", "test_rl_inscan.py", "test_bench_scripts.py",
+                 "test_parity_hf.py")
+
+
+def _file_scheduler(config, log):
+    """`--dist loadfile` with SHARED_FIXTURE_GROUPS as single units and LONGEST_UNITS handed out first; None (xdist's
+    own scheduler) where this xdist lacks the internals it relies on."""
+    try:
+        from xdist.scheduler import LoadFileScheduling
+    except ImportError:
+        return None
+    if not all(hasattr(LoadFileScheduling, name) for name in ("_split_scope", "_assign_work_unit")):
+        return None
+    group_of = {name: group[0] for group in SHARED_FIXTURE_GROUPS for name in group}
+    rank = {name: k for k, name in enumerate(LONGEST_UNITS)}
+
+    class GroupedLongestFirst(LoadFileScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            folder, _, name = path.rpartition("/")
+            return f"{folder}/{group_of[name]}" if name in group_of else path
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered and hasattr(self, "workqueue"):
+                units = list(self.workqueue.items())
+                position = {scope: k for k, (scope, _) in enumerate(units)}
+                key = lambda item: (rank.get(item[0].rpartition("/")[2], len(rank)), position[item[0]])
+                self.workqueue.clear()
+                self.workqueue.update(sorted(units, key=key))
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return GroupedLongestFirst(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """The README's `-n 2 --dist loadfile` with this suite's schedule (see SHARED_FIXTURE_GROUPS, LONGEST_UNITS)."""
+    return _file_scheduler(config, log) if config.getvalue("dist") == "loadfile" else None
