@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -104,18 +105,40 @@ def state_chunks():
     return {env: [sample_states(env, RENDER_CHUNK, seed) for seed in RENDER_SEEDS] for env in RENDER_ENVS}
 
 
+class _BuiltOnFirstUse(Mapping):
+    """A read-only mapping over fixed keys whose values are built by `build(key)` on first access (a file that
+    needs one template does not build all four)."""
+
+    def __init__(self, keys, build):
+        self._keys, self._build, self._values = tuple(keys), build, {}
+
+    def __getitem__(self, key):
+        if key not in self._keys:
+            raise KeyError(key)
+        if key not in self._values:
+            self._values[key] = self._build(key)
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self):
+        return len(self._keys)
+
+
 @pytest.fixture(scope="session")
 def templates(tokenizer):
-    """(env, fmt) -> the state template."""
+    """(env, fmt) -> the state template (each built on first use)."""
     from render import build_template
 
-    return {(env, fmt): build_template(tokenizer, env, fmt) for env in RENDER_ENVS for fmt in RENDER_FORMATS}
+    keys = [(env, fmt) for env in RENDER_ENVS for fmt in RENDER_FORMATS]
+    return _BuiltOnFirstUse(keys, lambda key: build_template(tokenizer, *key))
 
 
 @pytest.fixture(scope="session")
 def batched_templates(templates):
     """(env, fmt) -> jax.jit(jax.vmap(state template)), compiled once per input shape for the whole session."""
-    return {key: jax.jit(jax.vmap(tpl)) for key, tpl in templates.items()}
+    return _BuiltOnFirstUse(templates, lambda key: jax.jit(jax.vmap(templates[key])))
 
 
 # ------------------------------------------------------------------------------- xdist schedule (CI: -n 2 --dist loadfile)
