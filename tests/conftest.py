@@ -147,11 +147,13 @@ def batched_templates(templates):
 # checkpoint (tests/parity/conftest.py).
 SHARED_FIXTURE_GROUPS = (("test_render_template.py", "test_render_obs.py"),
                          ("test_parity_hf.py", "test_parity_http.py", "test_parity_vllm.py"))
-# The longest units first (seconds on CI's 2-core machine, with the other worker busy, empty compilation cache;
-# measured 2026-11-27, rounded): started last, one of them would leave the other worker idle at the end. Files not
-# listed follow in xdist's own order (most tests first).
+# The longest units first (on CI's 2-core machine, empty compilation cache, 2026-11: test_rl_multidevice ~450 s,
+# the render pair and test_rl_inscan ~250-300 s, test_bench_scripts ~250 s, the parity files ~150-200 s,
+# test_rl_multihost's three training processes), so that none starts last and leaves the other worker idle at the
+# end (xdist alone hands out files with the most tests first, and these have few). Files not listed follow in
+# xdist's order. test_rl_multihost after test_rl_multidevice: its reference run reuses that file's 2-device compile.
 LONGEST_UNITS = ("test_rl_multidevice.py", "test_render_template.py", "test_rl_inscan.py", "test_bench_scripts.py",
-                 "test_parity_hf.py")
+                 "test_parity_hf.py", "test_rl_multihost.py")
 
 
 def _file_scheduler(config, log):
