@@ -31,10 +31,12 @@ RTOL, ATOL = 1e-4, 1e-6
 # The synthetic PPO update: T x B samples with an obs feature size seen nowhere else in its HLO.
 PPO_T, PPO_B, PPO_OBS = 8, 8, 37
 # The workers' time is nearly all compiling (8 envs, a few steps): LLVM optimisation level 0 compiles Craftax's env
-# programs in ~55-60% of the CPU time of the default level (measured 2026-11-27: Classic BatchedEnv reset 4.6 vs 10.8 s,
-# step 19.0 vs 31.2 s; results bit-identical over 6 steps); every comparison here is between programs compiled
-# with the same flags. tests/test_rl_multihost.py uses the same flags (its 2-device reference shares the resume
-# worker's compile through the persistent cache, whose key includes XLA_FLAGS).
+# programs in ~40-60% of the CPU time of the default level (measured 2026-11-27, CPU seconds: Classic BatchedEnv
+# reset 4.6 vs 10.8, step 19.0 vs 31.2, render.sample_states 30 vs 51). The HLO (fusions, collectives) is the same;
+# float rounding may differ (env states were bit-identical over 6 steps, the synthetic PPO update's params ~1e-6
+# apart), and every comparison here is between programs compiled with the same flags. tests/test_rl_multihost.py uses
+# the same flags (its 2-device reference shares the resume worker's compile through the persistent cache, whose key
+# includes XLA_FLAGS).
 WORKER_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
