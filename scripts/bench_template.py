@@ -138,7 +138,8 @@ def env_step_time(step, first, iters: int) -> float:
 
 
 def length_stats(tpl, chunks) -> dict:
-    lens = np.concatenate([np.asarray(jax.jit(jax.vmap(tpl))(c)[1]) for c in chunks])
+    batched = jax.jit(jax.vmap(tpl))  # traced and compiled once for all chunks (one shape)
+    lens = np.concatenate([np.asarray(batched(c)[1]) for c in chunks])
     return {
         "states": int(lens.size), "mean": float(lens.mean()), "p99": float(np.percentile(lens, 99)),
         "max": int(lens.max()), "max_len": tpl.max_len, "prefix": len(tpl.prefix_ids),
@@ -162,7 +163,8 @@ def informative_tiles(env_name: str, chunks) -> dict:
             bg = jnp.zeros(64, bool).at[jnp.array([b.value for b in COMPACT_BACKGROUND])].set(True)
             return jnp.sum((t["mob"] < NO_MOB) | ~bg[t["block"]])
 
-    n = np.concatenate([np.asarray(jax.jit(jax.vmap(count))(c)) for c in chunks])
+    batched = jax.jit(jax.vmap(count))  # traced and compiled once for all chunks (one shape)
+    n = np.concatenate([np.asarray(batched(c)) for c in chunks])
     return {
         "K": COMPACT_MAX_TILES, "mean": float(n.mean()), "p50": float(np.percentile(n, 50)),
         "p99": float(np.percentile(n, 99)), "max": int(n.max()),

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -104,15 +105,91 @@ def state_chunks():
     return {env: [sample_states(env, RENDER_CHUNK, seed) for seed in RENDER_SEEDS] for env in RENDER_ENVS}
 
 
+class _BuiltOnFirstUse(Mapping):
+    """A read-only mapping over fixed keys whose values are built by `build(key)` on first access (a file that
+    needs one template does not build all four)."""
+
+    def __init__(self, keys, build):
+        self._keys, self._build, self._values = tuple(keys), build, {}
+
+    def __getitem__(self, key):
+        if key not in self._keys:
+            raise KeyError(key)
+        if key not in self._values:
+            self._values[key] = self._build(key)
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self):
+        return len(self._keys)
+
+
 @pytest.fixture(scope="session")
 def templates(tokenizer):
-    """(env, fmt) -> the state template."""
+    """(env, fmt) -> the state template (each built on first use)."""
     from render import build_template
 
-    return {(env, fmt): build_template(tokenizer, env, fmt) for env in RENDER_ENVS for fmt in RENDER_FORMATS}
+    keys = [(env, fmt) for env in RENDER_ENVS for fmt in RENDER_FORMATS]
+    return _BuiltOnFirstUse(keys, lambda key: build_template(tokenizer, *key))
 
 
 @pytest.fixture(scope="session")
 def batched_templates(templates):
     """(env, fmt) -> jax.jit(jax.vmap(state template)), compiled once per input shape for the whole session."""
-    return {key: jax.jit(jax.vmap(tpl)) for key, tpl in templates.items()}
+    return _BuiltOnFirstUse(templates, lambda key: jax.jit(jax.vmap(templates[key])))
+
+
+# ------------------------------------------------------------------------------- xdist schedule (CI: -n 2 --dist loadfile)
+# Files that share expensive session fixtures run as one unit on one worker, so the fixtures are built once:
+# the render files share the sampled states and the compiled templates above, the parity files their prompts and
+# checkpoint (tests/parity/conftest.py).
+SHARED_FIXTURE_GROUPS = (("test_render_template.py", "test_render_obs.py"),
+                         ("test_parity_hf.py", "test_parity_http.py", "test_parity_vllm.py"))
+# The longest units first (on CI's 2-core machine, empty compilation cache, 2026-11: test_rl_multidevice ~450 s,
+# the render pair and test_rl_inscan ~250-300 s, test_bench_scripts ~250 s, the parity files ~150-200 s,
+# test_rl_multihost's three training processes), so that none starts last and leaves the other worker idle at the
+# end (xdist alone hands out files with the most tests first, and these have few). Files not listed follow in
+# xdist's order. test_rl_multihost after test_rl_multidevice: its reference run reuses that file's 2-device compile.
+LONGEST_UNITS = ("test_rl_multidevice.py", "test_render_template.py", "test_rl_inscan.py", "test_bench_scripts.py",
+                 "test_parity_hf.py", "test_rl_multihost.py")
+
+
+def _file_scheduler(config, log):
+    """`--dist loadfile` with SHARED_FIXTURE_GROUPS as single units and LONGEST_UNITS handed out first; None (xdist's
+    own scheduler) where this xdist lacks the internals it relies on."""
+    try:
+        from xdist.scheduler import LoadFileScheduling
+    except ImportError:
+        return None
+    if not all(hasattr(LoadFileScheduling, name) for name in ("_split_scope", "_assign_work_unit")):
+        return None
+    group_of = {name: group[0] for group in SHARED_FIXTURE_GROUPS for name in group}
+    rank = {name: k for k, name in enumerate(LONGEST_UNITS)}
+
+    class GroupedLongestFirst(LoadFileScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            folder, _, name = path.rpartition("/")
+            return f"{folder}/{group_of[name]}" if name in group_of else path
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered and hasattr(self, "workqueue"):
+                units = list(self.workqueue.items())
+                position = {scope: k for k, (scope, _) in enumerate(units)}
+                key = lambda item: (rank.get(item[0].rpartition("/")[2], len(rank)), position[item[0]])
+                self.workqueue.clear()
+                self.workqueue.update(sorted(units, key=key))
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return GroupedLongestFirst(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """The README's `-n 2 --dist loadfile` with this suite's schedule (see SHARED_FIXTURE_GROUPS, LONGEST_UNITS)."""
+    return _file_scheduler(config, log) if config.getvalue("dist") == "loadfile" else None

@@ -30,6 +30,14 @@ INSCAN_RUN = dict(encoder="inscan", num_envs=4, num_steps=4, skip_n=6, reset_rat
 RTOL, ATOL = 1e-4, 1e-6
 # The synthetic PPO update: T x B samples with an obs feature size seen nowhere else in its HLO.
 PPO_T, PPO_B, PPO_OBS = 8, 8, 37
+# The workers' time is nearly all compiling (8 envs, a few steps): LLVM optimisation level 0 compiles Craftax's env
+# programs in ~40-60% of the CPU time of the default level (measured 2026-11-27, CPU seconds: Classic BatchedEnv
+# reset 4.6 vs 10.8, step 19.0 vs 31.2, render.sample_states 30 vs 51). The HLO (fusions, collectives) is the same;
+# float rounding may differ (env states were bit-identical over 6 steps, the synthetic PPO update's params ~1e-6
+# apart), and every comparison here is between programs compiled with the same flags. tests/test_rl_multihost.py uses
+# the same flags (its 2-device reference shares the resume worker's compile through the persistent cache, whose key
+# includes XLA_FLAGS).
+WORKER_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -247,7 +255,8 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("multidevice")
     procs = {}
     for name, (_, devices) in WORKERS.items():
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        xla_flags = f"--xla_force_host_platform_device_count={devices} {WORKER_XLA_FLAGS}"
+        env = dict(os.environ, XLA_FLAGS=xla_flags,
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                    JAX_PLATFORMS="cpu")
         procs[name] = subprocess.Popen([sys.executable, __file__, name, str(out)], env=env, cwd=out,

@@ -28,13 +28,16 @@ UPDATES = 3
 # Float reassociation of the gradient all-reduce (gloo vs in-process) and of sums over the env axis.
 RTOL, ATOL = 1e-4, 1e-6
 TIMEOUT_S = 300
+# test_rl_multidevice's WORKER_XLA_FLAGS (why: there); the same, so that the reference shares its compile.
+PROCESS_XLA_FLAGS = "--xla_backend_optimization_level=0"
 NOT_COMPARED = ("sps", "seconds", "first_call_includes_compile")
 
 
 def _env(devices_per_process: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or k == "JAX_TEST_CACHE_DIR"}
     cache = os.environ.get("JAX_TEST_CACHE_DIR", ROOT / ".jax_cache")  # as tests/conftest.py
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+    xla_flags = f"--xla_force_host_platform_device_count={devices_per_process} {PROCESS_XLA_FLAGS}"
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags,
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", **extra)
