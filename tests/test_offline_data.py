@@ -177,3 +177,17 @@ def test_split_files_spread():
     assert len(val) == 2 and not set(train) & set(val) and sorted(train + val) == list(range(20))
     assert D.split_files(files[:1], 0.5) == ([0], [])
     assert json.dumps(val)
+
+
+def test_cli_names_a_bad_file_in_one_line(tmp_path, capsys):
+    from rl.offline.__main__ import main
+
+    reward, done, obs = _stream(4, 2)
+    _split_files(tmp_path, reward, done, obs, cuts=[4])
+    with np.load(tmp_path / "traj-000000000004.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files if k != "action"}
+    np.savez(tmp_path / "traj-000000000004.npz", **arrays)
+    assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--hidden", "none"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "traj-000000000004.npz" in err and "missing key 'action'" in err
+    assert not (tmp_path / "run").exists()

@@ -87,20 +87,21 @@ class StreamedShards:
         epoch, k = divmod(position, self.count)
         return int(np.random.default_rng([self.seed, epoch]).permutation(self.count)[k])
 
-    def _load(self, position: int):
-        host = D.build_shard(self.prep.plan, self.prep.layout, self.groups[self.group_at(position)], self.uses_hidden)
+    def _load(self, group: int):
+        host = D.build_shard(self.prep.plan, self.prep.layout, self.groups[group], self.uses_hidden)
         rows = len(host["rtg"])
         return jax.device_put(pad_rows(host, self.capacity)), jnp.int32(rows)
 
     def for_update(self, u: int) -> tuple[Any, jax.Array]:
-        p = u // self.updates_per_shard
-        if self._current is None or self._current[0] != p:
-            if self._next is not None and self._next[0] == p:
+        group = self.group_at(u // self.updates_per_shard)
+        if self._current is None or self._current[0] != group:
+            if self._next is not None and self._next[0] == group:
                 loaded = self._next[1].result()
             else:
-                loaded = self._load(p)
-            self._current = (p, loaded)
-            self._next = (p + 1, self._pool.submit(self._load, p + 1))
+                loaded = self._load(group)
+            self._current = (group, loaded)
+            following = self.group_at(u // self.updates_per_shard + 1)
+            self._next = None if following == group else (following, self._pool.submit(self._load, following))
         return self._current[1]
 
     def close(self) -> None:
