@@ -195,7 +195,7 @@ def train(cfg: OfflineConfig, *, resume: bool = False, stop_after: int | None = 
             u = end
             if u % cfg.log_every == 0 or u == cfg.steps or u == stop_at:
                 rec = _record(u, cfg, pending, validate(params, val_shard, stats) if val_shard else None,
-                              (u - u_log) / max(time.perf_counter() - t_log, 1e-9))
+                              u - u_log, t_log)
                 pending, t_log, u_log = [], time.perf_counter(), u
                 log.append(rec)
                 if trackers is not None:
@@ -233,14 +233,17 @@ def _val_shard(prep: Prepared, cfg: OfflineConfig) -> dict | None:
     return jax.device_put(host)
 
 
-def _record(u: int, cfg: OfflineConfig, pending, val, rate: float) -> dict[str, Any]:
+def _record(u: int, cfg: OfflineConfig, pending, val, done: int, since: float) -> dict[str, Any]:
+    """The metrics record at update `u`: the loss terms averaged over the updates since the last record (read
+    from the device here: this waits for them), the validation losses, and updates/s over `done` updates."""
     total = sum(n for n, _ in pending)
-    got = jax.device_get([m for _, m in pending])
-    rec: dict[str, Any] = {"update": u, "timestep": u * cfg.batch_size, "updates_per_s": rate}
+    got, val = jax.device_get(([m for _, m in pending], val))
+    rec: dict[str, Any] = {"update": u, "timestep": u * cfg.batch_size,
+                           "updates_per_s": done / max(time.perf_counter() - since, 1e-9)}
     for k in got[0]:
         rec[k] = float(sum(n * g[k] for (n, _), g in zip(pending, got)) / total)
     if val is not None:
-        rec.update({f"val_{k}": float(v) for k, v in jax.device_get(val).items()})
+        rec.update({f"val_{k}": float(v) for k, v in val.items()})
     return rec
 
 
