@@ -67,7 +67,10 @@ def _train(args: argparse.Namespace) -> int:
         resume = False
     tracking = TrackingOptions(wandb=getattr(args, "track", False), tensorboard=getattr(args, "tensorboard", False))
     tracking.check_installed()
-    train(cfg, resume=resume, quiet=getattr(args, "quiet", False), tracking=tracking)
+    from rl.interrupt import StopOnInterrupt
+
+    with StopOnInterrupt(lambda text: print("\n" + text, file=sys.stderr, flush=True)) as stop:
+        train(cfg, resume=resume, quiet=getattr(args, "quiet", False), tracking=tracking, should_stop=stop)
     return 0
 
 

@@ -117,11 +117,13 @@ def _boundary(u: int, cfg: OfflineConfig, every: tuple[int, ...]) -> int:
 
 
 def train(cfg: OfflineConfig, *, resume: bool = False, stop_after: int | None = None, quiet: bool = False,
-          tracking: Any = None, say: Callable[[str], None] = _stderr) -> Path:
+          tracking: Any = None, say: Callable[[str], None] = _stderr,
+          should_stop: Callable[[], bool] | None = None) -> Path:
     """Run (or, with `resume`, continue) offline AWR training; returns the run directory.
 
     `stop_after`: stop once this update is done and checkpointed (it must be a checkpoint boundary; tests use
-    it to stand for a kill). Raises ValueError / TrajectoryError (one line) for bad settings and bad files."""
+    it to stand for a kill). `should_stop`, asked after every dispatch (rl.interrupt's Ctrl-C): stop there with
+    a metrics record and a checkpoint. Raises ValueError / TrajectoryError (one line) for bad settings and files."""
     cfg.validate()
     run_dir = Path(cfg.out)
     if resume:
@@ -193,6 +195,8 @@ def train(cfg: OfflineConfig, *, resume: bool = False, stop_after: int | None = 
             params, opt_state, m = chunk(params, opt_state, shard, rows, stats, jnp.int32(u), length=end - u)
             pending.append((end - u, m))
             u = end
+            if should_stop is not None and should_stop():
+                stop_at = u
             if u % cfg.log_every == 0 or u == cfg.steps or u == stop_at:
                 rec = _record(u, cfg, pending, validate(params, val_shard, stats) if val_shard else None,
                               u - u_log, t_log)
