@@ -2,6 +2,7 @@
 GPU machine. Their numbers are not checked here (speed is measured by the scripts, never by tests); their
 output structure is."""
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -74,3 +75,12 @@ def test_bench_record_smoke(tmp_path):
     res = bench_record.main(["--smoke", "--dir", str(tmp_path / "work"), "--out", str(tmp_path / "record.json")])
     assert res["without"]["sps"] > 0 and res["with"]["sps"] > 0 and res["ratio_with_to_without"] > 0
     assert res["with"]["files"] == 5  # 3 updates of 64 samples (the compiling one included), 40 per file
+
+
+def test_bench_offline_smoke(tmp_path):
+    import bench_offline
+
+    res = bench_offline.main(["--smoke", "--out", str(tmp_path / "offline.json")])
+    assert res["updates"] == 200 and res["seconds"] > 0 and res["updates_per_s"] > 0
+    assert math.isfinite(res["final_loss"]) and res["bytes_per_sample"] > 0
+    assert json.loads((tmp_path / "offline.json").read_text())["samples"] == res["samples"]

@@ -1,0 +1,136 @@
+"""python -m rl.offline train|eval: offline AWR on trajectory files (docs/OFFLINE.md)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rl.cli import Parser, add_dataclass_options
+from rl.offline.config import GROUPS, HIDDEN_MODES, RESIDENT, OfflineConfig
+
+TRAIN_HELP = """Train an offline AWR policy on trajectory files (recorded by rl.train / rl.eval --save-trajectories,
+labelled by rl.label, or the reference pipeline's). Returns-to-go run across file boundaries of a recording;
+the dataset lives on the device when it fits (compact, lossless), else shards stream from a prefetching reader;
+held-out files give a validation loss; checkpoints hold the hidden-state normalisation statistics."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m rl.offline", description=__doc__)
+    sub = p.add_subparsers(dest="command", metavar="{train,eval}", parser_class=Parser)
+    sub.required = True
+    t = sub.add_parser("train", help="train an AWR policy", description=TRAIN_HELP,
+                       argument_default=argparse.SUPPRESS)
+    add_dataclass_options(t, OfflineConfig, GROUPS, choices={"hidden": HIDDEN_MODES, "resident": RESIDENT})
+    t.add_argument("--config", type=Path, metavar="FILE", help="settings from a JSON/YAML file (e.g. a run's "
+                   "config.json); flags override it")
+    t.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a stopped or killed run exactly "
+                   "(--steps may be raised)")
+    t.add_argument("--track", action="store_true", help="log metrics to Weights & Biases")
+    t.add_argument("--tensorboard", action="store_true", help="log metrics for TensorBoard (RUN_DIR/tensorboard)")
+    t.add_argument("--quiet", action="store_true", help="print only errors and warnings")
+    e = sub.add_parser("eval", help="play a trained policy in the game", description=_eval_doc())
+    e.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory written by rl.offline train")
+    e.add_argument("--episodes", type=int, default=128, metavar="N", help="episodes per mode (one per env)")
+    e.add_argument("--modes", nargs="+", default=None, metavar="MODE",
+                   help="hidden-state ablations: real zeros shuffled (default: all three for --hidden real, the "
+                        "training mode otherwise)")
+    e.add_argument("--seed", type=int, default=1234, help="seed of the evaluation worlds (the same for every mode)")
+    e.add_argument("--max-steps", type=int, default=10_000, dest="max_steps", metavar="N",
+                   help="stop an episode after this many steps (reported as unfinished)")
+    e.add_argument("--system-prompt", default=None, dest="system_prompt", metavar="TEXT_OR_FILE",
+                   help="the system prompt given to rl.label, if not its default")
+    return p
+
+
+def _eval_doc() -> str:
+    from rl.offline import evaluate
+
+    return evaluate.__doc__
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rl.offline.train import resume_config, train
+    from rl.tracking import TrackingOptions
+
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(OfflineConfig) if hasattr(args, f.name)}
+    if getattr(args, "resume", None) is not None:
+        cfg = resume_config(args.resume, given)
+        resume = True
+    else:
+        settings = {}
+        if getattr(args, "config", None) is not None:
+            settings = _read_settings(args.config)
+        cfg = OfflineConfig(**{**settings, **given})
+        resume = False
+    tracking = TrackingOptions(wandb=getattr(args, "track", False), tensorboard=getattr(args, "tensorboard", False))
+    tracking.check_installed()
+    from rl.interrupt import StopOnInterrupt
+
+    with StopOnInterrupt(lambda text: print("\n" + text, file=sys.stderr, flush=True)) as stop:
+        train(cfg, resume=resume, quiet=getattr(args, "quiet", False), tracking=tracking, should_stop=stop)
+    return 0
+
+
+def _read_settings(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            d = yaml.safe_load(text)
+        else:
+            d = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - yaml and json raise different types; both mean "not parseable"
+        raise ValueError(f"--config {path}: not parseable ({str(e).splitlines()[0]})") from None
+    if isinstance(d, dict) and d.get("kind") == "offline-awr":
+        d = d["settings"]  # a run's config.json
+    if not isinstance(d, dict):
+        raise ValueError(f"--config {path}: expected a mapping of setting names to values")
+    d = {k.replace("-", "_"): v for k, v in d.items()}
+    names = {f.name for f in dataclasses.fields(OfflineConfig)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"--config {path}: unknown settings {unknown} (python -m rl.offline train --help lists them)")
+    d.pop("out", None)
+    return d
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rl.eval_report import format_table, plot_ablations
+    from rl.offline.evaluate import evaluate
+
+    say = lambda text: print(text, file=sys.stderr, flush=True)
+    results = evaluate(args.run_dir, args.episodes, args.modes, args.seed, args.max_steps, args.system_prompt, say)
+    print(format_table(results))
+    out = args.run_dir / "eval.json"
+    tmp = out.with_name(".eval.json.tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.replace(out)
+    written = [out]
+    if len(results) > 1:
+        written.append(plot_ablations(results, args.run_dir / "eval_ablations.png", args.run_dir.name))
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _train(args) if args.command == "train" else _eval(args)
+    except (ValueError, FileNotFoundError) as e:  # TrajectoryError, CheckpointError are ValueErrors
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; continue a training run with python -m rl.offline train --resume RUN_DIR",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
