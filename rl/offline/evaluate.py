@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxllm.compile import compiler_options, jit as jit_with_options
 from rl.eval import Episodes, first_episodes, summarise
 from rl.offline.policy import OfflinePolicy, load_policy
 
@@ -89,7 +90,7 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
         clock = jnp.where(done, 0, clock - 1)  # a reset env refreshes on its next step
         return (state, obs, hidden, clock, key), info
 
-    @partial(jax.jit, static_argnames="length")
+    @partial(jit_with_options, compiler_options=compiler_options(), static_argnames="length")
     def run_window(carry, seen, params, mode, llm_params, cache, length: int):
         carry, info = jax.lax.scan(partial(step, params=params, mode=mode, llm_params=llm_params, cache=cache),
                                    carry, None, length)
