@@ -18,7 +18,6 @@ from rl.offline.data import Layout, decode_obs
 from rl.offline.networks import normalise
 
 
-
 def awr_loss(params, apply: Callable, obs, hidden, action, rtg, beta: float, weight_clip: float,
              value_coef: float) -> tuple[jax.Array, dict[str, jax.Array]]:
     """AWR loss of one batch: advantage = rtg - V(s) (no gradient), centred over the batch; weight =
