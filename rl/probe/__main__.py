@@ -48,10 +48,12 @@ def main(argv=None) -> int:
 def _run(args, say) -> int:
     from rl.probe import report
     from rl.probe.core import check_kinds, probe_policy, trajectory_values
-    from rl.probe.policy import load_policy
+    from rl.probe.policy import check_run_dir, load_policy
 
     if args.kinds:
         check_kinds(args.kinds)
+    for run_dir in [args.run_dir] + ([args.run_b] if args.run_b else []):
+        check_run_dir(run_dir)
     out = args.out or args.run_dir / "probe"
     runs, timing = [], {}
     for run_dir in [args.run_dir] + ([args.run_b] if args.run_b else []):

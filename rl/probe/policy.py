@@ -66,14 +66,20 @@ def _llm_parts(cfg, model, tokenizer, template, prefix_cache) -> ProbeLLM:
                     tokenizer, cfg.obs_format, cfg.system_prompt)
 
 
+def check_run_dir(run_dir: Path) -> Path:
+    """`run_dir`'s config.json; FileNotFoundError (one line) if there is none."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json); pass a directory written by "
+                                f"rl.train or rl.offline train")
+    return path
+
+
 def load_policy(run_dir: Path) -> ProbePolicy:
     """The newest checkpoint of `run_dir` as a ProbePolicy. ValueError / FileNotFoundError (one line) for a
     directory that is not a run."""
     run_dir = Path(run_dir)
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json); pass a directory written by "
-                                f"rl.train or rl.offline train")
+    path = check_run_dir(run_dir)
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
