@@ -144,6 +144,35 @@ def test_hand_built_critic_gives_exact_differences_and_signs(states):
     assert set(health) >= set(STAT_KEYS)
 
 
+def test_offline_run_loads_through_the_contract(tmp_path, monkeypatch, states):
+    """A config.json of kind offline-awr goes to rl.offline.load_policy (CONTRACTS.md; a stand-in module here,
+    returning a policy object of the contract's shape)."""
+    import sys
+    import types
+    from dataclasses import dataclass
+    from typing import Any, Callable
+
+    from rl.probe.policy import load_policy
+
+    @dataclass(frozen=True)
+    class OfflinePolicy:
+        env: str
+        params: Any
+        apply: Callable
+        uses_hidden: bool
+        labelling: dict | None
+        hidden_skip_n: int
+
+    offline = types.ModuleType("rl.offline")
+    offline.load_policy = lambda run_dir: OfflinePolicy(CLASSIC, {"w": jnp.float32(2.0)}, _critic, False, None, 0)
+    monkeypatch.setitem(sys.modules, "rl.offline", offline)
+    (tmp_path / "config.json").write_text(json.dumps({"kind": "offline-awr", "gamma": 0.9}))
+    policy = load_policy(tmp_path)
+    assert policy.env == CLASSIC and policy.gamma == 0.9 and not policy.uses_hidden
+    probe = probe_policy(policy, ["health"], states=states)
+    assert probe["kinds"]["health"].modes["real"]["mean_dv"] == 2 * (P.STATUS_HIGH - P.STATUS_LOW)
+
+
 @pytest.fixture(scope="module")
 def llm_policy():
     """The hand-built critic reading the tiny LLM's hidden state (with weight 0 for its value; a small weight
@@ -165,7 +194,7 @@ def llm_policy():
 
 def test_batched_equals_one_pair_at_a_time(llm_policy, built):
     prober = Prober(llm_policy, ("real", "zero", "other_prompt"))
-    low, high, _ = built["zombie_adjacent"]
+    low, high = built["zombie_adjacent"][:2]
     key = jax.random.PRNGKey(0)
     values, logp = prober.evaluate(low, high, key)
     for i in range(2):

@@ -65,7 +65,6 @@ class Prober:
         self.forward = make_forward(policy, self.modes)
         self._builders: dict[str, Callable] = {}
         llm = policy.llm
-        self._inject = None
         if llm is not None:
             self._tail = prompts.tail_length(llm.template, llm.tokenizer)
 
