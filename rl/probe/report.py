@@ -80,6 +80,7 @@ def plot(runs: list[tuple[str, dict[str, Any]]], out: Path) -> Path:
     import numpy as np
 
     kinds = list(dict.fromkeys(k for _, p in runs for k in p["kinds"]))
+    signs = {k: r.expected_sign for _, p in runs for k, r in p["kinds"].items()}
     fig, axes = plt.subplots(1, len(runs), figsize=(7 * len(runs), 0.28 * len(kinds) * 1.5 + 2), squeeze=False,
                              sharey=True)
     for ax, (run, probe) in zip(axes[0], runs):
@@ -97,8 +98,7 @@ def plot(runs: list[tuple[str, dict[str, Any]]], out: Path) -> Path:
             ax.barh(y, means, height=h, xerr=np.maximum([lo, hi], 0), label=mode, capsize=1.5, error_kw={"lw": 0.5})
         ax.axvline(0, color="black", lw=0.5)
         ax.set_yticks(np.arange(len(kinds)))
-        ax.set_yticklabels([f"{k} ({'+' if probe['kinds'][k].expected_sign > 0 else '-'})" if k in probe["kinds"]
-                            else k for k in kinds], fontsize=7)
+        ax.set_yticklabels([f"{k} ({'+' if signs[k] > 0 else '-'})" for k in kinds], fontsize=7)
         ax.invert_yaxis()
         ax.set_xlabel("V(high) - V(low): mean, p10-p90")
         ax.set_title(Path(run).name, fontsize=9)
