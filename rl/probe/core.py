@@ -85,9 +85,12 @@ class Prober:
             obs_hi = obs_lo
         if inject is not None:
             llm = self.policy.llm
+            if len(inject) > prompts.MAX_INJECTED:
+                raise ValueError(f"an injected text may take {prompts.MAX_INJECTED} tokens, this one takes {len(inject)}")
             ids_hi, len_hi = jax.vmap(lambda i, n: prompts.inject_ids(i, n, inject, self._tail, llm.template.pad_id))(
                 ids_lo, len_lo)
-            ids_lo = pad_ids(ids_lo, ids_hi.shape[1], llm.template.pad_id)
+            width = ids_lo.shape[1] + prompts.MAX_INJECTED  # one width (one compile) for every injected text
+            ids_lo, ids_hi = (pad_ids(x, width, llm.template.pad_id) for x in (ids_lo, ids_hi))
         llm_args = (self.policy.llm.args, self.policy.llm.other_args) if self.policy.llm else (None, None)
         out = self.forward(self.policy.params, *llm_args, obs_lo, obs_hi, ids_lo, ids_hi, len_lo, len_hi, key)
         return jax.device_get(out)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 PREFIX = "prompt:"
+MAX_INJECTED = 32  # tokens an injected sentence may take (every injected prompt is padded to one width)
 
 
 @dataclass(frozen=True)
