@@ -233,19 +233,17 @@ def darkness_edit(env_name: str) -> Edit:
 
 
 def floor_edit(env_name: str) -> Edit | None:
-    """Craftax only: the player one floor deeper (same position; ok where that tile is walkable and free)."""
+    """Craftax only: the player one floor deeper, where descending puts them (that floor's up ladder, as
+    craftax's own descend does). ok where there is a floor below and its ladder tile holds no mob."""
     if env_name != CRAFTAX:
         return None
 
     def edit(key, s):
-        deeper = s.replace(player_level=jnp.asarray(s.player_level + 1, jnp.asarray(s.player_level).dtype))
-        n = s.map.shape[0]
-        ok = s.player_level + 1 < n
-        deeper = deeper.replace(player_level=jnp.where(ok, deeper.player_level, s.player_level))
-        p = s.player_position
-        tile_ok = jnp.isin(s.map[deeper.player_level, p[0], p[1]], _walkable(env_name)) & \
-            ~s.mob_map[deeper.player_level, p[0], p[1]]
-        return s, deeper, ok & tile_ok
+        ok = s.player_level + 1 < s.map.shape[0]
+        level = jnp.where(ok, s.player_level + 1, s.player_level).astype(jnp.asarray(s.player_level).dtype)
+        pos = s.up_ladders[level].astype(s.player_position.dtype)
+        deeper = s.replace(player_level=level, player_position=pos)
+        return s, deeper, ok & ~s.mob_map[level, pos[0], pos[1]]
     return edit
 
 
@@ -271,7 +269,7 @@ KINDS: tuple[PairKind, ...] = (
     PairKind("water_in_view", +1, ("map",), block_edit("WATER"), "no water vs water 1-2 tiles away"),
     PairKind("ladder_in_view", +1, ("item_map",), ladder_edit, "no ladder vs a down ladder 1-2 tiles away"),
     PairKind("darkness", -1, ("light_level", "light_map"), darkness_edit, "day vs night"),
-    PairKind("floor", +1, ("player_level",), floor_edit, "this floor vs the one below"),
+    PairKind("floor", +1, ("player_level", "player_position"), floor_edit, "this floor vs the one below"),
 )
 KIND_NAMES = tuple(k.name for k in KINDS)
 
