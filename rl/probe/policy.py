@@ -1,0 +1,167 @@
+"""What the probe needs of a trained run, and `load_policy`: THE one function that reads a run directory.
+
+Online runs (`rl.train` run dirs, encoder none or inscan; vllm runs are probed with the in-scan encoder of the
+same model, as rl.eval does) are restored through rl.eval's pieces; offline runs (config.json with
+`"kind": "offline-awr"`) through `rl.offline.load_policy` (docs: the contract in CONTRACTS.md), imported only then.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from rl.encoders import LLMArgs
+
+
+@dataclass(frozen=True)
+class ProbeLLM:
+    """The LLM side of a policy: token template, the batched LLM call and its arrays."""
+
+    template: Any  # render.Template of the run's settings (state -> ids)
+    encode_ids: Callable  # (llm_params, prefix_cache, ids [B, T], lengths [B]) -> raw hidden f32 [B, D]
+    args: LLMArgs  # params + prefix cache of the run's system prompt
+    other_args: LLMArgs  # the same params + the prefix cache of rl.eval's OTHER_PROMPT
+    tokenizer: Any
+    obs_format: str
+    system_prompt: Any  # what build_template took (None = the template's default)
+
+
+@dataclass(frozen=True)
+class ProbePolicy:
+    """A trained policy as the probe uses it (online and offline runs alike)."""
+
+    run: str
+    env: str
+    params: Any
+    apply: Callable  # (params, obs f32 [B, O], raw hidden f32 [B, D] | None) -> (distrax.Categorical, value [B])
+    llm: ProbeLLM | None  # None: the policy reads no hidden state
+    skip_n: int  # the hidden state is refreshed every skip_n steps while playing (0: once)
+    gamma: float  # discount of the return-to-go in the value diagnostics
+
+    @property
+    def uses_hidden(self) -> bool:
+        return self.llm is not None
+
+
+def _llm_parts(cfg, model, tokenizer, template, prefix_cache) -> ProbeLLM:
+    """ProbeLLM of a TrainConfig-like `cfg` from a loaded model (the other prompt's prefix computed here)."""
+    from jaxllm import prefill
+    from render import build_template
+
+    from rl.encoders import make_ids_encoder
+    from rl.eval import OTHER_PROMPT
+
+    other = build_template(tokenizer, cfg.env, fmt=cfg.obs_format, system_prompt=OTHER_PROMPT,
+                           assembly=cfg.template_assembly)
+    other_cache = jax.jit(prefill, static_argnums=1)(model.params, model.config,
+                                                     np.asarray(other.prefix_ids, np.int32))
+    encode_ids = make_ids_encoder(model.config, layer=cfg.llm_layer, pooling=cfg.pooling, method=cfg.llm_encode,
+                                  capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
+    return ProbeLLM(template, encode_ids, LLMArgs(model.params, prefix_cache), LLMArgs(model.params, other_cache),
+                    tokenizer, cfg.obs_format, cfg.system_prompt)
+
+
+def check_run_dir(run_dir: Path) -> Path:
+    """`run_dir`'s config.json; FileNotFoundError (one line) if there is none."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json); pass a directory written by "
+                                f"rl.train or rl.offline train")
+    return path
+
+
+def load_policy(run_dir: Path) -> ProbePolicy:
+    """The newest checkpoint of `run_dir` as a ProbePolicy. ValueError / FileNotFoundError (one line) for a
+    directory that is not a run."""
+    run_dir = Path(run_dir)
+    path = check_run_dir(run_dir)
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); pass a run directory written by rl.train") from None
+    if isinstance(raw, dict) and raw.get("kind") == "offline-awr":
+        return _load_offline(run_dir, raw)
+    return _load_online(run_dir)
+
+
+def _load_online(run_dir: Path) -> ProbePolicy:
+    """An rl.train run: its config, LLM (vllm runs get the in-scan encoder of the same model, as in rl.eval) and
+    the newest checkpoint's params, checked against the network the config builds."""
+    from rl.config import load_config
+    from rl.encoders import load_llm
+    from rl.envs import BatchedEnv
+    from rl.networks import make_network
+    from rl.rundir import Checkpoints
+
+    cfg = dataclasses.replace(load_config(run_dir / "config.json"), devices=1, save_trajectories=None)
+    llm = None
+    if cfg.uses_llm:
+        cfg = dataclasses.replace(cfg, encoder="inscan")
+        llm = load_llm(cfg)
+    env = BatchedEnv(cfg.env, 1)
+    network = make_network(env.num_actions, augmented=cfg.uses_llm, fusion=cfg.fusion, width=cfg.width)
+    ckpt = Checkpoints(run_dir)
+    try:
+        if ckpt.latest_step() is None:
+            raise FileNotFoundError(f"{run_dir} has no checkpoint to probe; train it first")
+        params = ckpt.restore(None)["params"]  # the params alone: no trainer, envs or LLM window to rebuild
+    finally:
+        ckpt.close()
+    obs = jax.ShapeDtypeStruct((1, _obs_size(cfg.env)), np.float32)
+    hidden = jax.ShapeDtypeStruct((1, llm.hidden_size), np.float32) if llm else None
+    expected = jax.eval_shape(network.init, jax.random.PRNGKey(0), obs, hidden)
+    shape = lambda t: jax.tree.map(lambda a: tuple(a.shape), t)
+    if jax.tree.structure(expected) != jax.tree.structure(params) or shape(expected) != shape(params):
+        raise ValueError(f"the checkpoint of {run_dir} does not fit the network its config.json describes")
+    params = jax.tree.map(jax.numpy.asarray, params)
+    parts = None if llm is None else _llm_parts(cfg, llm.model, llm.tokenizer, llm.template, llm.prefix_cache)
+    return ProbePolicy(str(run_dir), cfg.env, params, network.apply, parts, cfg.skip_n, cfg.gamma)
+
+
+def _obs_size(env: str) -> int:
+    from render.observation import OBS_SIZES
+
+    return OBS_SIZES[env]
+
+
+def _load_offline(run_dir: Path, raw: dict) -> ProbePolicy:
+    """An `rl.offline` run (CONTRACTS.md): its policy, and the in-scan LLM built exactly as its labels were."""
+    try:
+        from rl.offline import load_policy as load_offline
+    except ImportError as e:
+        raise ValueError(f"{run_dir} is an offline run but rl.offline cannot be imported ({e})") from None
+    pol = load_offline(run_dir)
+    parts = None
+    if pol.uses_hidden:
+        parts = _offline_llm(pol.env, pol.labelling or {})
+    return ProbePolicy(str(run_dir), pol.env, pol.params, pol.apply, parts, int(pol.hidden_skip_n),
+                       float(raw.get("gamma", 0.99)))
+
+
+def _offline_llm(env: str, labelling: dict) -> ProbeLLM:
+    """The in-scan LLM of an offline run's `labelling` metadata (rl.label's keys: model, llm_layer, pooling,
+    obs_format, llm_dtype, llm_encode, system_prompt)."""
+    from jaxllm import load_model, load_tokenizer, prefill
+    from render import build_template
+
+    from rl.config import TrainConfig
+
+    if "model" not in labelling:
+        raise ValueError("the offline run's labelling metadata names no model; cannot rebuild its LLM")
+    get = lambda *names, default=None: next((labelling[n] for n in names if n in labelling), default)
+    cfg = TrainConfig(env=env, encoder="inscan", model=labelling["model"], llm_layer=int(get("llm_layer", "layer",
+                      default=-1)), pooling=get("pooling", default="last"),
+                      obs_format=get("obs_format", "format", default="compact"),
+                      llm_dtype=get("llm_dtype", "dtype", default="auto"),
+                      llm_encode=get("llm_encode", default="bucketed"),
+                      system_prompt=get("system_prompt", default=None))
+    tokenizer = load_tokenizer(cfg.model)
+    template = build_template(tokenizer, env, fmt=cfg.obs_format, system_prompt=cfg.system_prompt)
+    model = load_model(cfg.model, dtype=None if cfg.llm_dtype == "auto" else cfg.llm_dtype)
+    cache = jax.jit(prefill, static_argnums=1)(model.params, model.config, np.asarray(template.prefix_ids, np.int32))
+    return _llm_parts(cfg, model, tokenizer, template, cache)

@@ -1,0 +1,61 @@
+"""Base states for the pairs: the run's own policy playing, each state taken at a random time.
+
+`n` envs play `steps` steps (the policy samples its actions, as in training; an env whose episode ends
+restarts in a fresh world); env i's state is kept at a random step in [window, steps], so the states are spread
+over episode time (and over the floors the policy reaches), not bunched at the start. With an LLM the
+hidden state is refreshed from the current states every `skip_n` steps (the in-scan encoder on the run's
+template), as the run computes it.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rl.envs import BatchedEnv
+from rl.probe.policy import ProbePolicy
+
+
+def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024):
+    """Raw EnvStates [n] of `policy` playing (see module docstring); deterministic in `seed`."""
+    env = BatchedEnv(policy.env, n, reset_ratio=1)
+    window = (policy.skip_n or steps) if policy.uses_hidden else 16
+    window = max(1, min(window, steps))
+    chunks = max(1, steps // window)
+    k_reset, k_pick, key = jax.random.split(jax.random.PRNGKey(seed), 3)
+    pick = jax.random.randint(k_pick, (n,), 0, chunks)  # the chunk after which env i's state is kept
+    obs, state = env.reset(k_reset)
+    kept = state.env_state
+    llm_args = policy.llm.args if policy.uses_hidden else None
+    advance = _advance(policy, env, window)
+    for c in range(chunks):
+        key, k = jax.random.split(key)
+        state, obs, kept = advance(policy.params, llm_args, state, obs, kept, pick == c, k)
+    return kept
+
+
+def _advance(policy: ProbePolicy, env: BatchedEnv, window: int):
+    llm = policy.llm
+
+    @jax.jit
+    def advance(params, llm_args, state, obs, kept, take, key):
+        hidden = None
+        if llm is not None:
+            ids, lengths = jax.vmap(llm.template)(state.env_state)
+            hidden = llm.encode_ids(*llm_args, ids, lengths)
+
+        def step(carry, k):
+            state, obs, hidden = carry
+            k_act, k_env = jax.random.split(k)
+            pi, _ = policy.apply(params, obs, hidden)
+            action = pi.sample(seed=k_act)
+            obs, state, _, done, _ = env.step(k_env, state, action)
+            if hidden is not None:  # a new episode never reads its predecessor's vector (zeros until the window ends)
+                hidden = jnp.where(done[:, None], 0.0, hidden)
+            return (state, obs, hidden), None
+
+        (state, obs, _), _ = jax.lax.scan(step, (state, obs, hidden), jax.random.split(key, window))
+        mask = lambda a: take.reshape(take.shape + (1,) * (a.ndim - 1))
+        kept = jax.tree.map(lambda new, old: jnp.where(mask(new), new, old), state.env_state, kept)
+        return state, obs, kept
+
+    return advance

@@ -1,0 +1,311 @@
+"""rl.probe (issue 25): every pair kind edits exactly its fields (state, craftax's observation, rendered text),
+batched == one pair at a time, a hand-built critic gives the exact differences, the prompt-only and injected-text
+edits, value diagnostics against plain loops, a plain PPO run end to end, and bad input in one line.
+
+Classic, a few fresh worlds as base states (the run-based test plays the policy for them); the tiny LLM.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from render.envs import CLASSIC
+from rl.probe import pairs as P
+from rl.probe.core import Prober, probe_policy
+from rl.probe.metrics import STAT_KEYS, returns_to_go, value_diagnostics
+from rl.probe.policy import ProbePolicy
+
+N = 4
+MAP = 7 * 9 * 21  # Classic observation: [7, 9, 21] window, then 22 flat values
+FLAT = {"health": 12, "food": 13, "drink": 14, "energy": 15, "light": 20,
+        **{k: i for i, k in enumerate(("wood", "stone", "coal", "iron", "diamond", "sapling"))}}
+MOB_CHANNEL = {"zombie": 17, "skeleton": 19, "arrow": 20}
+CLASSIC_KINDS = [k for k in P.KINDS if k.builder(CLASSIC) is not None]
+
+
+@pytest.fixture(scope="module")
+def states():
+    from render.sample_states import reset_states
+
+    return reset_states(CLASSIC, N, seed=3)
+
+
+@pytest.fixture(scope="module")
+def built(states):
+    """kind name -> (low, high, ok, obs_low, obs_high, text_low, text_high) on the base states: craftax's own
+    observation and the compact text of every side (one batched call each)."""
+    from render import render_text
+    from render.envs import make_raw_env
+
+    env, _ = make_raw_env(CLASSIC)
+    obs = jax.jit(jax.vmap(env.get_obs))
+    out = {}
+    for i, kind in enumerate(CLASSIC_KINDS):
+        edit = jax.jit(jax.vmap(kind.builder(CLASSIC)))
+        low, high, ok = edit(jax.random.split(jax.random.PRNGKey(i), N), states)
+        out[kind.name] = jax.device_get((low, high, ok, obs(low), obs(high))) + (
+            render_text(low, CLASSIC, "compact"), render_text(high, CLASSIC, "compact"))
+    return out
+
+
+def _changed_fields(a, b) -> set[str]:
+    changed = set()
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if any(not np.array_equal(u, v) for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y))):
+            changed.add(name)
+    return changed
+
+
+def _one(tree, i):
+    return jax.tree.map(lambda a: a[i], tree)
+
+
+def _text_diff(a: str, b: str) -> list[str]:
+    return [d for d in difflib.ndiff(a.splitlines(), b.splitlines()) if d[:2] in ("- ", "+ ")]
+
+
+@pytest.mark.parametrize("kind", CLASSIC_KINDS, ids=lambda k: k.name)
+def test_each_kind_changes_exactly_its_fields(kind, built):
+    """State: only the kind's fields differ; craftax's own observation: only the indices of that fact; the
+    rendered text: only the lines of that fact."""
+    low, high, ok, obs_low, obs_high, text_low, text_high = built[kind.name]
+    assert ok.sum() >= N - 1, f"{kind.name} could be built on only {ok.sum()} of {N} fresh worlds"
+    name = kind.name.split("_")[0]
+    for i in np.flatnonzero(ok):
+        changed = _changed_fields(_one(low, i), _one(high, i))
+        assert changed and changed <= set(kind.fields), (kind.name, changed)
+        d = np.flatnonzero(obs_low[i] != obs_high[i])
+        if name in FLAT:
+            assert d.tolist() == [MAP + FLAT[name]], (kind.name, d)
+        elif kind.name == "darkness":
+            assert d.tolist() == [MAP + FLAT["light"]], d
+        elif name in MOB_CHANNEL:  # the mob's channel on 1 tile (absent) or 2 tiles (far)
+            assert (d < MAP).all() and set(d % 21) == {MOB_CHANNEL[name]}, d
+            assert len(d) == (1 if kind.name.endswith("adjacent") else 2), d
+        else:  # a block on one tile: its old and new one-hot channels
+            assert len(d) == 2 and (d < MAP).all() and len(set(d // 21)) == 1 and (d % 21 < 17).all(), d
+        diff = _text_diff(text_low[i], text_high[i])
+        if name in FLAT or kind.name == "darkness":
+            label = "Status:" if name in ("health", "food", "drink", "energy", "darkness") else "Inventory:"
+            assert len(diff) == 2 and all(line[2:].startswith(label) for line in diff), diff
+            shown = "light=" if name == "darkness" else f"{name}="
+            assert shown in diff[1], diff
+        elif name in MOB_CHANNEL:
+            assert {line[2:].split(": ")[1] for line in diff} == {name}, diff
+            assert len(diff) == (1 if kind.name.endswith("adjacent") else 2), diff
+            adjacent = [line for line in diff if line.startswith("+ ")]
+            r, c = map(int, re.match(r"\+ (-?\d), (-?\d):", adjacent[0]).groups())
+            assert abs(r) + abs(c) == 1, adjacent
+        else:
+            block = {"table_in_view": "crafting table", "water_in_view": "water"}[kind.name]
+            assert diff[0].startswith("+ ") and diff[0].endswith(f": {block}"), diff
+            assert all(line.startswith("- ") for line in diff[1:]) and len(diff) <= 2, diff  # at most one pushed out
+
+
+# --------------------------------------------------------------------------------------- hand-built policies
+
+def _critic(params, obs, hidden=None):
+    """V = w * (health - energy) read from the observation (exact integers); logits [0, health/10, energy/10]."""
+    health = jnp.round(obs[:, MAP + FLAT["health"]] * 10)
+    energy = jnp.round(obs[:, MAP + FLAT["energy"]] * 10)
+    v = params["w"] * (health - energy)
+    if hidden is not None:
+        v = v + 0.0 * hidden.sum(-1)
+    logits = jnp.stack([jnp.zeros_like(health), obs[:, MAP + FLAT["health"]], obs[:, MAP + FLAT["energy"]]], -1)
+    return distrax.Categorical(logits=logits), v
+
+
+def test_hand_built_critic_gives_exact_differences_and_signs(states):
+    policy = ProbePolicy("hand-built", CLASSIC, {"w": jnp.float32(1.0)}, _critic, None, 0, 0.99)
+    probe = probe_policy(policy, ["health", "energy", "food", "zombie_adjacent", "prompt:health"], states=states)
+    assert "prompt:health" in probe["not_built"]  # no LLM: no prompt-only edits
+    k = probe["kinds"]
+    assert set(k["health"].modes) == {"real"}
+    health, energy, food = (k[n].modes["real"] for n in ("health", "energy", "food"))
+    d = P.STATUS_HIGH - P.STATUS_LOW
+    assert health["n"] == N and health["sign_correct"] == 1.0
+    assert health["mean_dv"] == health["median_dv"] == health["p10_dv"] == health["p90_dv"] == d
+    assert energy["sign_correct"] == 0.0 and energy["mean_dv"] == -d
+    assert food["mean_dv"] == 0.0 and food["sign_correct"] == 0.0 and food["kl"] == 0.0
+    f16 = lambda x: float(np.float16(x / 10))  # craftax stores status / 10 in float16
+    lp = lambda h: jax.nn.log_softmax(jnp.array([0.0, f16(h), f16(9)]))  # energy of a fresh world: 9
+    kl = float(jnp.sum(jnp.exp(lp(P.STATUS_LOW)) * (lp(P.STATUS_LOW) - lp(P.STATUS_HIGH))))
+    assert health["kl"] == pytest.approx(kl, rel=1e-5)
+    top = lambda h: int(np.argmax(lp(h)))  # numpy's argmax: the first of tied logits, as the probe's
+    assert health["top_changed"] == float(top(P.STATUS_LOW) != top(P.STATUS_HIGH))
+    assert set(health) >= set(STAT_KEYS)
+
+
+def test_offline_run_loads_through_the_contract(tmp_path, monkeypatch, states):
+    """A config.json of kind offline-awr goes to rl.offline.load_policy (CONTRACTS.md; a stand-in module here,
+    returning a policy object of the contract's shape)."""
+    import sys
+    import types
+    from dataclasses import dataclass
+    from typing import Any, Callable
+
+    from rl.probe.policy import load_policy
+
+    @dataclass(frozen=True)
+    class OfflinePolicy:
+        env: str
+        params: Any
+        apply: Callable
+        uses_hidden: bool
+        labelling: dict | None
+        hidden_skip_n: int
+
+    offline = types.ModuleType("rl.offline")
+    offline.load_policy = lambda run_dir: OfflinePolicy(CLASSIC, {"w": jnp.float32(2.0)}, _critic, False, None, 0)
+    monkeypatch.setitem(sys.modules, "rl.offline", offline)
+    (tmp_path / "config.json").write_text(json.dumps({"kind": "offline-awr", "gamma": 0.9}))
+    policy = load_policy(tmp_path)
+    assert policy.env == CLASSIC and policy.gamma == 0.9 and not policy.uses_hidden
+    probe = probe_policy(policy, ["health"], states=states)
+    assert probe["kinds"]["health"].modes["real"]["mean_dv"] == 2 * (P.STATUS_HIGH - P.STATUS_LOW)
+
+
+@pytest.fixture(scope="module")
+def llm_policy():
+    """The hand-built critic reading the tiny LLM's hidden state (with weight 0 for its value; a small weight
+    on the logits), built like an online run's policy."""
+    from rl.config import TrainConfig
+    from rl.encoders import load_llm
+    from rl.probe.policy import _llm_parts
+
+    cfg = TrainConfig(env=CLASSIC, encoder="inscan", model="tiny", llm_dtype="float32")
+    llm = load_llm(cfg)
+
+    def apply(params, obs, hidden):
+        pi, v = _critic(params, obs, hidden)
+        return distrax.Categorical(logits=pi.logits + 0.01 * hidden[:, :3]), v + params["h"] * hidden[:, 0]
+
+    parts = _llm_parts(cfg, llm.model, llm.tokenizer, llm.template, llm.prefix_cache)
+    return ProbePolicy("hand-built-llm", CLASSIC, {"w": jnp.float32(1.0), "h": jnp.float32(0.0)}, apply, parts, 4, 0.99)
+
+
+def test_batched_equals_one_pair_at_a_time(llm_policy, built):
+    """real, zero and other_prompt are per pair (noise and shuffled depend on the batch by design)."""
+    prober = Prober(llm_policy)  # every mode: the same program as the next test's (the compile cache serves it)
+    per_pair = [prober.modes.index(m) for m in ("real", "zero", "other_prompt")]
+    low, high = built["zombie_adjacent"][:2]
+    key = jax.random.PRNGKey(0)
+    values, logp = prober.evaluate(low, high, key)
+    for i in range(2):
+        v1, lp1 = prober.evaluate(jax.tree.map(lambda a: a[i:i + 1], low), jax.tree.map(lambda a: a[i:i + 1], high),
+                                  key)
+        np.testing.assert_allclose(v1[per_pair, :, 0], values[per_pair, :, i], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(lp1[per_pair, :, 0], logp[per_pair, :, i], rtol=1e-5, atol=1e-6)
+    # the real and other-prompt hidden states differ, so the logits do
+    assert not np.allclose(logp[per_pair[0]], logp[per_pair[2]])
+
+
+def test_all_modes_prompt_only_and_injected_text(llm_policy, states):
+    policy = llm_policy
+    probe = probe_policy(policy, ["health", "prompt:health", "prompt:enemy_adjacent_text",
+                                  "prompt:nonsense_text"], states=states, show=1)
+    k = probe["kinds"]
+    assert list(k["health"].modes) == ["real", "zero", "noise", "shuffled", "other_prompt"]
+    for mode, s in k["health"].modes.items():  # V does not read the hidden state: every mode is exact
+        assert s["mean_dv"] == P.STATUS_HIGH - P.STATUS_LOW and s["sign_correct"] == 1.0, mode
+    for name in ("prompt:health", "prompt:enemy_adjacent_text", "prompt:nonsense_text"):
+        s = k[name].modes
+        assert all(m["mean_dv"] == 0.0 for m in s.values()), name  # the observation is the same on both sides
+        assert s["real"]["kl"] > 0 and s["zero"]["kl"] == 0.0, name  # only the LLM's text changed
+    low, high = k["prompt:enemy_adjacent_text"].texts[0]
+    assert high == low + "Warning: a zombie is adjacent to you and attacking.\n"
+
+
+def test_injected_ids_equal_the_tokenizer_on_the_joined_text(llm_policy, states):
+    from rl.probe.prompts import inject_ids, tail_length
+
+    llm = llm_policy.llm
+    tpl = llm.template
+    s = _one(states, 0)
+    ids, n = jax.jit(tpl)(s)
+    extra = "Purple elephants sing.\n"
+    extra_ids = np.asarray(llm.tokenizer([extra], add_special_tokens=False)["input_ids"][0], np.int32)
+    out, m = inject_ids(ids, n, extra_ids, tail_length(tpl, llm.tokenizer), tpl.pad_id)
+    want = llm.tokenizer([tpl.observation_text(s) + extra + tpl.tail], add_special_tokens=False)["input_ids"][0]
+    assert int(m) == len(want) and np.asarray(out)[: int(m)].tolist() == want
+    assert (np.asarray(out)[int(m):] == tpl.pad_id).all()
+
+
+# ------------------------------------------------------------------------------------------ value diagnostics
+
+def test_returns_to_go_and_diagnostics_against_plain_loops():
+    rng = np.random.default_rng(0)
+    num_envs, steps, gamma = 3, 40, 0.9
+    reward = rng.normal(size=num_envs * steps).astype(np.float32)
+    done = rng.random(num_envs * steps) < 0.1
+    rtg, valid = returns_to_go(reward, done, num_envs, gamma)
+    for e in range(num_envs):
+        idx = list(range(e, num_envs * steps, num_envs))
+        for j, i in enumerate(idx):
+            ends = [k for k in idx[j:] if done[k]]
+            assert valid[i] == bool(ends)
+            if ends:
+                path = [k for k in idx[j:] if k <= ends[0]]
+                assert rtg[i] == pytest.approx(sum(gamma ** t * reward[k] for t, k in enumerate(path)), rel=1e-6)
+    value = rtg + rng.normal(scale=0.5, size=rtg.shape)
+    nxt = rng.normal(size=rtg.shape)
+    out = value_diagnostics(value, nxt, reward, done, rtg, valid, gamma)
+    v, g = value[valid], rtg[valid]
+    assert out["pearson"] == pytest.approx(np.corrcoef(v, g)[0, 1])
+    assert out["explained_variance"] == pytest.approx(1 - np.var(g - v) / np.var(g))
+    td = reward + gamma * nxt * (1 - done) - value
+    assert out["td_terminal"]["mean"] == pytest.approx(td[done].mean())
+    assert sum(b["n"] for b in out["calibration"]) == valid.sum()
+
+
+# ------------------------------------------------------------------------------------------- the command
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    """A plain PPO run of the test preset, recording its rollouts as trajectory files."""
+    from rl.train import main as train_main
+
+    root = tmp_path_factory.mktemp("probe")
+    assert train_main(["--preset", "test", "--run-dir", str(root / "run"), "--save-trajectories",
+                       str(root / "traj"), "--quiet"]) == 0
+    return root
+
+
+def test_plain_ppo_run_probes_without_llm_modes(plain_run, capsys):
+    from rl.probe.__main__ import main
+
+    out = plain_run / "out"
+    rc = main([str(plain_run / "run"), "--pairs", "3", "--play-steps", "8", "--kinds", "health", "zombie_adjacent",
+               "prompt:wood", "--out", str(out), "--show", "1", "--trajectories", str(plain_run / "traj")])
+    assert rc == 0
+    data = json.loads((out / "probe.json").read_text())
+    (run,) = data["runs"]
+    assert run["run"] == str(plain_run / "run") and set(run["kinds"]) == {"health", "zombie_adjacent"}
+    for k in run["kinds"].values():
+        assert k["expected_sign"] in (1, -1) and list(k["modes"]) == ["real"]
+        assert set(k["modes"]["real"]) == set(STAT_KEYS)
+    details = json.loads((out / "probe_details.json").read_text())
+    assert details["runs"][0]["value"]["samples"] == 8 * 8 * 3
+    assert (out / "probe.png").stat().st_size > 0 and "zombie_adjacent" in (out / "show.txt").read_text()
+    assert "health" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["/nonexistent/run"], "not a run directory"),
+    (["RUN", "--kinds", "bogus"], "unknown pair kind"),
+])
+def test_bad_input_is_one_line(argv, says, plain_run, capsys):
+    from rl.probe.__main__ import main
+
+    argv = [str(plain_run / "run") if a == "RUN" else a for a in argv]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and says in err[0], err
