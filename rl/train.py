@@ -29,6 +29,7 @@ from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, TrainConfig
                        read_settings_file, resolve_devices)
 from rl.encoders import LLMArgs
 from rl.interrupt import StopOnInterrupt
+from rl.llm_share import LLMShare
 from rl.progress import Progress, describe_llm
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
 from rl.tracking import TrackingOptions, Trackers, TrackingUnavailable
@@ -236,22 +237,30 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     cfg, run_dir, ckpt, log, start = run.cfg, run.run_dir, run.ckpt, run.log, run.start
     main_process = is_main_process()
     progress = Progress(cfg, run_dir, start, quiet=quiet, enabled=main_process)
-    if cfg.uses_llm and not quiet:
-        progress.say(f"loading the LLM ({cfg.model}) and its tokenizer ...")
+    progress.starting(cfg.devices, jax.default_backend())
+    if cfg.uses_llm:
+        progress.step(f"loading the LLM ({cfg.model}) and its tokenizer ...")
     llm, vllm = load_encoder(cfg)
+    if llm is not None:
+        progress.step(describe_llm(cfg, llm))
     trainer = Trainer(cfg, llm, vllm)
     llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else LLMArgs())
+    if cfg.uses_llm:
+        progress.step("resetting the envs and encoding their first states"
+                      + (" (compiles the LLM call) ..." if cfg.encoder == "inscan" else " ..."))
     runner = trainer.init_state(llm_args)
     if start:  # newest first; one that does not restore is reported and set aside
         start, runner = ckpt.restore_newest(runner)
         if main_process:
             print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
     log.truncate_after(start)
-    progress.starting(cfg.devices, jax.default_backend(), describe_llm(cfg, llm) if llm is not None else None)
+    progress.compiling(jax.default_backend())
 
     # Update u + 1 is dispatched before update u's metrics are read (except on the vllm host loop), so the device
     # never idles while the host logs, checks and checkpoints; a NaN at update u still stops with state u - 1 saved.
     pipelined = vllm is None
+    share = LLMShare(lambda: trainer.llm_window(before, llm_args), cfg.num_steps, cfg.skip_n) if (
+        llm is not None and vllm is None) else None  # in-scan: the LLM window timed alone (rl.llm_share)
     on_rollout = run.recorder.add_rollout if run.recorder else None  # --save-trajectories, in update order
     last = cfg.num_updates if max_updates is None else min(cfg.num_updates, start + max_updates)
     t_start = time.perf_counter()
@@ -260,16 +269,21 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     before = runner  # the state the update in flight started from
     llm_t0 = vllm.seconds if vllm else 0.0  # the server's time so far, when the update in flight was dispatched
     t_read = time.perf_counter()  # when the previous update's metrics arrived (for the first: before its compile)
+    tell = should_stop.running if isinstance(should_stop, StopOnInterrupt) else lambda reading, last: None
     in_flight = trainer.dispatch(runner, llm_args, on_rollout)
     for update in range(start + 1, last + 1):  # `update`: the update now in flight (1-based count)
         new_runner, m = in_flight
+        tell(update, update)  # so that a Ctrl-C can say which updates still run: a stop asked for now ends here
         stop = should_stop() if should_stop is not None else False
         if time_limit is not None:
             stop = stop or time.perf_counter() - t_start >= time_limit
         if time_limit is not None or should_stop is not None:  # clocks and Ctrl-C differ between processes:
             stop = agree_with_main_process(stop)  # process 0 decides for all
         more = update < last and not stop
-        if more and pipelined:
+        tell(update, update + 1 if more else update)  # from here on, the next update is started (ahead or below)
+        time_llm = more and share is not None and share.due(done_here + 1)  # with nothing in flight: not ahead
+        ahead = more and pipelined and not time_llm
+        if ahead:
             in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
         m = jax.device_get(m)  # waits for `update` only
         seconds = time.perf_counter() - t_read
@@ -284,8 +298,10 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
             llm_share = (vllm.seconds - llm_t0) / seconds
         elif llm is None:
             llm_share = 0.0
-        elif done_here == 1:  # in-scan: estimated once, on an already compiled update
-            llm_share = trainer.time_llm_share(new_runner, llm_args, seconds)
+        else:
+            if done_here > 0:  # the compiling update is left out
+                share.add_update(seconds)
+            llm_share = share.value
         rec = _record(cfg, trainer.env.achievement_names, update, m, seconds, llm_share)
         if done_here == 0:
             rec["first_call_includes_compile"] = True
@@ -303,7 +319,10 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
             progress.stopped(update)
             return
         before = new_runner
-        if more and not pipelined:
+        if time_llm:
+            share.time_window()  # on `before`, the state the next update starts from
+            t_read = time.perf_counter()  # the next update's seconds leave the timing out
+        if more and not ahead:
             llm_t0 = vllm.seconds if vllm else 0.0
             in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
     progress.finished()

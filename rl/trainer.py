@@ -24,7 +24,6 @@ gradients are averaged over all devices. The result equals a one-device run of t
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -320,17 +319,13 @@ class Trainer:
         ids, lengths = (process_local_rows(x) for x in self._tokens(env_state.env_state))
         return from_process_local_rows(self.vllm(ids, lengths), self.mesh, self.cfg.num_envs)
 
-    def time_llm_share(self, runner: RunnerState, llm_args: LLMArgs, update_seconds: float) -> float:
-        """Estimated share of an update's time spent in the in-scan LLM: one timed batched encode
-        (already compiled) x windows per update / measured update time."""
-        if self._encode is None:
-            return 0.0
-        jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
-        t0 = time.perf_counter()
-        jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
-        per_call = time.perf_counter() - t0
-        windows = self.cfg.num_steps / self.cfg.skip_n if self.cfg.skip_n else 0.0  # LLM calls per update, on average
-        return float(min(1.0, per_call * windows / max(update_seconds, 1e-9)))
+    def llm_window(self, runner: RunnerState, llm_args: LLMArgs):
+        """One in-scan LLM window opening on `runner`'s env states, as the update runs it (the envs' prompts and,
+        with the reset pool, the pool's fresh worlds in the same call) -> (hidden, LLMWindow) device arrays; for
+        timing the LLM alone (rl.llm_share). None without an in-scan LLM."""
+        if self._open is None:
+            return None
+        return self._open(LLMArgs(*llm_args), runner.env_state, jax.random.PRNGKey(0))
 
 
 def _concat_steps(chunks):

@@ -147,6 +147,9 @@ def test_ctrl_c_checkpoints_the_last_update_and_says_how_to_resume(tmp_path, mon
     assert main(BASE + ["--run-dir", str(run_dir), "--quiet"]) == 130
     err = capsys.readouterr().err
     assert f"continue with python -m rl.train --resume {run_dir}" in err and "Traceback" not in err
+    # update 3 was dispatched while update 2 was still running: both finish, and the line says so
+    assert "Ctrl-C: finishing updates 2 and 3 (both already started), then saving a checkpoint of update 3" in err
+    assert [r["update"] for r in _metrics(run_dir)] == [1, 2, 3]
     assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == [2, 3]
     assert signal.getsignal(signal.SIGINT) is before  # the run's handler is gone again
 
@@ -241,3 +244,114 @@ def test_eval_writes_a_video_of_the_policy(tmp_path, capsys):
     with pytest.raises(SystemExit):
         eval_main([str(run_dir), "--video", str(tmp_path / "play.avi")])
     assert "must end in .gif or .mp4" in capsys.readouterr().err
+
+
+def test_update_rate_leaves_out_the_compiling_update_and_smooths_recent_ones():
+    from rl.progress import UpdateRate
+
+    # a compiling update, steady ones around 1 s with one slow one, then a lasting slow-down to 2 s
+    seconds = [60.0, 0.9, 1.1, 5.0, 1.0, 1.0, 0.95, 1.05, 1.0, 1.0, 1.0, 1.0] + [2.0] * 8
+    rate = UpdateRate(window=10, factor=3.0)
+    assert rate.seconds_per_update is None and rate.eta(10) is None
+    estimates = []
+    for i, s in enumerate(seconds):
+        rate.add(s, compiling=i == 0)
+        estimates.append(rate.seconds_per_update)
+    expect = [None]  # reference: plain loops over the last 10 steady updates
+    for n in range(1, len(seconds)):
+        last = seconds[1:n + 1][-10:]
+        mid = sorted(last)[len(last) // 2] if len(last) % 2 else sum(sorted(last)[len(last) // 2 - 1:][:2]) / 2
+        kept = [s for s in last if mid / 3 <= s <= mid * 3]
+        expect.append(sum(kept) / len(kept))
+    assert estimates[0] is None
+    np.testing.assert_allclose(estimates[1:], expect[1:], rtol=1e-12)
+    assert max(estimates[1:12]) < 1.1  # neither the 60 s compile nor the one 5 s update is taken as the rate
+    assert estimates[-1] == pytest.approx(2.0, rel=0.15)  # a lasting change is followed
+    assert rate.eta(10) == pytest.approx(10 * estimates[-1])
+    alternating = UpdateRate()
+    for s in [1.0, 0.6] * 5:  # skip_n = 2 x num_steps: every other update opens an LLM window
+        alternating.add(s)
+    assert alternating.seconds_per_update == pytest.approx(0.8)
+
+
+def test_status_line_shows_the_smoothed_rate_and_a_dash_until_the_llm_share_is_measured():
+    import dataclasses
+    import io
+
+    from rl.config import PRESETS, TrainConfig
+    from rl.progress import Progress
+
+    cfg = dataclasses.replace(TrainConfig(**PRESETS["test"]), encoder="inscan", total_timesteps=64 * 10)
+    out = io.StringIO()
+    p = Progress(cfg, "d", 0, stream=out)
+    for u, (s, share) in enumerate([(30.0, None), (0.5, 0.25), (1.0, 0.3)], start=1):
+        p.record({"update": u, "timestep": 64 * u, "sps": 64 / s, "seconds": s, "episode_return": None,
+                  "llm_time_share": share})
+    lines = out.getvalue().splitlines()
+    assert "(includes compilation)" in lines[0] and "LLM - of time" in lines[0] and "ETA" not in lines[0]
+    assert "128 SPS" in lines[1] and "ETA 0:04" in lines[1] and "LLM 25% of time" in lines[1]  # 64 / 0.5 s, 8 x 0.5 s
+    assert "85 SPS" in lines[2] and "LLM 30% of time" in lines[2]  # 64 / 0.75 s: the mean of 0.5 and 1.0 s
+
+
+class _FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_llm_share_times_the_window_alone_against_recent_updates():
+    from rl.llm_share import LLMShare, window_period, windows_per_update
+
+    assert windows_per_update(32, 8) == 4 and windows_per_update(32, 64) == 0.5 and windows_per_update(8, 0) == 0
+    assert window_period(32, 8) == 1 and window_period(32, 64) == 2 and window_period(8, 12) == 3
+    clock, calls = _FakeClock(), []
+
+    def window():  # one LLM window "takes" 0.2 s
+        clock.now += 0.2
+        calls.append(clock.now)
+        return clock.now
+
+    share = LLMShare(window, num_steps=32, skip_n=64, repeats=3, clock=clock, block=lambda x: x)
+    assert [k for k in range(1, 300) if share.due(k)] == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256]
+    assert share.value is None  # "-" until measured
+    assert share.time_window() == pytest.approx(0.8) and len(calls) == 4  # one untimed call, then 3 timed
+    assert share.value is None  # no update timed yet
+    for s in (1.0, 0.6, 1.0):  # updates with a window (1.0 s) and without (0.6 s): skip_n 64 over 32-step rollouts
+        share.add_update(s)
+    assert share.update_seconds == pytest.approx(0.8)  # the last whole period (2 updates), not 2.6 / 3
+    assert share.value == pytest.approx(0.5 * 0.2 / 0.8)
+    share.time_window()
+    assert len(calls) == 7  # no untimed call after the first time
+    slow = LLMShare(window, num_steps=8, skip_n=1, clock=clock, block=lambda x: x)
+    slow.time_window()
+    slow.add_update(1.0)
+    assert slow.value == pytest.approx(1.6)  # 8 windows x 0.2 s > 1 s: shown as measured, never clipped to 100%
+    assert LLMShare(window, num_steps=8, skip_n=0, clock=clock, block=lambda x: x).value == 0.0  # one encode at start
+
+
+def test_llm_share_of_a_cpu_run_agrees_with_the_updates_with_and_without_a_window(tmp_path, capsys):
+    """skip_n 64 over 32-step rollouts: even updates open an LLM window, odd ones do not, so the LLM's cost per window
+    is also their time difference, measured without the share's timer. The run reports a share well below 1 that
+    agrees with it."""
+    run_dir = tmp_path / "run"
+    updates = 9
+    assert main(["--preset", "test", "--encoder", "inscan", "--num-steps", "32", "--skip-n", "64",
+                 "--total-timesteps", str(8 * 32 * updates), "--checkpoint-every", "100", "--run-dir",
+                 str(run_dir)]) == 0
+    rows = _metrics(run_dir)
+    err = capsys.readouterr().err
+    status = [ln for ln in err.splitlines() if ln.startswith("[update")]
+    assert rows[0]["llm_time_share"] is None and "LLM - of time" in status[0]
+    assert all(r["llm_time_share"] is not None for r in rows[1:]) and "LLM -" not in status[-1]
+    seconds = {r["update"]: r["seconds"] for r in rows[1:]}
+    with_window = np.median([s for u, s in seconds.items() if u % 2 == 0])
+    without = np.median([s for u, s in seconds.items() if u % 2 == 1])
+    mean_update = np.mean(list(seconds.values()))
+    independent = 0.5 * (with_window - without) / mean_update  # 0.5 windows per update
+    reported = rows[-1]["llm_time_share"]
+    print(f"reported {reported:.3f}, independent {independent:.3f}; update {with_window:.3f} s with a window, "
+          f"{without:.3f} s without")
+    assert 0.05 < reported < 0.7  # far from the old constant 100%
+    assert reported == pytest.approx(independent, abs=0.1 + 0.25 * independent)
