@@ -80,7 +80,7 @@ def merge_results(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]
         return dict(old), "nothing new"
     play = {k: next(iter(new.values())).get(k) for k in SAME_PLAY}
     kept = {m: r for m, r in old.items() if m not in new and all(r.get(k) == v for k, v in play.items())}
-    dropped = sorted(set(old) - set(new) - set(kept))
+    dropped = [m for m in old if m not in new and m not in kept]
     merged = {**kept, **new}
     order = [m for m in MODE_MEANING if m in merged] + [m for m in merged if m not in MODE_MEANING]
     merged = {m: merged[m] for m in order}
