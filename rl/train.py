@@ -259,8 +259,8 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     # Update u + 1 is dispatched before update u's metrics are read (except on the vllm host loop), so the device
     # never idles while the host logs, checks and checkpoints; a NaN at update u still stops with state u - 1 saved.
     pipelined = vllm is None
-    share = LLMShare(lambda: trainer.llm_window(before, llm_args), cfg.num_steps, cfg.skip_n) if (
-        llm is not None and vllm is None) else None  # in-scan: the LLM window timed alone (rl.llm_share)
+    share = LLMShare(lambda: trainer.update_without_llm(before, llm_args), cfg.num_steps, cfg.skip_n) if (
+        llm is not None and vllm is None) else None  # in-scan: an update without the LLM, timed (rl.llm_share)
     on_rollout = run.recorder.add_rollout if run.recorder else None  # --save-trajectories, in update order
     last = cfg.num_updates if max_updates is None else min(cfg.num_updates, start + max_updates)
     t_start = time.perf_counter()
@@ -269,7 +269,7 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     before = runner  # the state the update in flight started from
     llm_t0 = vllm.seconds if vllm else 0.0  # the server's time so far, when the update in flight was dispatched
     t_read = time.perf_counter()  # when the previous update's metrics arrived (for the first: before its compile)
-    tell = should_stop.running if isinstance(should_stop, StopOnInterrupt) else lambda reading, last: None
+    tell = should_stop.running if isinstance(should_stop, StopOnInterrupt) else lambda *_: None
     in_flight = trainer.dispatch(runner, llm_args, on_rollout)
     for update in range(start + 1, last + 1):  # `update`: the update now in flight (1-based count)
         new_runner, m = in_flight
@@ -281,8 +281,8 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
             stop = agree_with_main_process(stop)  # process 0 decides for all
         more = update < last and not stop
         tell(update, update + 1 if more else update)  # from here on, the next update is started (ahead or below)
-        time_llm = more and share is not None and share.due(done_here + 1)  # with nothing in flight: not ahead
-        ahead = more and pipelined and not time_llm
+        timing = more and share is not None and share.due(done_here + 1)  # with nothing in flight: not ahead
+        ahead = more and pipelined and not timing
         if ahead:
             in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
         m = jax.device_get(m)  # waits for `update` only
@@ -319,8 +319,8 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
             progress.stopped(update)
             return
         before = new_runner
-        if time_llm:
-            share.time_window()  # on `before`, the state the next update starts from
+        if timing:
+            share.time_without_llm()  # from `before`, the state the next update starts from
             t_read = time.perf_counter()  # the next update's seconds leave the timing out
         if more and not ahead:
             llm_t0 = vllm.seconds if vllm else 0.0

@@ -319,13 +319,14 @@ class Trainer:
         ids, lengths = (process_local_rows(x) for x in self._tokens(env_state.env_state))
         return from_process_local_rows(self.vllm(ids, lengths), self.mesh, self.cfg.num_envs)
 
-    def llm_window(self, runner: RunnerState, llm_args: LLMArgs):
-        """One in-scan LLM window opening on `runner`'s env states, as the update runs it (the envs' prompts and,
-        with the reset pool, the pool's fresh worlds in the same call) -> (hidden, LLMWindow) device arrays; for
-        timing the LLM alone (rl.llm_share). None without an in-scan LLM."""
-        if self._open is None:
+    def update_without_llm(self, runner: RunnerState, llm_args: LLMArgs):
+        """One update from `runner` in which no LLM window opens (its window clock set beyond the rollout): what an
+        update costs without the in-scan LLM, for timing only (rl.llm_share); the outputs are to be thrown away.
+        None without an in-scan LLM."""
+        if self._encode is None or runner.window is None:
             return None
-        return self._open(LLMArgs(*llm_args), runner.env_state, jax.random.PRNGKey(0))
+        clock = jax.device_put(jnp.asarray(self.cfg.num_steps + 1, jnp.int32), runner.window.clock.sharding)
+        return self.update(runner._replace(window=runner.window._replace(clock=clock)), LLMArgs(*llm_args))
 
 
 def _concat_steps(chunks):

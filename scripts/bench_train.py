@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -112,9 +113,17 @@ def measure(prep: dict, args) -> dict:
             out = enc(*args_llm, runner.env_state.env_state)
         jax.block_until_ready(out)
         call = (time.perf_counter() - t0) / 3
-        windows = cfg.num_steps / cfg.skip_n if cfg.skip_n else 0.0  # LLM calls per update, on average
+        share = 0.0  # skip_n 0: one encode at the start, none per update
+        if cfg.skip_n:  # as rl.train measures it (rl/llm_share.py): 1 - an update without an LLM window / an update
+            jax.block_until_ready(trainer.update_without_llm(runner, args_llm))
+            without = math.inf
+            for _ in range(2):
+                t0 = time.perf_counter()
+                jax.block_until_ready(trainer.update_without_llm(runner, args_llm))
+                without = min(without, time.perf_counter() - t0)
+            share = 1.0 - without / seconds
         row.update(prompt_rest_len=llm.template.max_len, prefix_len=len(llm.template.prefix_ids),
-                   llm_prompts_per_s=cfg.num_envs / call, llm_time_share=min(1.0, call * windows / seconds),
+                   llm_prompts_per_s=cfg.num_envs / call, llm_time_share=share,
                    reset_hidden=cfg.hidden_on_reset,
                    pool_prompts_per_window=cfg.num_envs // cfg.reset_ratio if cfg.hidden_on_reset == "pool" else 0)
         if "hidden_zero_frac" in prep.get("metrics", {}):
