@@ -259,8 +259,8 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     # Update u + 1 is dispatched before update u's metrics are read (except on the vllm host loop), so the device
     # never idles while the host logs, checks and checkpoints; a NaN at update u still stops with state u - 1 saved.
     pipelined = vllm is None
-    share = LLMShare(lambda: trainer.update_without_llm(before, llm_args), cfg.num_steps, cfg.skip_n) if (
-        llm is not None and vllm is None) else None  # in-scan: an update without the LLM, timed (rl.llm_share)
+    share = LLMShare(lambda clock: trainer.update_from_clock(before, llm_args, clock), cfg.num_steps,
+                     cfg.skip_n) if llm is not None and vllm is None else None  # in-scan (rl.llm_share)
     on_rollout = run.recorder.add_rollout if run.recorder else None  # --save-trajectories, in update order
     last = cfg.num_updates if max_updates is None else min(cfg.num_updates, start + max_updates)
     t_start = time.perf_counter()
@@ -299,8 +299,6 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
         elif llm is None:
             llm_share = 0.0
         else:
-            if done_here > 0:  # the compiling update is left out
-                share.add_update(seconds)
             llm_share = share.value
         rec = _record(cfg, trainer.env.achievement_names, update, m, seconds, llm_share)
         if done_here == 0:
@@ -320,7 +318,7 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
             return
         before = new_runner
         if timing:
-            share.time_without_llm()  # from `before`, the state the next update starts from
+            share.measure()  # from `before`, the state the next update starts from
             t_read = time.perf_counter()  # the next update's seconds leave the timing out
         if more and not ahead:
             llm_t0 = vllm.seconds if vllm else 0.0

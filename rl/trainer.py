@@ -319,14 +319,14 @@ class Trainer:
         ids, lengths = (process_local_rows(x) for x in self._tokens(env_state.env_state))
         return from_process_local_rows(self.vllm(ids, lengths), self.mesh, self.cfg.num_envs)
 
-    def update_without_llm(self, runner: RunnerState, llm_args: LLMArgs):
-        """One update from `runner` in which no LLM window opens (its window clock set beyond the rollout): what an
-        update costs without the in-scan LLM, for timing only (rl.llm_share); the outputs are to be thrown away.
-        None without an in-scan LLM."""
+    def update_from_clock(self, runner: RunnerState, llm_args: LLMArgs, clock: int):
+        """One update from `runner` with its LLM window clock set to `clock` (num_steps + 1: no window opens; 1: one at
+        the first step, then every skip_n), for timing the in-scan LLM (rl.llm_share); the outputs are to be thrown
+        away. None without an in-scan LLM."""
         if self._encode is None or runner.window is None:
             return None
-        clock = jax.device_put(jnp.asarray(self.cfg.num_steps + 1, jnp.int32), runner.window.clock.sharding)
-        return self.update(runner._replace(window=runner.window._replace(clock=clock)), LLMArgs(*llm_args))
+        at = jax.device_put(jnp.asarray(clock, jnp.int32), runner.window.clock.sharding)
+        return self.update(runner._replace(window=runner.window._replace(clock=at)), LLMArgs(*llm_args))
 
 
 def _concat_steps(chunks):

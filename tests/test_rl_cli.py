@@ -66,7 +66,7 @@ def test_server_port_out_of_range_is_one_line(capsys):
         with pytest.raises(SystemExit) as e:
             _parse_args(["--model", "tiny", "--port", port])
         err = capsys.readouterr().err
-        assert e.value.code == 2 and f"--port must be a TCP port number from 0 to 65535" in err and port in err
+        assert e.value.code == 2 and "--port must be a TCP port number from 0 to 65535" in err and port in err
         assert len(err.strip().splitlines()) == 1
     assert _parse_args(["--model", "tiny", "--port", "0"]).port == 0
 
