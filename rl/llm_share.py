@@ -5,7 +5,7 @@ separate function misses part of what it costs inside the update's scan (on the 
 0.47-0.49 s where the same window added 0.62-0.82 s to an update), and comparing any timing with the run's own
 update times mixes moments: on a shared machine the speed changes by 2-5x within a minute. So the share is measured
 with two updates timed back to back, both the run's own compiled update on a copy of the current state (results
-thrown away), each waited for with `jax.block_until_ready` while nothing else runs:
+thrown away), each waited for with `jax.block_until_ready` while nothing else runs (the fastest of 2 of each):
 
     without  the window clock set beyond the rollout: no LLM window opens         -> E seconds
     with     the clock set to 1: k windows open (the first step, then every skip_n) -> E + k L seconds
@@ -13,11 +13,12 @@ thrown away), each waited for with `jax.block_until_ready` while nothing else ru
     share = w L / (E + w L),   w = num_steps / skip_n windows per update on average
 
 This is timed after the first update of an invocation and then every `REMEASURE_EVERY` updates (`due`); it costs
-about one update each time. The share is None until measured and never clipped: a value outside [0, 1] is a
+about two updates each time. The share is None until measured and never clipped: a value outside [0, 1] is a
 measurement problem shown as such.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
@@ -41,14 +42,14 @@ class LLMShare:
     share. `clock` and `block` are for tests (defaults: time.perf_counter, jax.block_until_ready).
     """
 
-    def __init__(self, update_from_clock: Callable[[int], Any], num_steps: int, skip_n: int, *,
+    def __init__(self, update_from_clock: Callable[[int], Any], num_steps: int, skip_n: int, *, repeats: int = 2,
                  clock: Callable[[], float] = time.perf_counter, block: Callable[[Any], Any] | None = None) -> None:
         if block is None:
             import jax
 
             block = jax.block_until_ready
         self.update_from_clock, self.clock, self.block = update_from_clock, clock, block
-        self.num_steps, self.skip_n = num_steps, skip_n
+        self.num_steps, self.skip_n, self.repeats = num_steps, skip_n, repeats
         self.windows = num_steps / skip_n if skip_n > 0 else 0.0  # per update, on average
         self.seconds_without: float | None = None  # E
         self.seconds_per_window: float | None = None  # L
@@ -65,13 +66,16 @@ class LLMShare:
         return self.clock() - t0
 
     def measure(self) -> float:
-        """Time an update without and one with LLM windows, back to back; returns the seconds spent."""
+        """Time an update without and one with LLM windows, back to back, `repeats` times (the fastest of each: a
+        moment of another program's work on the machine is left out); returns the seconds spent."""
         start = self.clock()
         if self.measured == 0:
             self._timed(self.num_steps + 1)  # the run's compiled update: this only warms caches
-        without = self._timed(self.num_steps + 1)
+        without = with_windows = math.inf
+        for _ in range(self.repeats):
+            without = min(without, self._timed(self.num_steps + 1))
+            with_windows = min(with_windows, self._timed(1))
         k = windows_opened(1, self.num_steps, self.skip_n)
-        with_windows = self._timed(1)
         self.seconds_without, self.seconds_per_window = without, (with_windows - without) / k
         self.measured += 1
         return self.clock() - start
