@@ -193,7 +193,8 @@ def main(argv=None) -> int:
     p = Parser(prog="python -m rl.eval", description=__doc__)
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory written by rl.train")
     p.add_argument("--episodes", type=int, default=32, metavar="N", help="episodes per mode (one per env)")
-    p.add_argument("--seed", type=int, default=1234, metavar="N", help="seed of the evaluation worlds (the same for every mode)")
+    p.add_argument("--seed", type=int, default=1234, metavar="N",
+                   help="seed of the evaluation worlds (the same for every mode)")
     p.add_argument("--max-steps", type=int, default=10_000, dest="max_steps", metavar="N",
                    help="stop an episode after this many steps (it is reported as unfinished)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",

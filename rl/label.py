@@ -348,8 +348,7 @@ def label_files(files: Sequence[Path], out_dir: Path, cfg: LabelConfig, *, quiet
     out_dir.mkdir(parents=True, exist_ok=True)
     labeller = labeller or Labeller(cfg)
     summary = Summary()
-    counts = [sample_count(f) for f in files]
-    bar = _progress(sum(counts) if all(counts) else None, len(files), quiet)  # None: a count is not known yet
+    bar = _progress(sum(sample_count(f) for f in files) or None, len(files), quiet)  # bad files count 0
     jobs: queue.Queue = queue.Queue(maxsize=prefetch)
     results: queue.Queue = queue.Queue(maxsize=in_flight)
     t0 = time.perf_counter()
@@ -431,7 +430,8 @@ def label_files(files: Sequence[Path], out_dir: Path, cfg: LabelConfig, *, quiet
 
 
 class _progress:
-    """tqdm over samples with a files counter (nothing when quiet); `total` None: a count without a bar."""
+    """tqdm over samples with a files counter (nothing when quiet); `total` None (no readable sample count): a
+    count without a bar."""
 
     def __init__(self, total: int | None, files: int, quiet: bool, stream: Any = None):
         self.files, self.done = files, 0
@@ -525,8 +525,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         files = input_files(args.inputs)
         if not args.quiet:
-            print(f"loading the LLM ({cfg.model}) and its tokenizer for {len(files)} file{'s' if len(files) > 1 else ''}"
-                  " ...", file=sys.stderr, flush=True)
+            many = "s" if len(files) > 1 else ""
+            print(f"loading the LLM ({cfg.model}) and its tokenizer for {len(files)} file{many} ...", file=sys.stderr,
+                  flush=True)
         summary = label_files(files, args.out, cfg, quiet=args.quiet)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

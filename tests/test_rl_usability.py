@@ -432,7 +432,7 @@ def test_label_bar_knows_its_total_and_counts_whole_samples():
     assert "0/100,000 samples" in text and "1,024/100,000 samples" in text and "files 0/3" in text
     assert "0.00" not in text
     out = io.StringIO()
-    bar = _progress(None, 1, False, stream=out)  # a file whose size cannot be read yet: a count, no bar
+    bar = _progress(None, 1, False, stream=out)  # no readable sample count: a count, no bar
     bar.update(5)
     bar.close()
     assert "5 samples" in out.getvalue() and "0.00" not in out.getvalue()
