@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,26 @@ def load_tokenizer(model_dir: str | Path | None = None) -> Any:
         if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
             raise FileNotFoundError(f"{folder}: no tokenizer files ({', '.join(_TOKENIZER_FILES)}); pass "
                                     f"model_dir=None for the default Qwen3 tokenizer")
-    from transformers import AutoTokenizer
+    return _auto_tokenizer().from_pretrained(str(folder), local_files_only=True)
 
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+class _NoTorchNotice(logging.Filter):
+    """Drops transformers' import-time notice that PyTorch is missing (only its tokenizers are used here)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "PyTorch was not found" not in record.getMessage()
+
+
+def _auto_tokenizer() -> Any:
+    """transformers.AutoTokenizer, imported without the 'PyTorch was not found' notice of a torch-free install."""
+    logger = logging.getLogger("transformers")
+    quiet = _NoTorchNotice()
+    logger.addFilter(quiet)
+    try:
+        from transformers import AutoTokenizer
+    finally:
+        logger.removeFilter(quiet)
+    return AutoTokenizer
 
 
 def check_tokenizer(tokenizer: Any, config: Qwen3Config) -> None:

@@ -45,8 +45,21 @@ class Parser(argparse.ArgumentParser):
         super().__init__(**kw)
 
     def error(self, message: str):  # type: ignore[override]
-        """One line (argparse's default prints the whole usage first), exit code 2."""
-        self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
+        """One line (argparse's default prints the whole usage first), exit code 2; an unknown option gets the
+        nearest known one as a hint."""
+        hint = self._did_you_mean(message)
+        self.exit(2, f"{self.prog}: error: {message}{hint} (--help lists every option)\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        import difflib
+
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        given = [a.split("=")[0] for a in message[len(prefix):].split() if a.startswith("--")]
+        hints = [m[0] for m in (difflib.get_close_matches(g.replace("_", "-"), known, n=1) for g in given) if m]
+        return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None):  # type: ignore[override]
         import sys

@@ -389,7 +389,12 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     d = {k.replace("-", "_"): v for k, v in d.items()}
     unknown = sorted(set(d) - set(SECTION_OF))
     if unknown:
-        raise ValueError(f"--config {path}: unknown settings {unknown} (python -m rl.train --help lists them)")
+        import difflib
+
+        guesses = {u: difflib.get_close_matches(u, sorted(SECTION_OF), n=1) for u in unknown}
+        hints = [g[0] if len(unknown) == 1 else f"{g[0]} for {u}" for u, g in guesses.items() if g]
+        raise ValueError(f"--config {path}: unknown setting{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))}" + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
     d.pop("run_dir", None)
     return d
 

@@ -11,14 +11,13 @@ training loop (`rl.train.run_updates`) then call this interface only and never a
     what the policy reads  the hidden state that `start` / `advance` return, held in the rollout carry
     what a reset reads     `reset_reads` (an env that finished an episode inside a window)
     how an update runs     `make_update` (one jitted function, or the HTTP host loop over windows)
-    what it costs          `llm_share` (the share of an update's time spent in the LLM)
+    what it costs          `share_meter` (the share of an update's time spent in the LLM, rl.llm_share)
 
 The jit-side methods (`reset_reads`, `advance`) are pure functions of their arguments; the host-side ones take
 the `Trainer` they serve (its mesh, env, sharded jits).
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -101,11 +100,12 @@ class Encoder:
         """The function that runs one training update: by default the trainer's single jitted update."""
         return trainer.update
 
-    def llm_share(self, trainer: Trainer, runner, llm_args: LLMArgs, update_seconds: float, updates_done: int,
-                  previous: float | None) -> float | None:
-        """The share of the latest update's `update_seconds` spent in the LLM (None: not known yet).
-        `updates_done`: updates finished in this invocation before it; `previous`: the share given then."""
-        return 0.0
+    def share_meter(self, trainer: Trainer, llm_args: LLMArgs, current_state: Callable[[], Any]):
+        """What measures the share of an update's time spent in the LLM (`rl.llm_share`: `due(k)`, `measure()`,
+        `value_for(update_seconds)`); `current_state()` gives the state the next update starts from. Here: 0."""
+        from rl.llm_share import FixedShare
+
+        return FixedShare()
 
     def describe(self) -> str | None:
         """One line about the LLM for the run's start (None without an LLM)."""
@@ -194,20 +194,12 @@ class InScanEncoder(Encoder):
     def start(self, trainer, llm_args, env_state, key):
         return self.open_window(trainer.place_llm_args(llm_args), env_state, jax.random.fold_in(key, 1))
 
-    def llm_share(self, trainer, runner, llm_args, update_seconds, updates_done, previous):
-        if updates_done != 1:  # estimated once, on an already compiled update
-            return previous
-        return self.time_share(runner, llm_args, update_seconds)
+    def share_meter(self, trainer, llm_args, current_state):
+        """Two throwaway updates timed back to back, without and with LLM windows (`rl.llm_share.LLMShare`)."""
+        from rl.llm_share import LLMShare
 
-    def time_share(self, runner, llm_args: LLMArgs, update_seconds: float) -> float:
-        """Estimated share of an update's time spent in the in-scan LLM: one timed batched encode
-        (already compiled) x windows per update / measured update time."""
-        jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
-        t0 = time.perf_counter()
-        jax.block_until_ready(self.encode_states(*llm_args, runner.env_state.env_state))
-        per_call = time.perf_counter() - t0
-        windows = self.cfg.num_steps / self.skip_n if self.skip_n else 0.0  # LLM calls per update, on average
-        return float(min(1.0, per_call * windows / max(update_seconds, 1e-9)))
+        return LLMShare(lambda clock: trainer.update_from_clock(current_state(), llm_args, clock),
+                        self.cfg.num_steps, self.skip_n)
 
 
 class HTTPEncoder(Encoder):
@@ -278,8 +270,11 @@ class HTTPEncoder(Encoder):
 
         return update
 
-    def llm_share(self, trainer, runner, llm_args, update_seconds, updates_done, previous):
-        return self._last_seconds / update_seconds
+    def share_meter(self, trainer, llm_args, current_state):
+        """The server's seconds during the latest update over the update's seconds."""
+        from rl.llm_share import ServerShare
+
+        return ServerShare(lambda: self._last_seconds)
 
 
 def concat_steps(chunks):

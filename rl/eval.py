@@ -13,7 +13,6 @@ evaluated with the in-scan encoder of the same `--model` (it must be loadable lo
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -85,10 +84,11 @@ def make_player(trainer, num_episodes: int, encode=None):
     run_window = jit_with_options(run_window, compiler_options=trainer.compiler_options,
                                   static_argnames=("window", "keep"))
 
-    def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs(), on_window=None):
+    def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs(), on_window=None, on_progress=None):
         """on_window: called with every window's `RecordedRollout` of device arrays (obs [T, B, O], the observation
         after the window [B, O], action, reward, done, log_prob [T, B]), e.g.
-        `rl.trajectories.TrajectoryWriter.add_rollout`."""
+        `rl.trajectories.TrajectoryWriter.add_rollout`. on_progress: called after every window with (steps played,
+        episodes finished)."""
         window = (cfg.skip_n or max_steps) if encode is not None else min(64, max_steps)  # skip_n 0: encode once
         k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
         obs, state = reset(k_reset)
@@ -103,6 +103,8 @@ def make_player(trainer, num_episodes: int, encode=None):
             if on_window is not None:
                 on_window(out[2])
             steps += window
+            if on_progress is not None:
+                on_progress(steps, int(seen.finished.sum()))
         seen, running = jax.device_get((seen, carry.env_state))
         return dict(returns=np.where(seen.finished, seen.returns, running.episode_return),
                     lengths=np.where(seen.finished, seen.lengths, running.episode_length),
@@ -121,10 +123,11 @@ def summarise(result: dict, names) -> dict[str, Any]:
 
 def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps: int = 10_000,
              modes=MODES, save_trajectories: Path | None = None, samples_per_file: int = 8192,
-             say=lambda text: None) -> dict[str, dict]:
+             say=lambda text: None, status=lambda text: None) -> dict[str, dict]:
     """Evaluate the latest checkpoint of `run_dir` (all ablation modes for LLM policies). With `save_trajectories`
     every step of the `real` play (the trained policy, sampling, as in training) is recorded there as trajectory
-    files (docs/OFFLINE.md). `say` gets a line before each mode is played (progress)."""
+    files (docs/OFFLINE.md). `say` gets a line before each mode is played, `status` one while it plays (steps and
+    episodes finished so far). Each mode's entry also names its `checkpoint`, `seed` and `max_steps`."""
     policy = restore_policy(run_dir, purpose="evaluate")
     cfg, step = policy.cfg, policy.step
     writer = None
@@ -135,20 +138,28 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
                 "checkpoint": int(step), "seed": seed, "source": "rl.eval"}
         writer = TrajectoryWriter(Path(save_trajectories), samples_per_file, meta)
     try:
-        return _play_modes(policy, num_episodes, seed, max_steps, modes, writer.add_rollout if writer else None, say)
+        results = _play_modes(policy, num_episodes, seed, max_steps, modes,
+                              writer.add_rollout if writer else None, say, status)
+        return {m: dict(r, checkpoint=int(step), seed=seed, max_steps=max_steps) for m, r in results.items()}
     finally:
         if writer is not None:
             writer.close()
 
 
-def _play_modes(policy, num_episodes, seed, max_steps, modes, on_window, say):
+def _play_modes(policy, num_episodes, seed, max_steps, modes, on_window, say, status):
     """The results of every mode (only `real` without an LLM); `on_window` sees the `real` play's windows."""
     cfg, trainer, llm, runner, step = policy.cfg, policy.trainer, policy.llm, policy.runner, policy.step
     names = trainer.env.achievement_names
+
+    def progress(mode):
+        return lambda steps, done: status(f"  {mode}: {steps:,} steps played (at most {max_steps:,}), {done}/"
+                                          f"{num_episodes} episodes finished")
+
     if llm is None:
         say(f"playing {num_episodes} episodes of update {step}'s policy (the first one compiles) ...")
         play = make_player(trainer, num_episodes)
-        return {"real": summarise(play(runner.params, seed, max_steps, on_window=on_window), names)}
+        return {"real": summarise(play(runner.params, seed, max_steps, on_window=on_window,
+                                       on_progress=progress("real")), names)}
     results = {}
     for setup in (llm, load_llm(cfg, system_prompt=OTHER_PROMPT) if "other_prompt" in modes else None):
         if setup is None:
@@ -160,21 +171,25 @@ def _play_modes(policy, num_episodes, seed, max_steps, modes, on_window, say):
                 say(f"[{len(results) + 1}/{len(modes)}] {mode}: {num_episodes} episodes of update {step}'s policy"
                     + (" (compiles first)" if not results or mode == "other_prompt" else "") + " ...")
                 results[mode] = summarise(play(runner.params, seed, max_steps, MODES.index(mode), setup.jit_args,
-                                               on_window=on_window if mode == "real" else None), names)
+                                               on_window=on_window if mode == "real" else None,
+                                               on_progress=progress(mode)), names)
     return {m: results[m] for m in modes}
 
 
 def main(argv=None) -> int:
     from rl.cli import Parser, add_compile_cache_option, apply_compile_cache
+    from rl.progress import StatusLine
 
     p = Parser(prog="python -m rl.eval", description=__doc__)
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory written by rl.train")
     p.add_argument("--episodes", type=int, default=32, metavar="N", help="episodes per mode (one per env)")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the evaluation worlds (the same for every mode)")
+    p.add_argument("--seed", type=int, default=1234, metavar="N",
+                   help="seed of the evaluation worlds (the same for every mode)")
     p.add_argument("--max-steps", type=int, default=10_000, dest="max_steps", metavar="N",
                    help="stop an episode after this many steps (it is reported as unfinished)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",
-                   help=f"hidden-state ablations to play ({', '.join(MODES)}; LLM runs only)")
+                   help=f"hidden-state ablations to play ({', '.join(MODES)}; LLM runs only); eval.json keeps the "
+                        f"other modes played with the same checkpoint, seed, --episodes and --max-steps")
     p.add_argument("--save-trajectories", type=Path, default=None, dest="save_trajectories", metavar="DIR",
                    help="record every step of the real-hidden-state play there as trajectory files (docs/OFFLINE.md)")
     p.add_argument("--samples-per-file", type=int, default=8192, dest="samples_per_file", metavar="N",
@@ -187,7 +202,8 @@ def main(argv=None) -> int:
     add_compile_cache_option(p)
     args = p.parse_args(argv)
     apply_compile_cache(args)
-    say = lambda text: print(text, file=sys.stderr, flush=True)
+    line = StatusLine(sys.stderr)
+    say = line.say
     if args.video is not None:
         from rl.video import check_video_path
 
@@ -197,18 +213,17 @@ def main(argv=None) -> int:
             p.error(str(e))
     try:
         results = evaluate(args.run_dir, args.episodes, args.seed, args.max_steps, args.modes,
-                           args.save_trajectories, args.samples_per_file, say=say)
+                           args.save_trajectories, args.samples_per_file, say=say, status=line.update)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    from rl.eval_report import format_table, plot_ablations
+    finally:
+        line.done()
+    from rl.eval_report import format_table, save_results
 
     print(format_table(results))
-    out_json = args.run_dir / "eval.json"
-    out_json.write_text(json.dumps(results, indent=2) + "\n")
-    written = [out_json]
-    if len(results) > 1:
-        written.append(plot_ablations(results, args.run_dir / "eval_ablations.png", args.run_dir.name))
+    written, note = save_results(args.run_dir, results)  # merged with earlier modes of the same play
+    print(f"{written[0]}: {note}")
     if args.video is not None:
         from rl.video import record_video
 

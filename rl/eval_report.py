@@ -1,6 +1,8 @@
 """How rl.eval shows its results: an aligned, explained table and a bar chart of the ablations."""
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,65 @@ def plot_ablations(results: dict[str, dict[str, Any]], out: Path, title: str) ->
     ax.axhline(0, color="black", linewidth=0.5)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, out)  # a chart is never seen half written
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
     return out
+
+
+RESULTS_FILE = "eval.json"
+CHART_FILE = "eval_ablations.png"
+SAME_PLAY = ("checkpoint", "seed", "episodes", "max_steps")  # what makes two modes' results comparable
+
+
+def merge_results(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> tuple[dict, str]:
+    """`new` modes added to (or replacing) those of `old` that were played the same way (same checkpoint, seed,
+    episode count and step limit: `SAME_PLAY` in each mode's entry); `old` is dropped when they differ. Returns the
+    merged results (every mode of MODE_MEANING order first) and a line saying what happened."""
+    if not new:
+        return dict(old), "nothing new"
+    play = {k: next(iter(new.values())).get(k) for k in SAME_PLAY}
+    kept = {m: r for m, r in old.items() if m not in new and all(r.get(k) == v for k, v in play.items())}
+    dropped = [m for m in old if m not in new and m not in kept]
+    merged = {**kept, **new}
+    order = [m for m in MODE_MEANING if m in merged] + [m for m in merged if m not in MODE_MEANING]
+    merged = {m: merged[m] for m in order}
+    said = [f"{', '.join(new)} written"]
+    if kept:
+        said.append(f"kept {', '.join(kept)} of the same checkpoint and seed")
+    if dropped:
+        said.append(f"dropped {', '.join(dropped)} (played with another checkpoint, seed, --episodes or --max-steps)")
+    return merged, "; ".join(said)
+
+
+def save_results(run_dir: Path, results: dict[str, dict[str, Any]]) -> tuple[list[Path], str]:
+    """Merge `results` into `run_dir`/eval.json (`merge_results`; written atomically) and redraw
+    eval_ablations.png from everything the file then holds (removed when it holds a single mode). Returns the files
+    written and the merge's line."""
+    run_dir = Path(run_dir)
+    path = run_dir / RESULTS_FILE
+    old: dict = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = {}
+        if not isinstance(old, dict) or not all(isinstance(r, dict) for r in old.values()):
+            old = {}
+    merged, note = merge_results(old, results)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(merged, indent=2) + "\n")
+    os.replace(tmp, path)
+    written = [path]
+    chart = run_dir / CHART_FILE
+    if len(merged) > 1:
+        written.append(plot_ablations(merged, chart, run_dir.name))
+    elif chart.exists():
+        chart.unlink()
+        note += f"; removed {CHART_FILE} (it showed modes no longer in {RESULTS_FILE})"
+    return written, note

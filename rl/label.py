@@ -342,8 +342,7 @@ def label_files(files: Sequence[Path], out_dir: Path, cfg: LabelConfig, *, quiet
     out_dir.mkdir(parents=True, exist_ok=True)
     labeller = labeller or Labeller(cfg)
     summary = Summary()
-    total = sum(sample_count(f) for f in files)
-    bar = _progress(total, len(files), quiet)
+    bar = _progress(sum(sample_count(f) for f in files) or None, len(files), quiet)  # bad files count 0
     jobs: queue.Queue = queue.Queue(maxsize=prefetch)
     results: queue.Queue = queue.Queue(maxsize=in_flight)
     t0 = time.perf_counter()
@@ -425,16 +424,21 @@ def label_files(files: Sequence[Path], out_dir: Path, cfg: LabelConfig, *, quiet
 
 
 class _progress:
-    """tqdm over samples with a files counter (nothing when quiet)."""
+    """tqdm over samples with a files counter (nothing when quiet); `total` None (no readable sample count): a
+    count without a bar."""
 
-    def __init__(self, total: int, files: int, quiet: bool):
+    def __init__(self, total: int | None, files: int, quiet: bool, stream: Any = None):
         self.files, self.done = files, 0
         self.bar = None
         if not quiet:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="sample", unit_scale=True, desc="label", file=sys.stderr,
-                            dynamic_ncols=True, smoothing=0.1, mininterval=0.5 if sys.stderr.isatty() else 10.0)
+            stream = stream or sys.stderr
+            tty = hasattr(stream, "isatty") and stream.isatty()
+            shape = ("{desc}: {percentage:3.0f}%|{bar}| {n:,}/{total:,} samples [{elapsed}<{remaining}, "
+                     "{rate_fmt}{postfix}]" if total else "{desc}: {n:,} samples [{elapsed}, {rate_fmt}{postfix}]")
+            self.bar = tqdm(total=total, unit=" samples", unit_scale=True, desc="label", file=stream,
+                            bar_format=shape, dynamic_ncols=True, smoothing=0.1, mininterval=0.5 if tty else 10.0)
             self.bar.set_postfix_str(f"files 0/{files}")
 
     def update(self, n: int) -> None:
@@ -453,17 +457,31 @@ class _progress:
 
 # ------------------------------------------------------------------------------------------------ CLI
 
+DESCRIPTION = """\
+Label trajectory files (rl.train/rl.eval --save-trajectories) with the LLM hidden state of every observation, as
+the trainer's in-scan encoder computes it. Each IN file becomes OUT_DIR/<same name>.npz: its arrays plus
+`hidden_state` [N, D] (float16) and the labelling settings.
+
+A rerun skips the files already labelled with the same settings and continues a half-done file where it stopped
+(the result is the same as an uninterrupted run). A bad file is reported by name with the reason; the others are
+still labelled, and the exit code is 1 at the end.
+
+Example:
+    python -m rl.label checkpoints/run/trajectories --out labelled --model qwen3-4b --llm-layer 24
+"""
+
 def build_parser() -> argparse.ArgumentParser:
     from render.envs import ENV_NAMES
 
     from rl.cli import Parser, add_compile_cache_option
 
-    p = Parser(prog="python -m rl.label", description=__doc__)
+    p = Parser(prog="python -m rl.label", description=DESCRIPTION)
     p.add_argument("inputs", metavar="IN_DIR_OR_GLOB", help="a directory of .npz files, a glob pattern or one file")
-    p.add_argument("--out", required=True, type=Path, help="output directory (same file names)")
-    p.add_argument("--model", default=LLMConfig.model, help="checkpoint directory, hub id or preset (tiny, qwen3-4b)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory (same file names)")
+    p.add_argument("--model", default=LLMConfig.model, metavar="TEXT",
+                   help="checkpoint directory, hub id or preset (tiny, qwen3-4b)")
     d = LabelConfig()
-    p.add_argument("--llm-layer", type=int, default=d.llm_layer, dest="llm_layer",
+    p.add_argument("--llm-layer", type=int, default=d.llm_layer, dest="llm_layer", metavar="N",
                    help="hidden state index (HF numbering: 0 embeddings, k after k layers; -1 final, normed)")
     p.add_argument("--pooling", choices=POOLINGS, default=d.pooling,
                    help="how the prompt's token states become one vector: last token or mean")
@@ -472,15 +490,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llm-dtype", choices=LLM_DTYPES, default=d.llm_dtype, dest="llm_dtype",
                    help="LLM weights/compute dtype: auto = the checkpoint's; fp8 = W8A8 matmuls")
     p.add_argument("--llm-encode", choices=LLM_ENCODES, default=d.llm_encode, dest="llm_encode",
-                   help="how a chunk's prompts meet the LLM (rl.encoders.make_ids_encoder), as in the trainer")
-    p.add_argument("--llm-capacity", type=int, default=d.llm_capacity, dest="llm_capacity",
+                   help="how a chunk's prompts meet the LLM, as in rl.train: bucketed (padded to a few lengths) "
+                        "or packed (end to end)")
+    p.add_argument("--llm-capacity", type=int, default=d.llm_capacity, dest="llm_capacity", metavar="N",
                    help="tokens per packed pass (0: jaxllm.default_capacity)")
-    p.add_argument("--llm-chunk", type=int, default=d.llm_chunk, dest="llm_chunk",
+    p.add_argument("--llm-chunk", type=int, default=d.llm_chunk, dest="llm_chunk", metavar="N",
                    help="prompts per bucketed LLM call")
-    p.add_argument("--system-prompt", default=None, dest="system_prompt",
+    p.add_argument("--system-prompt", default=None, dest="system_prompt", metavar="TEXT|FILE",
                    help="system prompt text or file (default: render's prompt for the env and format)")
-    p.add_argument("--batch", type=int, default=1024, help="observations per chunk, all devices together")
-    p.add_argument("--devices", type=int, default=0, help="devices to use (0: all visible)")
+    p.add_argument("--batch", type=int, default=1024, metavar="N",
+                   help="observations per chunk, all devices together (a rerun resumes at whole chunks)")
+    p.add_argument("--devices", type=int, default=0, metavar="N", help="devices to use (0: all visible)")
     p.add_argument("--env", choices=ENV_NAMES, default=None,
                    help="env of every file (default: the file's recorded env, else told by the observation size)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -502,6 +522,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       system_prompt=args.system_prompt, batch=args.batch, devices=args.devices, env=args.env)
     try:
         files = input_files(args.inputs)
+        if not args.quiet:
+            many = "s" if len(files) > 1 else ""
+            print(f"loading the LLM ({cfg.model}) and its tokenizer for {len(files)} file{many} ...", file=sys.stderr,
+                  flush=True)
         summary = label_files(files, args.out, cfg, quiet=args.quiet)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

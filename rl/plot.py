@@ -82,7 +82,8 @@ def main(argv=None) -> int:
 
     p = Parser(prog="python -m rl.plot", description=__doc__)
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories written by rl.train")
-    p.add_argument("--out", type=Path, default=None, help="PNG path (default: FIRST_DIR/curves.png)")
+    p.add_argument("--out", type=Path, default=None, metavar="FILE.png",
+                   help="PNG path (default: FIRST_DIR/curves.png)")
     p.add_argument("--smooth", type=int, default=10, metavar="N",
                    help="moving average over this many updates for return and achievements (1 = none)")
     args = p.parse_args(argv)

@@ -6,9 +6,11 @@ All output goes to one stream (stderr), only from process 0. The status line rew
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
-from typing import Any, TextIO
+from collections import deque
+from typing import Any, Callable, TextIO
 
 
 def _duration(seconds: float) -> str:
@@ -37,6 +39,38 @@ def describe_llm(cfg: Any, llm: Any) -> str:
             f"tokens (cached once), re-encoded every {cfg.skip_n} steps")
 
 
+class UpdateRate:
+    """Seconds per update for the status line's SPS and ETA: the compiling update is left out, and the estimate is
+    the mean of the last `window` updates, leaving out those more than `factor` times off their median (a checkpoint
+    written, another program busy for a moment), so that one slow update does not swing the ETA. A lasting change of
+    speed is followed within about half the window."""
+
+    def __init__(self, window: int = 10, factor: float = 3.0) -> None:
+        self.factor = factor
+        self.recent: deque[float] = deque(maxlen=window)
+        self.count = 0  # steady (non-compiling) updates seen
+
+    def add(self, seconds: float, compiling: bool = False) -> None:
+        """Account one update's seconds; a `compiling` one (the first of a process) is left out."""
+        if not compiling:
+            self.recent.append(seconds)
+            self.count += 1
+
+    @property
+    def seconds_per_update(self) -> float | None:
+        """The smoothed seconds of one update; None before a steady update was seen."""
+        if not self.recent:
+            return None
+        mid = statistics.median(self.recent)
+        kept = [s for s in self.recent if mid / self.factor <= s <= mid * self.factor]
+        return sum(kept) / len(kept)
+
+    def eta(self, updates_left: int) -> float | None:
+        """Seconds until `updates_left` more updates are done, at the smoothed rate (None before one is known)."""
+        per = self.seconds_per_update
+        return None if per is None else per * updates_left
+
+
 class Progress:
     """The run's messages. `record` per update, `checkpoint` per save, `finished` / `stopped` at the end."""
 
@@ -49,6 +83,7 @@ class Progress:
         self.t0 = time.perf_counter()
         self.first_seconds: float | None = None  # the first update (includes compilation)
         self.steady: list[float] = []  # seconds of every later update
+        self.rate = UpdateRate()
         self.last: dict | None = None
         self._open_line = False
 
@@ -61,18 +96,24 @@ class Progress:
             self._open_line = False
         print(text, file=self.stream, flush=True)
 
-    def starting(self, devices: int, backend: str, llm_line: str | None) -> None:
-        """Before the first update: what was loaded and that compilation comes first."""
+    def starting(self, devices: int, backend: str) -> None:
+        """Before anything is loaded: the run's size, where it runs and its directory."""
         if self.quiet:
             return
         cfg = self.cfg
         self.say(f"{cfg.env}, {cfg.num_envs:,} envs x {cfg.num_steps} steps per update, {cfg.num_updates:,} updates "
                  f"({cfg.total_timesteps:,} env steps) on {devices} {backend} device{'s' if devices > 1 else ''}; "
                  f"run directory {self.run_dir}")
-        if llm_line:
-            self.say(llm_line)
+
+    def step(self, text: str) -> None:
+        """One line about what the run does next while it sets up (nothing with `quiet`)."""
+        if not self.quiet:
+            self.say(text)
+
+    def compiling(self, backend: str) -> None:
+        """Right before the first update: it compiles first."""
         where = "about a minute on a GPU" if backend == "gpu" else "a minute or more on a CPU"
-        self.say(f"compiling the first update ({where}) ...")
+        self.step(f"compiling the first update ({where}) ...")
 
     def record(self, rec: dict) -> None:
         """Account one update's metrics record and show the status line."""
@@ -80,6 +121,7 @@ class Progress:
             self.first_seconds = rec["seconds"]
         else:
             self.steady.append(rec["seconds"])
+        self.rate.add(rec["seconds"], compiling=len(self.steady) == 0)
         self.last = rec
         if self.quiet or not self.enabled:
             return
@@ -95,18 +137,19 @@ class Progress:
         elapsed = time.perf_counter() - self.t0
         ret = rec.get("episode_return")
         parts = [f"[update {update}/{cfg.num_updates}] {rec['timestep']:,} steps"]
-        if len(self.steady) == 0:
+        per_update = self.rate.seconds_per_update
+        if per_update is None:
             parts.append(f"{rec['sps']:,.0f} SPS (includes compilation)")
         else:
-            parts.append(f"{self.mean_sps():,.0f} SPS")
+            parts.append(f"{cfg.batch_size / per_update:,.0f} SPS")
         parts.append(f"elapsed {_duration(elapsed)}")
-        if self.steady and update < cfg.num_updates:
-            per_update = sum(self.steady[-20:]) / len(self.steady[-20:])
-            parts.append(f"ETA {_duration(per_update * (cfg.num_updates - update))}")
+        if per_update is not None and update < cfg.num_updates:
+            parts.append(f"ETA {_duration(self.rate.eta(cfg.num_updates - update))}")
         parts.append("return " + ("-" if ret is None or not math.isfinite(ret) else f"{ret:.2f}"))
-        share = rec.get("llm_time_share")
-        if cfg.uses_llm and share is not None and math.isfinite(share):
-            parts.append(f"LLM {share:.0%} of time")
+        if cfg.uses_llm:
+            share = rec.get("llm_time_share")
+            shown = "-" if share is None or not math.isfinite(share) else f"{share:.0%}"
+            parts.append(f"LLM {shown} of time")
         return " | ".join(parts)
 
     def mean_sps(self) -> float:
@@ -137,3 +180,40 @@ class Progress:
                  f"{sps}; run directory {d}")
         if not self.quiet:
             self.say(f"  curves:   python -m rl.plot {d}\n  evaluate: python -m rl.eval {d}")
+
+
+class StatusLine:
+    """A status line for long waits: rewritten in place on a terminal, else printed at most every `interval`
+    seconds; `say` prints a message on its own line (ending a pending status line first)."""
+
+    def __init__(self, stream: TextIO | None = None, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.interval, self.clock = (0.2 if self.tty else interval), clock
+        self._shown: float | None = None  # when the status was last shown
+        self._open = False
+
+    def update(self, text: str) -> None:
+        """Show `text` as the current status (skipped when the last one is more recent than the interval)."""
+        now = self.clock()
+        if self._shown is not None and now - self._shown < self.interval:
+            return
+        self._shown = now
+        if self.tty:
+            print("\r\033[K" + text, end="", file=self.stream, flush=True)
+            self._open = True
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def say(self, text: str) -> None:
+        """`text` on its own line; the next `update` shows at once."""
+        self.done()
+        print(text, file=self.stream, flush=True)
+        self._shown = None
+
+    def done(self) -> None:
+        """End a rewritten status line."""
+        if self._open:
+            print(file=self.stream, flush=True)
+            self._open = False

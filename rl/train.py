@@ -230,23 +230,29 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     cfg, run_dir, ckpt, log, start = run.cfg, run.run_dir, run.ckpt, run.log, run.start
     main_process = is_main_process()
     progress = Progress(cfg, run_dir, start, quiet=quiet, enabled=main_process)
-    if cfg.uses_llm and not quiet:
-        progress.say(f"loading the LLM ({cfg.model}) and its tokenizer ...")
+    progress.starting(cfg.devices, jax.default_backend())
+    if cfg.uses_llm:
+        progress.step(f"loading the LLM ({cfg.model}) and its tokenizer ...")
     encoder = load_encoder(cfg)
+    if encoder.describe() is not None:
+        progress.step(encoder.describe())
     trainer = Trainer(cfg, encoder)
     llm_args = trainer.place_llm_args(encoder.jit_args())
+    if cfg.uses_llm:
+        progress.step("resetting the envs and encoding their first states ...")
     runner = trainer.init_state(llm_args)
     if start:  # newest first; one that does not restore is reported and set aside
         start, runner = ckpt.restore_newest(runner)
         if main_process:
             print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
     log.truncate_after(start)
-    progress.starting(cfg.devices, jax.default_backend(), encoder.describe())
+    progress.compiling(jax.default_backend())
 
     # Update u + 1 is dispatched before update u's metrics are read (except where the encoder runs the update on the
-    # host), so the device never idles while the host logs, checks and checkpoints; a NaN at update u still stops
-    # with state u - 1 saved.
+    # host, or while the LLM share is timed), so the device never idles while the host logs, checks and checkpoints;
+    # a NaN at update u still stops with state u - 1 saved.
     pipelined = encoder.pipelined
+    share = encoder.share_meter(trainer, llm_args, lambda: before)  # rl.llm_share
     on_rollout = run.recorder.add_rollout if run.recorder else None  # --save-trajectories, in update order
     last = cfg.num_updates if max_updates is None else min(cfg.num_updates, start + max_updates)
     t_start = time.perf_counter()
@@ -254,16 +260,21 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     saved_at = start if start else None  # update count of the newest checkpoint
     before = runner  # the state the update in flight started from
     t_read = time.perf_counter()  # when the previous update's metrics arrived (for the first: before its compile)
+    tell = should_stop.running if isinstance(should_stop, StopOnInterrupt) else lambda *_: None
     in_flight = trainer.dispatch(runner, llm_args, on_rollout)
     for update in range(start + 1, last + 1):  # `update`: the update now in flight (1-based count)
         new_runner, m = in_flight
+        tell(update, update)  # so that a Ctrl-C can say which updates still run: a stop asked for now ends here
         stop = should_stop() if should_stop is not None else False
         if time_limit is not None:
             stop = stop or time.perf_counter() - t_start >= time_limit
         if time_limit is not None or should_stop is not None:  # clocks and Ctrl-C differ between processes:
             stop = agree_with_main_process(stop)  # process 0 decides for all
         more = update < last and not stop
-        if more and pipelined:
+        tell(update, update + 1 if more else update)  # from here on, the next update is started (ahead or below)
+        timing = more and share.due(done_here + 1)  # with nothing in flight: not ahead
+        ahead = more and pipelined and not timing
+        if ahead:
             in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
         m = jax.device_get(m)  # waits for `update` only
         seconds = time.perf_counter() - t_read
@@ -274,7 +285,7 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
             raise TrainingDiverged(
                 f"loss is {float(m['total_loss'])} at update {update}; stopped. The last good state "
                 f"(update {update - 1}) is checkpointed in {run_dir}/checkpoints; lower --lr or check the inputs")
-        llm_share = trainer.llm_share(new_runner, llm_args, seconds, done_here, llm_share)
+        llm_share = share.value_for(seconds)
         rec = _record(cfg, trainer.env.achievement_names, update, m, seconds, llm_share)
         if done_here == 0:
             rec["first_call_includes_compile"] = True
@@ -292,7 +303,10 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
             progress.stopped(update)
             return
         before = new_runner
-        if more and not pipelined:
+        if timing:
+            share.measure()  # from `before`, the state the next update starts from
+            t_read = time.perf_counter()  # the next update's seconds leave the timing out
+        if more and not ahead:
             in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
     progress.finished()
     if trackers is not None:

@@ -254,15 +254,14 @@ class Trainer:
         runner, metrics = self.dispatch(runner, llm_args, on_rollout)
         return runner, jax.device_get(metrics)
 
-    def llm_share(self, runner: RunnerState, llm_args: LLMArgs, update_seconds: float, updates_done: int,
-                  previous: float | None) -> float | None:
-        """The share of the latest update's `update_seconds` spent in the LLM (`Encoder.llm_share`)."""
-        return self.encoder.llm_share(self, runner, llm_args, update_seconds, updates_done, previous)
-
-    def time_llm_share(self, runner: RunnerState, llm_args: LLMArgs, update_seconds: float) -> float:
-        """Estimated share of an update's time spent in the in-scan LLM: one timed batched encode
-        (already compiled) x windows per update / measured update time (0 for other encoders)."""
-        return self.encoder.llm_share(self, runner, llm_args, update_seconds, 1, 0.0)
+    def update_from_clock(self, runner: RunnerState, llm_args: LLMArgs, clock: int):
+        """One update from `runner` with its LLM window clock set to `clock` (num_steps + 1: no window opens; 1: one at
+        the first step, then every skip_n), for timing the in-scan LLM (rl.llm_share); the outputs are to be thrown
+        away. None when the runner carries no LLM window."""
+        if runner.window is None:
+            return None
+        at = jax.device_put(jnp.asarray(clock, jnp.int32), runner.window.clock.sharding)
+        return self.update(runner._replace(window=runner.window._replace(clock=at)), LLMArgs(*llm_args))
 
 
 def episode_metrics(info: StepInfo, axis_name: str | None = None) -> dict[str, jax.Array]:

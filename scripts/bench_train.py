@@ -14,7 +14,9 @@ rows one after another (--sync-dir), so no two rows share the card while they ar
 For each config: the first update is timed (compile + run), then `--updates` updates are timed with
 block_until_ready (SPS = env steps / seconds). For `inscan` the batched encoder call of the same envs is timed
 alone; S_llm = prompts/s of that call; the bound is 1 / (1/SPS_none + 1/(skip_n * S_llm)), with SPS_none measured
-in this run for the same env and env count (run the matching `none-*` config in the same call). The LLM is the
+in this run for the same env and env count (run the matching `none-*` config in the same call). The LLM time share
+is measured as rl.train measures it (rl/llm_share.py: an update without and one with LLM windows, back to back;
+before issue 26 it was that call alone x windows / update time, capped at 1). The LLM is the
 Qwen3-4B shape with random bf16 weights (`--model qwen3-4b`), initialised on the device.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 
 from rl.config import TrainConfig  # noqa: E402
+from rl.llm_share import LLMShare  # noqa: E402
 from rl.sharding import resolve_device_count  # noqa: E402
 from rl.trainer import Trainer  # noqa: E402
 
@@ -128,9 +131,11 @@ def measure(prep: dict, args) -> dict:
             out = enc(*args_llm, runner.env_state.env_state)
         jax.block_until_ready(out)
         call = (time.perf_counter() - t0) / 3
-        windows = cfg.num_steps / cfg.skip_n if cfg.skip_n else 0.0  # LLM calls per update, on average
+        share = LLMShare(lambda clock: trainer.update_from_clock(runner, args_llm, clock), cfg.num_steps, cfg.skip_n)
+        if share.windows:  # as rl.train measures it: an update without and one with LLM windows, back to back
+            share.measure()
         row.update(prompt_rest_len=llm.template.max_len, prefix_len=len(llm.template.prefix_ids),
-                   llm_prompts_per_s=cfg.num_envs / call, llm_time_share=min(1.0, call * windows / seconds),
+                   llm_prompts_per_s=cfg.num_envs / call, llm_time_share=share.value,
                    reset_hidden=cfg.hidden_on_reset,
                    pool_prompts_per_window=cfg.num_envs // cfg.reset_ratio if cfg.hidden_on_reset == "pool" else 0)
         if "hidden_zero_frac" in prep.get("metrics", {}):

@@ -52,6 +52,39 @@ def test_other_entry_points_show_defaults(module, capsys):
     options = [ln for ln in text.splitlines() if ln.startswith("  --")]
     assert options and "(default:" in text
     assert "_" not in " ".join(ln.split()[0] for ln in options)
+    for ln in options:  # placeholders as rl.train writes them (N, X, TEXT, DIR, ...), not argparse's FLAG_NAME
+        flag, *rest = ln.split()
+        assert not rest or rest[0] != flag[2:].replace("-", "_").upper(), ln
+    assert "(default: None)" not in text and max(len(ln) for ln in text.splitlines()) > 80  # wraps at 120 columns
+
+
+def test_server_port_out_of_range_is_one_line(capsys):
+    from jaxllm.http.server import _parse_args
+
+    for port in ("70000", "-1"):
+        with pytest.raises(SystemExit) as e:
+            _parse_args(["--model", "tiny", "--port", port])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "--port must be a TCP port number from 0 to 65535" in err and port in err
+        assert len(err.strip().splitlines()) == 1
+    assert _parse_args(["--model", "tiny", "--port", "0"]).port == 0
+
+
+def test_required_server_model_shows_no_default(capsys):
+    from jaxllm.http.server import _parse_args
+
+    text = _help(capsys, _parse_args)
+    model = next(ln for ln in text.splitlines() if ln.startswith("  --model"))
+    assert "default" not in model
+
+
+@pytest.mark.parametrize("argv,hint", [(["--num-evns", "4"], "did you mean --num-envs?"),
+                                       (["--skipn", "4"], "did you mean --skip-n?")])
+def test_mistyped_flag_names_the_nearest_one(argv, hint, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and hint in err and len(err.strip().splitlines()) == 1
 
 
 def test_underscore_and_equals_spellings(tmp_path):
@@ -71,7 +104,11 @@ def test_config_file_starts_a_new_run_and_flags_override(tmp_path):
     assert (cfg.num_envs, cfg.encoder, cfg.lr) == (8, "inscan", 0.003)  # the preset overrides the file
 
 
-@pytest.mark.parametrize("text,name,error", [('{"num_envs": 4, "colour": 1}', "c.json", "unknown settings ['colour']"),
+@pytest.mark.parametrize("text,name,error", [('{"num_envs": 4, "colour": 1}', "c.json", "unknown setting 'colour'"),
+                                             ('{"num_env": 4}', "c.json", "unknown setting 'num_env' (did you mean "
+                                                                          "num_envs?)"),
+                                             ("skip-N: 4\nlrate: 1\n", "c.yaml", "unknown settings 'lrate', 'skip_N' "
+                                                                               "(did you mean skip_n for skip_N?)"),
                                              ("[1, 2]", "c.json", "expected a mapping"),
                                              ("a: [", "c.yaml", "not valid YAML"),
                                              (None, "missing.json", "cannot read it")])
@@ -82,6 +119,7 @@ def test_bad_config_file_is_one_line(tmp_path, capsys, text, name, error):
         main(["--config", str(tmp_path / name)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and error in err and len(err.strip().splitlines()) == 1
+    assert err.count("--help") == 1  # the hint once
 
 
 @pytest.mark.parametrize("argv,named,fix", [

@@ -237,12 +237,34 @@ class HTTPServer:
 
 
 # --------------------------------------------------------------------------------------- CLI
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help as the project's other commands show it (rl.cli.HelpFormatter): 120 columns, every option's default
+    after its help, none for required options and flags."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=34, width=120)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.required or not action.option_strings or "(default" in text or action.default is False or \
+                action.default is argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+            return text
+        return f"{text} (default: {'none' if action.default is None else action.default})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line (as in rl.cli.Parser), not the usage first."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m jaxllm.http.server", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _Parser(prog="python -m jaxllm.http.server", description=__doc__.split("\n\n")[0],
+                                     formatter_class=_HelpFormatter)
     parser.add_argument("--model", required=True, help="checkpoint dir, preset ('tiny', 'qwen3-4b') or hub id (downloaded once)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    parser.add_argument("--port", type=int, default=8000, metavar="N", help="TCP port to listen on (0..65535)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                         help="model dtype (none: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--layer", type=int, default=-1, help="hidden-state index to return (HF numbering; -1 = final)")
@@ -267,7 +289,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-connections", type=int, default=1024,
                         help="open connections beyond which new requests get 503")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init for presets")
+    for action in parser._actions:  # placeholders as in rl.train: N, X, TEXT
+        if action.option_strings and action.metavar is None and action.choices is None and action.nargs != 0:
+            action.metavar = {int: "N", float: "X"}.get(action.type, "TEXT")
     args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be a TCP port number from 0 to 65535 (0: any free port), got {args.port}")
     for flag in ("max_batch", "max_model_len", "max_num_batched_tokens", "max_request_tokens", "len_buckets_per_octave",
                  "max_connections"):
         value = getattr(args, flag)
