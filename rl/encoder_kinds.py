@@ -107,12 +107,6 @@ class Encoder:
         `updates_done`: updates finished in this invocation before it; `previous`: the share given then."""
         return 0.0
 
-    def describe(self) -> str | None:
-        """One line about the LLM for the run's start (None without an LLM)."""
-        from rl.progress import describe_llm
-
-        return describe_llm(self.cfg, self.llm) if self.llm is not None else None
-
 
 class NoEncoder(Encoder):
     """`--encoder none`: plain PPO on the symbolic observation."""

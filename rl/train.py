@@ -28,7 +28,7 @@ from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, SECTION_OF,
                        inapplicable_flags, load_config, read_settings_file, resolve_devices)
 from rl.encoder_kinds import encoder_class
 from rl.interrupt import StopOnInterrupt
-from rl.progress import Progress
+from rl.progress import Progress, describe_llm
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
 from rl.tracking import TrackingOptions, Trackers, TrackingUnavailable
 from rl.sharding import (agree_with_main_process, check_same_on_all_processes, is_main_process,
@@ -240,7 +240,7 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
         if main_process:
             print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
     log.truncate_after(start)
-    progress.starting(cfg.devices, jax.default_backend(), encoder.describe())
+    progress.starting(cfg.devices, jax.default_backend(), describe_llm(cfg, encoder.llm) if encoder.llm else None)
 
     # Update u + 1 is dispatched before update u's metrics are read (except where the encoder runs the update on the
     # host), so the device never idles while the host logs, checks and checkpoints; a NaN at update u still stops
