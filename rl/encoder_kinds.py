@@ -107,12 +107,6 @@ class Encoder:
 
         return FixedShare()
 
-    def describe(self) -> str | None:
-        """One line about the LLM for the run's start (None without an LLM)."""
-        from rl.progress import describe_llm
-
-        return describe_llm(self.cfg, self.llm) if self.llm is not None else None
-
 
 class NoEncoder(Encoder):
     """`--encoder none`: plain PPO on the symbolic observation."""

@@ -28,7 +28,7 @@ from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, SECTION_OF,
                        inapplicable_flags, load_config, read_settings_file, resolve_devices)
 from rl.encoder_kinds import encoder_class
 from rl.interrupt import StopOnInterrupt
-from rl.progress import Progress
+from rl.progress import Progress, describe_llm
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
 from rl.tracking import TrackingOptions, Trackers, TrackingUnavailable
 from rl.sharding import (agree_with_main_process, check_same_on_all_processes, is_main_process,
@@ -234,8 +234,8 @@ def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: flo
     if cfg.uses_llm:
         progress.step(f"loading the LLM ({cfg.model}) and its tokenizer ...")
     encoder = load_encoder(cfg)
-    if encoder.describe() is not None:
-        progress.step(encoder.describe())
+    if encoder.llm is not None:
+        progress.step(describe_llm(cfg, encoder.llm))
     trainer = Trainer(cfg, encoder)
     llm_args = trainer.place_llm_args(encoder.jit_args())
     if cfg.uses_llm:
