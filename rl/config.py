@@ -365,10 +365,9 @@ def inapplicable_flags(given: set[str] | list[str], encoder: str) -> str | None:
     return f"{flags} no effect with --encoder {encoder}; add --encoder vllm to use an embedding server, or drop them"
 
 
-def read_settings_file(path: str | Path) -> dict[str, Any]:
-    """TrainConfig fields from a JSON or YAML file (e.g. a run directory's config.json), checked by name.
-
-    Its `run_dir` is dropped: a file names settings, not where the new run goes (pass --run-dir)."""
+def read_mapping_file(path: str | Path) -> dict[str, Any]:
+    """The mapping a JSON or YAML settings file holds, its keys with '-' read as '_' (ValueError, one line naming
+    `--config PATH`, when it cannot be read, parsed or is not a mapping). Shared by every command's --config."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -386,7 +385,14 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
                          f" ({str(e).splitlines()[0]})") from None
     if not isinstance(d, dict):
         raise ValueError(f"--config {path}: expected a mapping of setting names to values, got {type(d).__name__}")
-    d = {k.replace("-", "_"): v for k, v in d.items()}
+    return {k.replace("-", "_"): v for k, v in d.items()}
+
+
+def read_settings_file(path: str | Path) -> dict[str, Any]:
+    """TrainConfig fields from a JSON or YAML file (e.g. a run directory's config.json), checked by name.
+
+    Its `run_dir` is dropped: a file names settings, not where the new run goes (pass --run-dir)."""
+    d = read_mapping_file(path)
     unknown = sorted(set(d) - set(SECTION_OF))
     if unknown:
         import difflib

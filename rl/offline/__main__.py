@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rl.cli import Parser, add_dataclass_options
+from rl.config import read_mapping_file
 from rl.offline.config import GROUPS, HIDDEN_MODES, RESIDENT, OfflineConfig
 
 TRAIN_HELP = """Train an offline AWR policy on trajectory files (recorded by rl.train / rl.eval --save-trajectories,
@@ -75,24 +76,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _read_settings(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ValueError(f"--config {path}: cannot read it ({e.strerror or e})") from None
-    try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            d = yaml.safe_load(text)
-        else:
-            d = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - yaml and json raise different types; both mean "not parseable"
-        raise ValueError(f"--config {path}: not parseable ({str(e).splitlines()[0]})") from None
-    if isinstance(d, dict) and d.get("kind") == "offline-awr":
-        d = d["settings"]  # a run's config.json
-    if not isinstance(d, dict):
-        raise ValueError(f"--config {path}: expected a mapping of setting names to values")
-    d = {k.replace("-", "_"): v for k, v in d.items()}
+    d = read_mapping_file(path)
+    if d.get("kind") == "offline-awr" and isinstance(d.get("settings"), dict):
+        d = {k.replace("-", "_"): v for k, v in d["settings"].items()}  # a run's config.json
     names = {f.name for f in dataclasses.fields(OfflineConfig)}
     unknown = sorted(set(d) - names)
     if unknown:
