@@ -153,8 +153,9 @@ SHARED_FIXTURE_GROUPS = (("test_render_template.py", "test_render_obs.py"),
 # test_rl_multihost's three training processes), so that none starts last and leaves the other worker idle at the
 # end (xdist alone hands out files with the most tests first, and these have few). Files not listed follow in
 # xdist's order. test_rl_multihost after test_rl_multidevice: its reference run reuses that file's 2-device compile.
-LONGEST_UNITS = ("test_rl_multidevice.py", "test_render_template.py", "test_rl_inscan.py", "test_bench_scripts.py",
-                 "test_parity_hf.py", "test_rl_multihost.py")
+LONGEST_UNITS = ("test_rl_multidevice.py", "test_render_template.py", "test_rl_probe.py", "test_rl_inscan.py",
+                 "test_bench_scripts.py", "test_rl_usability.py", "test_parity_hf.py", "test_rl_multihost.py",
+                 "test_offline_train.py", "test_rl_train.py")
 
 
 def _file_scheduler(config, log):
