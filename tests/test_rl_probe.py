@@ -145,27 +145,14 @@ def test_hand_built_critic_gives_exact_differences_and_signs(states):
 
 
 def test_offline_run_loads_through_the_contract(tmp_path, monkeypatch, states):
-    """A config.json of kind offline-awr goes to rl.offline.load_policy (CONTRACTS.md; a stand-in module here,
-    returning a policy object of the contract's shape)."""
-    import sys
-    import types
-    from dataclasses import dataclass
-    from typing import Any, Callable
-
+    """A config.json of kind offline-awr goes to rl.offline.load_policy (CONTRACTS.md; stubbed here to return an
+    `rl.offline.policy.OfflinePolicy` of a hand-built critic instead of restoring a trained one)."""
+    import rl.offline
+    from rl.offline.policy import OfflinePolicy
     from rl.probe.policy import load_policy
 
-    @dataclass(frozen=True)
-    class OfflinePolicy:
-        env: str
-        params: Any
-        apply: Callable
-        uses_hidden: bool
-        labelling: dict | None
-        hidden_skip_n: int
-
-    offline = types.ModuleType("rl.offline")
-    offline.load_policy = lambda run_dir: OfflinePolicy(CLASSIC, {"w": jnp.float32(2.0)}, _critic, False, None, 0)
-    monkeypatch.setitem(sys.modules, "rl.offline", offline)
+    monkeypatch.setattr(rl.offline, "load_policy",
+                        lambda run_dir: OfflinePolicy(CLASSIC, {"w": jnp.float32(2.0)}, _critic, False, None, 0))
     (tmp_path / "config.json").write_text(json.dumps({"kind": "offline-awr", "gamma": 0.9}))
     policy = load_policy(tmp_path)
     assert policy.env == CLASSIC and policy.gamma == 0.9 and not policy.uses_hidden
