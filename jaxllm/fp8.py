@@ -6,6 +6,10 @@ to e4m3, the two fp8 operands meet in one GEMM with float32 accumulation, and th
 (token scale x channel scale). Everything else (embeddings, norms, attention and its softmax, the residual stream)
 stays in the activation dtype (bfloat16).
 
+The MLP (`mlp` / `fp8_mlp`) keeps the gate and up products in float32 until down_proj's input is quantised, and
+that quantisation (like the attention output's) runs as one Pallas kernel on the GPU (`jaxllm.fp8_kernels`):
+XLA would read those tensors twice.
+
 On a GPU with FP8 tensor cores (compute capability >= 8.9: Ada, Hopper) the GEMM runs on them (cuBLASLt); elsewhere
 the same fp8 values are multiplied in float32 (`emulated`): identical rounding of the operands, only slower.
 """
@@ -94,27 +98,94 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return (xf / scale[..., None]).astype(E4M3), scale
 
 
-def fp8_matmul(x: jax.Array, m: Fp8Matrix) -> jax.Array:
+def _fp8_dot(xq: jax.Array, w: jax.Array, out_dtype: Any) -> jax.Array:
+    """The unscaled product of e4m3 rows [..., in] and an e4m3 weight [out, in], float32 accumulation, written in
+    `out_dtype`: one cuBLASLt fp8 GEMM on FP8 tensor cores, else the same values multiplied in float32."""
+    dims = (((xq.ndim - 1,), (1,)), ((), ()))
+    if native_fp8_available():
+        return lax.dot_general(xq, w, dims, preferred_element_type=out_dtype)
+    return lax.dot_general(xq.astype(jnp.float32), w.astype(jnp.float32), dims,
+                           precision=lax.Precision.HIGHEST).astype(out_dtype)
+
+
+def _product_dtype(x: jax.Array) -> Any:
+    """The dtype a GEMM writes for activations `x`: theirs when 16-bit, else float32."""
+    return x.dtype if jnp.dtype(x.dtype).itemsize == 2 else jnp.float32
+
+
+def quantize_rows_one_pass(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`quantize_rows`; on a GPU with FP8 tensor cores from one Pallas kernel that reads x once
+    (`jaxllm.fp8_kernels`). For an x that XLA cannot fuse the quantisation into (a custom call's output, such as
+    attention's): XLA would read it twice, for the abs-max and for the cast."""
+    if not native_fp8_available():
+        return quantize_rows(x)
+    from .fp8_kernels import quantize_rows_pallas
+
+    q, scale = quantize_rows_pallas(x.reshape(-1, x.shape[-1]))
+    return q.reshape(x.shape), scale.reshape(x.shape[:-1])
+
+
+def fp8_matmul(x: jax.Array, m: Fp8Matrix, one_pass_quantize: bool = False) -> jax.Array:
     """x [..., in] @ the matrix of `m`, W8A8: per-token e4m3 activations, per-channel e4m3 weights, float32
-    accumulation, result in x's dtype.
+    accumulation, result in x's dtype. `one_pass_quantize`: quantise x with `quantize_rows_one_pass` (for an x
+    whose producer XLA cannot fuse with the quantisation).
 
     For 16-bit activations the GEMM writes its product in that dtype (cuBLASLt rounds its float32 accumulator
     once, on the way out), half the bytes of a float32 product; the two scales are then applied in float32 by
     the elementwise fusion that reads it (the consumer: SwiGLU, the residual add, the q/k norms). Emulated
     backends round the same float32 product to the same dtype, so both give the same numbers."""
-    xq, x_scale = quantize_rows(x)
-    dims = (((xq.ndim - 1,), (1,)), ((), ()))
-    out_dtype = x.dtype if jnp.dtype(x.dtype).itemsize == 2 else jnp.float32
-    if native_fp8_available():
-        y = lax.dot_general(xq, m.weight, dims, preferred_element_type=out_dtype)
-    else:
-        y = lax.dot_general(xq.astype(jnp.float32), m.weight.astype(jnp.float32), dims,
-                            precision=lax.Precision.HIGHEST).astype(out_dtype)
+    xq, x_scale = quantize_rows_one_pass(x) if one_pass_quantize else quantize_rows(x)
+    y = _fp8_dot(xq, m.weight, _product_dtype(x))
     return (y.astype(jnp.float32) * (x_scale[..., None] * m.scale)).astype(x.dtype)
 
 
-def linear(x: jax.Array, w: jax.Array | Fp8Matrix) -> jax.Array:
-    """x @ w for a plain [in, out] matrix (in x's dtype) or an Fp8Matrix (W8A8)."""
+def swiglu_quantize_reference(gate: jax.Array, up: jax.Array, x_scale: jax.Array, gate_scale: jax.Array,
+                              up_scale: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """silu(gate * x_scale * gate_scale) * (up * x_scale * up_scale) in float32, quantised per row to e4m3:
+    gate, up [..., I] unscaled GEMM products, x_scale [...], gate_scale / up_scale [I]. Returns (e4m3 [..., I],
+    float32 scale [...]). XLA's form of `jaxllm.fp8_kernels.swiglu_quantize_pallas` (same arithmetic)."""
+    g = gate.astype(jnp.float32) * (x_scale[..., None] * gate_scale)
+    u = up.astype(jnp.float32) * (x_scale[..., None] * up_scale)
+    return quantize_rows(g * jax.nn.sigmoid(g) * u)
+
+
+def swiglu_quantize(gate: jax.Array, up: jax.Array, x_scale: jax.Array, gate_scale: jax.Array,
+                    up_scale: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`swiglu_quantize_reference`'s result; on a GPU with FP8 tensor cores from one Pallas kernel that reads each
+    gate/up row once (`jaxllm.fp8_kernels`), where XLA would read the widest tensor of the layer twice."""
+    if not native_fp8_available():
+        return swiglu_quantize_reference(gate, up, x_scale, gate_scale, up_scale)
+    from .fp8_kernels import swiglu_quantize_pallas
+
+    lead, width = gate.shape[:-1], gate.shape[-1]
+    q, scale = swiglu_quantize_pallas(gate.reshape(-1, width), up.reshape(-1, width), x_scale.reshape(-1),
+                                      gate_scale, up_scale)
+    return q.reshape(*lead, width), scale.reshape(lead)
+
+
+def fp8_mlp(x: jax.Array, gate: Fp8Matrix, up: Fp8Matrix, down: Fp8Matrix) -> jax.Array:
+    """Qwen3's SwiGLU MLP, down(silu(gate(x)) * up(x)), with W8A8 GEMMs: x quantised once for gate and up, their
+    unscaled products turned into down's e4m3 input by `swiglu_quantize` (float32 in between, no 16-bit rounding
+    of the gate, up or their product), down's product rescaled into x's dtype."""
+    xq, x_scale = quantize_rows(x)
+    product = _product_dtype(x)
+    hq, h_scale = swiglu_quantize(_fp8_dot(xq, gate.weight, product), _fp8_dot(xq, up.weight, product), x_scale,
+                                  gate.scale, up.scale)
+    y = _fp8_dot(hq, down.weight, product)
+    return (y.astype(jnp.float32) * (h_scale[..., None] * down.scale)).astype(x.dtype)
+
+
+def linear(x: jax.Array, w: jax.Array | Fp8Matrix, one_pass_quantize: bool = False) -> jax.Array:
+    """x @ w for a plain [in, out] matrix (in x's dtype) or an Fp8Matrix (W8A8; `one_pass_quantize` as
+    `fp8_matmul`'s, ignored for plain matrices)."""
     if isinstance(w, Fp8Matrix):
-        return fp8_matmul(x, w)
+        return fp8_matmul(x, w, one_pass_quantize)
     return x @ w
+
+
+def mlp(x: jax.Array, gate: jax.Array | Fp8Matrix, up: jax.Array | Fp8Matrix,
+        down: jax.Array | Fp8Matrix) -> jax.Array:
+    """Qwen3's SwiGLU MLP, down(silu(gate(x)) * up(x)), for plain matrices (in x's dtype) or Fp8Matrix ones."""
+    if isinstance(gate, Fp8Matrix):
+        return fp8_mlp(x, gate, up, down)
+    return linear(jax.nn.silu(linear(x, gate)) * linear(x, up), down)

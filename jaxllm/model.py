@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .config import Qwen3Config
-from .fp8 import linear
+from .fp8 import linear, mlp
 from .packed_attention import Segments, default_packed_attention_impl, packed_attention
 from .private_jax import cudnn_attention_module, probe
 
@@ -167,9 +167,10 @@ def decoder_layer(h: jax.Array, lp: Params, cos: jax.Array, sin: jax.Array, conf
     q = apply_rope(rms_norm(q, lp["q_norm"], config.rms_norm_eps), cos, sin)
     k = apply_rope(rms_norm(k, lp["k_norm"], config.rms_norm_eps), cos, sin)
     attn = attention(q, k, v, prefix_k, prefix_v, attention_impl, segments)
-    h = h + linear(attn.reshape(batch, t, config.q_size), lp["o_proj"])
+    # attention is a custom call (cuDNN) on a GPU: XLA cannot fuse o_proj's fp8 input quantisation into it
+    h = h + linear(attn.reshape(batch, t, config.q_size), lp["o_proj"], one_pass_quantize=True)
     x = rms_norm(h, lp["post_attention_layernorm"], config.rms_norm_eps)
-    h = h + linear(jax.nn.silu(linear(x, lp["gate_proj"])) * linear(x, lp["up_proj"]), lp["down_proj"])
+    h = h + mlp(x, lp["gate_proj"], lp["up_proj"], lp["down_proj"])
     return h, (k, v)
 
 

@@ -50,14 +50,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--env, compact format, real tokenizer, real prefix), encoded rectangular / bucketed / "
                         "packed in each --dtypes, against the card's best GEMM rate at the model's projection shapes")
     p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
-    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"], choices=["bfloat16", "fp8", "float32"],
-                   help="--ragged: model dtypes to time")
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
+                   choices=["bfloat16", "fp8", "fp8-xla-swiglu", "float32"],
+                   help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
+                        "to XLA instead of the Pallas kernel, to measure that kernel)")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
                    choices=["rect", "bucketed", "packed"], help="--ragged: encode paths to time")
-    p.add_argument("--fp8-float32-product", action="store_true",
-                   help="--ragged: fp8 GEMMs write float32 products, as before issue 23 (to measure that lever)")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="--ragged: trace one more call of each row into DIR/<row> and print where its GPU time goes "
+                        "(scripts/kernel_times.py)")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--hf-worker", type=Path, default=None, help=argparse.SUPPRESS)  # internal: HF-only subprocess
     args = p.parse_args(argv)
@@ -165,7 +168,7 @@ def bench_gemms(config: Qwen3Config, tokens: int, dtypes: list[str], iters: int)
     d, i = config.hidden_size, config.intermediate_size
     shapes = {"gate_proj": (d, i), "down_proj": (i, d)}  # the two largest (2/3 of a layer's matmul FLOPs)
     out: dict[str, Any] = {"tokens": tokens}
-    for dtype in sorted({"fp8" if dt == "fp8" else "bfloat16" for dt in dtypes}):
+    for dtype in sorted({"fp8" if dt.startswith("fp8") else "bfloat16" for dt in dtypes}):
         rates = {}
         for name, (k_in, n_out) in shapes.items():
             kx, kw = jax.random.split(jax.random.key(len(rates)))
@@ -208,10 +211,8 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
 
     from jaxllm import default_capacity, encode, encode_bucketed, encode_packed, init_params, prefill
     from jaxllm.compile import compiler_options, jit
-    from jaxllm.fp8 import quantize_params
-
-    if args.fp8_float32_product:
-        use_float32_fp8_product()
+    from jaxllm import fp8
+    from jaxllm.fp8 import quantize_params, swiglu_quantize
 
     config = model_config(args)
     t0 = time.perf_counter()
@@ -228,7 +229,8 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     useful = real * flops_per_token(config, len(prefix_ids), float(lengths.mean()))
     rows, reference = [], {}
     for dtype in args.dtypes:
-        params = base if dtype != "fp8" else jax.block_until_ready(quantize_params(base))
+        fp8.swiglu_quantize = fp8.swiglu_quantize_reference if dtype == "fp8-xla-swiglu" else swiglu_quantize
+        params = base if not dtype.startswith("fp8") else jax.block_until_ready(quantize_params(base))
         cache = jax.block_until_ready(jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(prefix_ids)))
         opts = compiler_options()  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)
         calls = {
@@ -253,7 +255,14 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                 rows.append(row | {"error": f"{type(e).__name__}: {str(e)[:400]}"})
                 log(rows[-1])
                 continue
-            if dtype == "fp8" and method == "packed":  # did the fp8 matmuls become cuBLASLt fp8 GEMMs?
+            if args.profile:
+                from scripts.kernel_times import print_summary, profile_call
+
+                summary = profile_call(lambda p=params, c=cache: calls[method](p, c, ids, lengths),
+                                       Path(args.profile) / f"{dtype}-{method}")
+                print_summary(summary, f"{dtype} {method}")
+                row["kernel_ms_by_kind"] = {line: s["by_kind_ms"] for line, s in summary.items()}
+            if dtype.startswith("fp8") and method == "packed":  # did the fp8 matmuls become cuBLASLt fp8 GEMMs?
                 hlo = calls[method].lower(params, cache, ids, lengths).compile().as_text()
                 row["cublaslt_fp8_gemm_calls_in_hlo"] = hlo.count("__cublas$lt$matmul$f8")
             reference.setdefault(dtype, vec)
@@ -264,38 +273,18 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                                "min_cosine_vs_first_bf16": float(cos.min()), "finite": bool(np.isfinite(vec).all())})
             log({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()})
         params = cache = None  # free them before the next dtype
+    fp8.swiglu_quantize = swiglu_quantize
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's
     gemms = bench_gemms(config, _round_to(capacity, 1024), args.dtypes, args.iters)
     log(f"GEMM ceilings at M={gemms['tokens']}: " + ", ".join(
         f"{k} {v['best_tflops']:.0f} TFLOP/s" for k, v in gemms.items() if k != "tokens"))
     for row in rows:
         if "useful_tflops" in row:
-            row["vs_gemm_ceiling"] = row["useful_tflops"] / gemms["fp8" if row["dtype"] == "fp8" else "bfloat16"][
+            row["vs_gemm_ceiling"] = row["useful_tflops"] / gemms["fp8" if row["dtype"].startswith("fp8") else "bfloat16"][
                 "best_tflops"]
             log(f"{row['dtype']:>9} {row['method']:<9} {row['ms']:8.1f} ms  {row['prompts_per_s']:6.1f} prompts/s  "
                 f"{row['useful_tflops']:6.1f} TFLOP/s = {row['vs_gemm_ceiling']:.2f} of the GEMM ceiling")
     return {"gemms": gemms, "capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
-
-
-def use_float32_fp8_product() -> None:
-    """Make jaxllm's fp8 matmuls write float32 GEMM products (the form before issue 23), for this process only:
-    the benchmark's switch for measuring what the bfloat16 product buys."""
-    import jax.numpy as jnp
-    from jax import lax
-
-    from jaxllm import fp8
-
-    def fp8_matmul_float32_product(x, m):
-        xq, x_scale = fp8.quantize_rows(x)
-        dims = (((xq.ndim - 1,), (1,)), ((), ()))
-        if fp8.native_fp8_available():
-            y = lax.dot_general(xq, m.weight, dims, preferred_element_type=jnp.float32)
-        else:
-            y = lax.dot_general(xq.astype(jnp.float32), m.weight.astype(jnp.float32), dims,
-                                precision=lax.Precision.HIGHEST)
-        return (y * x_scale[..., None] * m.scale).astype(x.dtype)
-
-    fp8.fp8_matmul = fp8_matmul_float32_product
 
 
 def _round_to(n: int, multiple: int) -> int:

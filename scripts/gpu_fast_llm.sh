@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issue 23's GPU measurements, one stage per device call (each well under 10 minutes on an H100).
-#   bash scripts/gpu_fast_llm.sh encoder OUT   # fp8 HLO report, encoder packed bf16/fp8 (+ fp8 with float32 products)
+#   bash scripts/gpu_fast_llm.sh encoder OUT   # fp8 HLO report, encoder packed bf16/fp8 (+ fp8 with XLA's SwiGLU
+#                                              # quantisation), each row profiled by kernel kind
+#   bash scripts/gpu_fast_llm.sh mlp OUT       # the fp8 MLP's pieces (bench_fp8_mlp.py), then the encoder stage
 #   bash scripts/gpu_fast_llm.sh fidelity OUT  # HLO report, fp8 fidelity at the 4B shape, then the restart stage
 #   bash scripts/gpu_fast_llm.sh table OUT     # bench_train --table: the issue's table in one call
 #   bash scripts/gpu_fast_llm.sh restart OUT   # rl.train fp8 twice: first update cold, then from the compile cache
 # Every step is bounded by `timeout` and its output teed to OUT as it comes.
 set -uo pipefail
-stage=${1:?stage: encoder, table or restart}
+stage=${1:?stage: encoder, mlp, fidelity, table or restart}
 out=${2:?output directory}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -20,10 +22,13 @@ step() {  # step NAME SECONDS CMD...: run CMD under timeout, teeing to OUT/NAME.
 case $stage in
   encoder)
     step hlo 150 python3 scripts/fp8_hlo_report.py --out "$out/hlo.json"
-    step encoder 240 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed --dtypes bfloat16 fp8 \
-      --out "$out/encoder.json"
-    step encoder_f32_product 200 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed --dtypes fp8 \
-      --fp8-float32-product --out "$out/encoder_f32_product.json"
+    step encoder 330 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed \
+      --dtypes bfloat16 fp8 fp8-xla-swiglu --iters 5 --profile /tmp/encoder_trace --out "$out/encoder.json"
+    ;;
+  mlp)
+    step fp8_mlp 150 python3 scripts/bench_fp8_mlp.py --out "$out/fp8_mlp.json"
+    step encoder 330 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed \
+      --dtypes bfloat16 fp8 fp8-xla-swiglu --iters 5 --profile /tmp/encoder_trace --out "$out/encoder.json"
     ;;
   fidelity)  # with the fp8 HLO report and the compile-cache restart: one call
     step hlo 100 python3 scripts/fp8_hlo_report.py --out "$out/hlo.json"

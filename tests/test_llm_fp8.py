@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxllm import Qwen3Config, encode_packed, load_model
+from jaxllm import Qwen3Config, encode_packed, fp8, fp8_kernels, load_model
 from jaxllm.fp8 import Fp8Matrix, dequantize_matrix, fp8_matmul, linear, native_fp8_available, quantize_matrix
 
 MID = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
@@ -109,3 +109,58 @@ def test_fp8_model_stays_close_to_float32(name):
 def test_fp8_is_refused_as_a_dtype_name_typo():
     with pytest.raises(ValueError, match="'fp8'"):
         load_model("tiny", dtype="fp16x")
+
+
+def numpy_fp8_mlp(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """The W8A8 SwiGLU MLP computed independently (float64, e4m3 rounding by ml_dtypes): x and down's input
+    quantised per row, the weights per output channel, gate/up/product unrounded between the GEMMs."""
+    e4m3 = ml_dtypes.float8_e4m3fn
+    top = float(ml_dtypes.finfo(e4m3).max)
+
+    def rows(a):
+        s = np.maximum(np.abs(a).max(axis=-1, keepdims=True) / top, 1e-12)
+        return (a / s).astype(np.float32).astype(e4m3).astype(np.float64), s
+
+    def columns(w):
+        s = np.maximum(np.abs(w).max(axis=0, keepdims=True) / top, 1e-12)
+        return (w / s).astype(np.float32).astype(e4m3).astype(np.float64), s
+
+    (xq, sx), (gq, sg), (uq, su), (dq, sd) = rows(x), columns(gate), columns(up), columns(down)
+    g, u = (xq @ gq) * sx * sg, (xq @ uq) * sx * su
+    hq, sh = rows(g / (1 + np.exp(-g)) * u)
+    return (hq @ dq) * sh * sd
+
+
+def test_fp8_mlp_matches_numpy_reference():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 7, 32)) * rng.uniform(0.05, 20, size=(2, 7, 1))).astype(np.float32)
+    gate, up, down = (rng.standard_normal(shape).astype(np.float32) * 0.3 for shape in ((32, 48), (32, 48), (48, 32)))
+    got = np.asarray(fp8.mlp(jnp.asarray(x), *(quantize_matrix(jnp.asarray(w)) for w in (gate, up, down))))
+    want = numpy_fp8_mlp(x, gate, up, down)
+    # float32 vs float64 arithmetic can move a value across an e4m3 rounding boundary: one step there is 2^-3
+    # relative for that element, diluted over the 48-term down product
+    np.testing.assert_allclose(got, want, rtol=0.02, atol=0.02 * np.abs(want).max())
+    plain = np.asarray(fp8.mlp(jnp.asarray(x), *(jnp.asarray(w) for w in (gate, up, down))))
+    silu = lambda a: a / (1 + np.exp(-a))
+    np.testing.assert_allclose(plain, (silu(x @ gate) * (x @ up)) @ down, rtol=1e-4, atol=1e-4 * np.abs(plain).max())
+
+
+@pytest.mark.parametrize("rows, width, block_rows, chunk", [(5, 96, 1, 512), (7, 200, 2, 64), (3, 48, 4, 16)])
+def test_pallas_quantisation_kernels_equal_their_xla_forms(rows, width, block_rows, chunk):
+    """The one-pass GPU kernels, run by Pallas's interpreter: bit-equal to the XLA forms the CPU path uses, for
+    widths that are not powers of two (slices of `chunk`, then the remainder's binary parts) and row counts that
+    are not multiples of the rows per program."""
+    keys = jax.random.split(jax.random.key(rows * width), 5)
+    gate = jax.random.normal(keys[0], (rows, width), jnp.bfloat16) * 4
+    up = jax.random.normal(keys[1], (rows, width), jnp.bfloat16)
+    x_scale = jax.random.uniform(keys[2], (rows,), minval=0.01, maxval=2.0)
+    gate_scale, up_scale = (jax.random.uniform(k, (width,), minval=0.1, maxval=1.0) for k in keys[3:])
+    tuning = dict(interpret=True, rows=block_rows, chunk=chunk)
+    got = fp8_kernels.swiglu_quantize_pallas(gate, up, x_scale, gate_scale, up_scale, **tuning)
+    want = fp8.swiglu_quantize_reference(gate, up, x_scale, gate_scale, up_scale)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
+    got = fp8_kernels.quantize_rows_pallas(gate, **tuning)
+    want = fp8.quantize_rows(gate)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
