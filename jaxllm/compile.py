@@ -1,10 +1,11 @@
 """How the project's programs are compiled: XLA options on a GPU, and the persistent compilation cache.
 
-On a GPU every program compiles with Triton GEMMs off (`GPU_COMPILER_OPTIONS`). With Triton GEMMs on, XLA's
-autotuner tries Triton kernels for every fp8 dot and ran for over 9 minutes on an H100 at the Qwen3-4B shape
-(issue 23); with them off, each fp8 dot becomes one cuBLASLt fp8 GEMM and the program compiles in seconds. The
-same option measured no slower for bfloat16 and plain PPO on the same H100 (docs/BENCHMARKS.md: the in-scan bf16
-row 1,731 vs 1,682 SPS, plain PPO at 128 envs 19,660 vs 17,872), so it is not limited to fp8. The options go on
+On a GPU every program that runs the LLM compiles with Triton GEMMs off (`GPU_COMPILER_OPTIONS`). With Triton
+GEMMs on, XLA's autotuner tries Triton kernels for every fp8 dot and ran for over 9 minutes on an H100 at the
+Qwen3-4B shape (issue 23); with them off, each fp8 dot becomes one cuBLASLt fp8 GEMM and the program compiles in
+seconds, and the bfloat16 in-scan trainer measured no slower (docs/BENCHMARKS.md: 1,731 vs 1,682 SPS). Programs
+without the LLM (plain PPO, the offline update) keep XLA's defaults: plain PPO at 128 envs measured 5% faster
+with Triton GEMMs on, alone on an H100 (25,293 / 25,283 vs 24,540 / 23,529 SPS, alternating). The options go on
 the outermost `jax.jit` of a program only (XLA refuses them on a nested jit), through `jit`, which never touches
 the user's `XLA_FLAGS` and falls back to compiling without an option that the installed XLA rejects (one warning
 naming it).
@@ -21,11 +22,11 @@ import jax
 GPU_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_triton_gemm": False}
 
 
-def compiler_options(backend: str | None = None) -> dict[str, Any]:
+def compiler_options(backend: str | None = None, *, runs_llm: bool = True) -> dict[str, Any]:
     """XLA options for an outermost jit on `backend` (default: JAX's default backend): `GPU_COMPILER_OPTIONS` on
-    a GPU, none elsewhere."""
+    a GPU for a program that `runs_llm`, none elsewhere (XLA's defaults)."""
     backend = backend or jax.default_backend()
-    return dict(GPU_COMPILER_OPTIONS) if backend == "gpu" else {}
+    return dict(GPU_COMPILER_OPTIONS) if backend == "gpu" and runs_llm else {}
 
 
 class _JitWithOptions:

@@ -114,8 +114,8 @@ class Trainer:
         self.env = BatchedEnv(cfg.env, cfg.num_envs, cfg.reset_ratio)
         self.encoder = encoder if isinstance(encoder, Encoder) else make_encoder(cfg, encoder, vllm_encoder)
         self.llm = self.encoder.llm
-        # XLA options of the outermost jits (on a GPU: no Triton GEMMs; jaxllm.compile)
-        self.compiler_options = compiler_options()
+        # XLA options of the outermost jits (on a GPU, where the LLM runs in them: no Triton GEMMs; jaxllm.compile)
+        self.compiler_options = compiler_options(runs_llm=self.llm is not None)
         self.network = make_network(self.env.num_actions, augmented=self.encoder.uses_hidden, fusion=cfg.fusion,
                                     width=cfg.width)
         self.hp = PPOHyper(cfg.gamma, cfg.gae_lambda, cfg.clip_eps, cfg.ent_coef, cfg.vf_coef,

@@ -30,7 +30,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-_CACHE_DIR = Path(os.environ.get("JAX_TEST_CACHE_DIR", Path(__file__).resolve().parent.parent / ".jax_cache"))
+# The suite's persistent compilation cache: outside the checkout (the user's cache directory), so that a machine
+# that runs the suite again (a developer's, a CI runner that keeps its home) reuses the programs compiled before;
+# keys include the program, the XLA flags and the JAX version, so a stale entry is never used. Subprocesses that
+# tests start read the same directory from JAX_TEST_CACHE_DIR (set here when unset).
+_DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "craftax-llm" / "jax-tests"
+_CACHE_DIR = Path(os.environ.setdefault("JAX_TEST_CACHE_DIR", str(_DEFAULT_CACHE)))
 jax.config.update("jax_compilation_cache_dir", str(_CACHE_DIR))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

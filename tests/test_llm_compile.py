@@ -12,6 +12,7 @@ from jaxllm import compile as jcompile
 def test_a_gpu_turns_triton_gemms_off_and_a_cpu_gets_no_options():
     assert jcompile.compiler_options(backend="gpu") == {"xla_gpu_enable_triton_gemm": False}
     assert jcompile.compiler_options(backend="cpu") == {}
+    assert jcompile.compiler_options(backend="gpu", runs_llm=False) == {}  # plain PPO: XLA's defaults
 
 
 def test_jit_with_an_accepted_option_computes_the_same():

@@ -31,7 +31,7 @@ CFG = LabelConfig(model="tiny", llm_dtype="float32", batch=BATCH)
 
 
 def _env():
-    cache = os.environ.get("JAX_TEST_CACHE_DIR", REPO / ".jax_cache")  # the conftest's persistent compile cache
+    cache = os.environ["JAX_TEST_CACHE_DIR"]  # set by tests/conftest.py
     return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
             "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu"}
 

@@ -390,7 +390,7 @@ if __name__ == "__main__":
     worker, out_dir = sys.argv[1], Path(sys.argv[2])
     import jax
 
-    cache = os.environ.get("JAX_TEST_CACHE_DIR", ROOT / ".jax_cache")  # as tests/conftest.py does
+    cache = os.environ["JAX_TEST_CACHE_DIR"]  # set by tests/conftest.py
     jax.config.update("jax_compilation_cache_dir", str(cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     WORKERS[worker][0](out_dir)

@@ -35,7 +35,7 @@ NOT_COMPARED = ("sps", "seconds", "first_call_includes_compile")
 
 def _env(devices_per_process: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or k == "JAX_TEST_CACHE_DIR"}
-    cache = os.environ.get("JAX_TEST_CACHE_DIR", ROOT / ".jax_cache")  # as tests/conftest.py
+    cache = os.environ["JAX_TEST_CACHE_DIR"]  # set by tests/conftest.py
     xla_flags = f"--xla_force_host_platform_device_count={devices_per_process} {PROCESS_XLA_FLAGS}"
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags,
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

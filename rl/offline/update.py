@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxllm.compile import compiler_options, jit as jit_with_options
 from rl.offline.data import Layout, decode_obs
 from rl.offline.networks import normalise
 
@@ -67,8 +66,8 @@ def make_train_chunk(apply: Callable, optimizer: optax.GradientTransformation, l
         params = optax.apply_updates(params, updates)
         return (params, opt_state, shard, rows, stats), metrics
 
-    @partial(jit_with_options, compiler_options=compiler_options(), static_argnames="length",
-             donate_argnums=(0, 1))
+    # no LLM in this program: XLA's default options (jaxllm.compile)
+    @partial(jax.jit, static_argnames="length", donate_argnums=(0, 1))
     def chunk(params, opt_state, shard, rows, stats, start, length: int):
         us = start + jnp.arange(length, dtype=jnp.int32)
         (params, opt_state, *_), metrics = jax.lax.scan(one, (params, opt_state, shard, rows, stats), us)
