@@ -156,7 +156,7 @@ def test_per_env_shuffle_needs_num_steps_divisible_by_num_minibatches():
         TrainConfig(**fields, shuffle="per_env").validate()
     with pytest.raises(ValueError, match="--shuffle 'random' is not one of: global, per_env"):
         TrainConfig(shuffle="random").validate()
-    assert Trainer(TrainConfig(**PRESETS["test"], shuffle="per_env")).hp.shuffle == "per_env"
+    assert Trainer.from_config(TrainConfig(**PRESETS["test"], shuffle="per_env")).hp.shuffle == "per_env"
     zeros = jnp.zeros((6, 2))
     traj = Transition(jnp.zeros((6, 2, 3)), None, zeros.astype(jnp.int32), zeros, zeros, zeros, zeros.astype(bool))
     with pytest.raises(ValueError, match="shuffle per_env splits each env's 6 steps into 4 minibatches"):
