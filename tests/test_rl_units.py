@@ -209,3 +209,23 @@ def test_restore_policy_reads_a_run_written_before_the_config_sections(tmp_path)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     pi, value = policy.trainer.apply(policy.params, policy.runner.obs, None)
     assert pi.logits.shape == (flat["num_envs"], policy.trainer.env.num_actions) and value.shape == (flat["num_envs"],)
+
+
+def test_restore_params_is_restore_policys_settings_and_params_without_a_trainer(tmp_path):
+    """`rl.runs.restore_params` (the light restore the probe uses: no trainer, nothing compiled) gives the same
+    settings, update count and params as `restore_policy`, on the pre-sections fixture run."""
+    import shutil
+    from pathlib import Path
+
+    from rl.runs import restore_params, restore_policy
+
+    run = Path(shutil.copytree(Path(__file__).parent / "fixtures" / "run_flat_config", tmp_path / "run"))
+    light, full = restore_params(run), restore_policy(run)
+    assert light.cfg == full.cfg and light.step == full.step == 1
+    assert jax.tree.structure(light.params) == jax.tree.structure(full.params)
+    for a, b in zip(jax.tree.leaves(light.params), jax.tree.leaves(full.params)):
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    shutil.rmtree(run / "checkpoints")
+    with pytest.raises(FileNotFoundError, match="has no checkpoint to probe"):
+        restore_params(run, purpose="probe")

@@ -1,7 +1,8 @@
 """What the probe needs of a trained run, and `load_policy`: THE one function that reads a run directory.
 
 Online runs (`rl.train` run dirs, encoder none or inscan; vllm runs are probed with the in-scan encoder of the
-same model, as rl.eval does) are restored through rl.eval's pieces; offline runs (config.json with
+same model, as rl.eval does) are restored through `rl.runs.restore_params` (settings + params, no trainer);
+offline runs (config.json with
 `"kind": "offline-awr"`) through `rl.offline.load_policy` (docs: the contract in CONTRACTS.md), imported only then.
 """
 from __future__ import annotations
