@@ -86,7 +86,7 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 
 @dataclass(frozen=True)
 class OpenRun:
-    """A run directory opened for training (`open_run`): its config, checkpoints, metrics log and progress."""
+    """A run directory opened for training (`open_run`): its config, checkpoints, metrics log and recorder."""
 
     cfg: TrainConfig  # as written to config.json: run_dir set, --devices resolved
     run_dir: Path
