@@ -81,9 +81,9 @@ class Encoder:
         """One line about the LLM the run reads (None without one)."""
         return None
 
+    # what the trainer carries ---------------------------------------------------------------
     window_specs: LLMWindow | None = None  # PartitionSpecs of the `LLMWindow` the runner state carries (None: none)
 
-    # what the trainer carries ---------------------------------------------------------------
     def jit_args(self) -> LLMArgs:
         """The LLM arrays every jitted call takes as arguments (empty without an in-scan LLM)."""
         return LLMArgs()
