@@ -113,6 +113,18 @@ class HiddenConfig:
                                                         "server", applies="vllm", metavar="URL")
     vllm_timeout: float = _opt(30.0, HTTP, "seconds to wait for one embedding request", applies="vllm")
 
+    @property
+    def kind(self) -> EncoderFacts:
+        """The facts of `encoder` (an unknown name is refused by `TrainConfig.validate`)."""
+        return ENCODER_FACTS[self.encoder]
+
+    @property
+    def on_reset(self) -> str:
+        """The reset policy in force: "pool" or "zero" (`reset_hidden` with "auto" resolved)."""
+        if self.reset_hidden != "auto":
+            return self.reset_hidden
+        return "pool" if self.kind.in_scan and self.skip_n > 0 else "zero"
+
 
 @dataclass(frozen=True)
 class LLMConfig:
@@ -233,7 +245,7 @@ class TrainConfig(Sectioned):
     @property
     def kind(self) -> EncoderFacts:
         """The facts of `encoder` (an unknown name is refused by `validate`)."""
-        return ENCODER_FACTS[self.encoder]
+        return self.hidden.kind
 
     @property
     def uses_llm(self) -> bool:
@@ -242,9 +254,7 @@ class TrainConfig(Sectioned):
     @property
     def hidden_on_reset(self) -> str:
         """The reset policy in force: "pool" or "zero" (`reset_hidden` with "auto" resolved)."""
-        if self.reset_hidden != "auto":
-            return self.reset_hidden
-        return "pool" if self.kind.in_scan and self.skip_n > 0 else "zero"
+        return self.hidden.on_reset
 
     def validate(self, num_devices: int | None = None) -> "TrainConfig":
         """Raise ValueError naming the bad field and the fix; return self when fine.

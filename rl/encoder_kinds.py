@@ -4,14 +4,16 @@
     InScanEncoder  --encoder inscan  the JAX LLM inside the jitted rollout, one window of skip_n steps at a time
     HTTPEncoder    --encoder vllm    an embedding server, asked on the host between windows of skip_n steps
 
-`make_encoder` picks the kind once, where the run's config is read; the trainer (`rl.trainer.Trainer`) and the
-training loop (`rl.train.run_updates`) then call this interface only and never ask which kind they hold:
+`load_encoder` (or `make_encoder`, from parts already loaded) picks the kind once, from the run's `HiddenConfig` and
+`LLMConfig` sections; the trainer (`rl.trainer.Trainer`), `rl.train` and its loop (`rl.loop`) then call this
+interface only and never ask which kind they hold:
 
     how a window opens     `start` (the run's first hidden state), `advance` (each step, inside the scan)
     what the policy reads  the hidden state that `start` / `advance` return, held in the rollout carry
     what a reset reads     `reset_reads` (an env that finished an episode inside a window)
     how an update runs     `make_update` (one jitted function, or the HTTP host loop over windows)
     what it costs          `share_meter` (the share of an update's time spent in the LLM, rl.llm_share)
+    what it is             `describe` (one line for the run's output), `preflight` (refuse what cannot run)
 
 The jit-side methods (`reset_reads`, `advance`) are pure functions of their arguments; the host-side ones take
 the `Trainer` they serve (its mesh, env, sharded jits).
@@ -24,8 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from rl.config import TrainConfig
-from rl.encoders import LLMArgs, LLMSetup, VLLMEncoder, make_llm_encoder, make_token_fn
+from rl.config import HiddenConfig, LLMConfig
+from rl.encoders import LLMArgs, LLMSetup, VLLMEncoder, load_llm, make_llm_encoder, make_token_fn
 from rl.sharding import ENV_AXIS, from_process_local_rows, process_local_rows
 from rl.trajectories import RecordedRollout
 
@@ -49,28 +51,38 @@ class LLMWindow(NamedTuple):
 class Encoder:
     """The interface (and the behaviour every kind shares: no window, a reset env reads zeros).
 
-    `llm`: the host-side LLM objects (`rl.encoders.LLMSetup`), None without an LLM. `pipelined`: an update is
-    one jitted call that returns before it is computed, so the loop may dispatch the next one first."""
+    `hidden`, `settings`: the run's `HiddenConfig` and `LLMConfig` sections. `llm`: the host-side LLM objects
+    (`rl.encoders.LLMSetup`), None without an LLM. `pipelined`: an update is one jitted call that returns before it
+    is computed, so the loop may dispatch the next one first."""
 
     uses_hidden = True
     pipelined = True
 
-    def __init__(self, cfg: TrainConfig, llm: LLMSetup | None = None):
-        self.cfg, self.llm = cfg, llm
+    def __init__(self, hidden: HiddenConfig, settings: LLMConfig, llm: LLMSetup | None = None):
+        self.hidden, self.settings, self.llm = hidden, settings, llm
 
     @classmethod
-    def build(cls, cfg: TrainConfig, llm: LLMSetup | None, client: VLLMEncoder | None) -> "Encoder":
+    def load(cls, hidden: HiddenConfig, settings: LLMConfig, env: str) -> "Encoder":
+        """Load what this kind encodes with for game `env` (model, tokenizer, template, a server's client) and
+        return the encoder."""
+        return cls.build(hidden, settings, None, None)
+
+    @classmethod
+    def build(cls, hidden: HiddenConfig, settings: LLMConfig, llm: LLMSetup | None,
+              client: VLLMEncoder | None) -> "Encoder":
         """An encoder of this kind from the loaded parts it needs (ValueError naming what is missing)."""
         raise NotImplementedError
 
     @classmethod
-    def preflight(cls, cfg: TrainConfig) -> None:
+    def preflight(cls, hidden: HiddenConfig, settings: LLMConfig) -> None:
         """Refuse (ValueError / ConnectionError, one line) what cannot run, before a run directory is touched."""
 
-    # what the trainer carries ---------------------------------------------------------------
-    def window_specs(self) -> LLMWindow | None:
-        """PartitionSpecs of the `LLMWindow` carried in the runner state (None: no window is carried)."""
+    def describe(self) -> str | None:
+        """One line about the LLM the run reads (None without one)."""
         return None
+
+    # what the trainer carries ---------------------------------------------------------------
+    window_specs: LLMWindow | None = None  # PartitionSpecs of the `LLMWindow` the runner state carries (None: none)
 
     def jit_args(self) -> LLMArgs:
         """The LLM arrays every jitted call takes as arguments (empty without an in-scan LLM)."""
@@ -114,8 +126,8 @@ class NoEncoder(Encoder):
     uses_hidden = False
 
     @classmethod
-    def build(cls, cfg: TrainConfig, llm: LLMSetup | None, client: VLLMEncoder | None) -> "NoEncoder":
-        return cls(cfg)
+    def build(cls, hidden, settings, llm, client) -> "NoEncoder":
+        return cls(hidden, settings)
 
 
 class InScanEncoder(Encoder):
@@ -124,34 +136,44 @@ class InScanEncoder(Encoder):
     ticks every step and the step that ends it opens the next (`lax.cond`: no LLM work on other steps)."""
 
     @classmethod
-    def build(cls, cfg: TrainConfig, llm: LLMSetup | None, client: VLLMEncoder | None) -> "InScanEncoder":
-        if llm is None:
-            raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_encoder)")
-        return cls(cfg, llm)
+    def load(cls, hidden, settings, env):
+        return cls(hidden, settings, load_llm(settings, env=env))
 
-    def __init__(self, cfg: TrainConfig, llm: LLMSetup):
-        super().__init__(cfg, llm)
-        self.skip_n, self.pooled = cfg.skip_n, cfg.hidden_on_reset == "pool"
-        self.encode = make_llm_encoder(cfg.llm, llm)
+    @classmethod
+    def build(cls, hidden, settings, llm, client) -> "InScanEncoder":
+        if llm is None:
+            raise ValueError(f"--encoder {hidden.encoder} needs an LLM setup (rl.encoders.load_llm)")
+        return cls(hidden, settings, llm)
+
+    def __init__(self, hidden: HiddenConfig, settings: LLMConfig, llm: LLMSetup):
+        super().__init__(hidden, settings, llm)
+        self.skip_n, self.pooled = hidden.skip_n, hidden.on_reset == "pool"
+        self.encode = make_llm_encoder(settings, llm)
+        self.window_specs = LLMWindow.specs(pooled=self.pooled)
         self.open_window = self.encode_states = None  # sharded over the trainer's mesh by `attach`
 
     @classmethod
-    def preflight(cls, cfg: TrainConfig) -> None:
-        if cfg.template_assembly == "pallas" and jax.default_backend() != "gpu":
+    def preflight(cls, hidden, settings) -> None:
+        if settings.template_assembly == "pallas" and jax.default_backend() != "gpu":
             raise ValueError(f"--template-assembly pallas needs a GPU (on {jax.default_backend()} Pallas's "
                              f"interpreter would run it, which fails inside the trainer's shard_map); use auto or jnp")
 
-    def window_specs(self) -> LLMWindow:
-        return LLMWindow.specs(pooled=self.pooled)
-
     def jit_args(self) -> LLMArgs:
         return self.llm.jit_args
+
+    def describe(self) -> str:
+        model, s = self.llm.model, self.settings
+        n = sum(int(getattr(x, "size", 0)) for x in jax.tree.leaves(model.params))  # fp8 leaves count once
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+        dtype = s.llm_dtype if s.llm_dtype == "fp8" else getattr(model.dtype, "__name__", str(model.dtype))
+        return (f"LLM: {s.model} ({size} parameters, {dtype}, hidden size {self.llm.hidden_size}); prompt head "
+                f"{len(self.llm.template.prefix_ids)} tokens (cached once), re-encoded every {self.skip_n} steps")
 
     def attach(self, trainer: Trainer) -> None:
         rep, env = P(), P(ENV_AXIS)
         self.encode_states = trainer.sharded(self.encode, (rep, rep, env), env)
         open_window = lambda args, es, key: self.open(LLMArgs(*args), es, key, trainer.env_index(), trainer.env)
-        self.open_window = trainer.sharded(open_window, (rep, env, rep), (env, self.window_specs()))
+        self.open_window = trainer.sharded(open_window, (rep, env, rep), (env, self.window_specs))
 
     def open(self, llm_args: LLMArgs, env_state, key, env_index, env) -> tuple:
         """A window starts on `env_state`: the envs' hidden states [B, D] and the new `LLMWindow` (clock =
@@ -193,7 +215,7 @@ class InScanEncoder(Encoder):
         from rl.llm_share import LLMShare
 
         return LLMShare(lambda clock: trainer.update_from_clock(current_state(), llm_args, clock),
-                        self.cfg.num_steps, self.skip_n)
+                        trainer.num_steps, self.skip_n)
 
 
 class HTTPEncoder(Encoder):
@@ -204,24 +226,33 @@ class HTTPEncoder(Encoder):
     pipelined = False
 
     @classmethod
-    def build(cls, cfg: TrainConfig, llm: LLMSetup | None, client: VLLMEncoder | None) -> "HTTPEncoder":
-        if llm is None:
-            raise ValueError(f"--encoder {cfg.encoder} needs an LLM setup (rl.encoders.load_encoder)")
-        if client is None:
-            raise ValueError("--encoder vllm needs the server's client (rl.encoders.load_encoder)")
-        return cls(cfg, llm, client)
+    def load(cls, hidden, settings, env):
+        llm = load_llm(settings, env=env, with_model=False)
+        return cls(hidden, settings, llm, VLLMEncoder(hidden.vllm_url, llm.template, timeout=hidden.vllm_timeout))
 
-    def __init__(self, cfg: TrainConfig, llm: LLMSetup, client: VLLMEncoder):
-        super().__init__(cfg, llm)
-        self.client = client
+    @classmethod
+    def build(cls, hidden, settings, llm, client) -> "HTTPEncoder":
+        if llm is None:
+            raise ValueError(f"--encoder {hidden.encoder} needs an LLM setup (rl.encoders.load_llm)")
+        if client is None:
+            raise ValueError("--encoder vllm needs the server's client (rl.encoders.VLLMEncoder)")
+        return cls(hidden, settings, llm, client)
+
+    def __init__(self, hidden: HiddenConfig, settings: LLMConfig, llm: LLMSetup, client: VLLMEncoder):
+        super().__init__(hidden, settings, llm)
+        self.client, self.skip_n = client, hidden.skip_n
         self._last_seconds = 0.0  # the server's time during the latest update
         self._tokens = None
 
     @classmethod
-    def preflight(cls, cfg: TrainConfig) -> None:
+    def preflight(cls, hidden, settings) -> None:
         from rl.encoders import check_vllm_reachable
 
-        check_vllm_reachable(cfg.vllm_url, cfg.vllm_timeout)
+        check_vllm_reachable(hidden.vllm_url, hidden.vllm_timeout)
+
+    def describe(self) -> str:
+        return (f"LLM: {self.settings.model} on the embedding server {self.hidden.vllm_url}; prompt head "
+                f"{len(self.llm.template.prefix_ids)} tokens")
 
     def attach(self, trainer: Trainer) -> None:
         env = P(ENV_AXIS)
@@ -231,7 +262,7 @@ class HTTPEncoder(Encoder):
         """Hidden states from the server, placed split over the mesh like every per-env array.
         Each process sends only its own envs' prompts (all of them when there is one process)."""
         ids, lengths = (process_local_rows(x) for x in self._tokens(env_state.env_state))
-        return from_process_local_rows(self.client(ids, lengths), trainer.mesh, self.cfg.num_envs)
+        return from_process_local_rows(self.client(ids, lengths), trainer.mesh, trainer.env.num_envs)
 
     def start(self, trainer, llm_args, env_state, key):
         return self.hidden_of(trainer, env_state), None
@@ -240,10 +271,10 @@ class HTTPEncoder(Encoder):
         raise RuntimeError("the vllm encoder rolls out on the host; use Trainer.step")
 
     def make_update(self, trainer: Trainer) -> Update:
-        cfg = self.cfg
+        skip_n, windows = self.skip_n, trainer.num_steps // self.skip_n
         rep, steps = P(), P(None, ENV_AXIS)
         specs, carry_specs = trainer.runner_specs, trainer.carry_specs
-        run_window = trainer.sharded(lambda p, c: trainer.run_window(p, c, cfg.skip_n, env_index=trainer.env_index()),
+        run_window = trainer.sharded(lambda p, c: trainer.run_window(p, c, skip_n, env_index=trainer.env_index()),
                                      (rep, carry_specs), (carry_specs, steps))
         finish = trainer.sharded(lambda runner, c, k, chunks: trainer.finish_update(runner, c, k, *concat_steps(chunks)),
                                  (specs, carry_specs, rep, steps), (specs, rep))
@@ -253,7 +284,7 @@ class HTTPEncoder(Encoder):
             key, k_roll, k_ppo = jax.random.split(runner.rng, 3)
             carry = runner.rollout_carry(k_roll)
             chunks = []
-            for _ in range(cfg.num_steps // cfg.skip_n):
+            for _ in range(windows):
                 carry, out = run_window(runner.params, carry)
                 chunks.append((out.transition, out.info))
                 carry = carry._replace(hidden=self.hidden_of(trainer, carry.env_state))
@@ -284,25 +315,18 @@ def recorded_rollout(traj, last_obs: jax.Array) -> RecordedRollout:
 KINDS: dict[str, type[Encoder]] = {"none": NoEncoder, "inscan": InScanEncoder, "vllm": HTTPEncoder}
 
 
-def encoder_class(cfg: TrainConfig) -> type[Encoder]:
-    """The `Encoder` type of `cfg.encoder` (for its `preflight` before anything is loaded)."""
-    return KINDS[cfg.encoder]
+def kind_of(hidden: HiddenConfig) -> type[Encoder]:
+    """The `Encoder` type of `hidden.encoder` (for its `preflight` before anything is loaded)."""
+    return KINDS[hidden.encoder]
 
 
-def make_encoder(cfg: TrainConfig, llm: LLMSetup | None = None, client: VLLMEncoder | None = None) -> Encoder:
-    """The encoder of `cfg` from already loaded parts (`load_encoder` loads them): the one place that turns the
-    `--encoder` name into behaviour."""
-    return KINDS[cfg.encoder].build(cfg, llm, client)
+def load_encoder(hidden: HiddenConfig, settings: LLMConfig, env: str) -> Encoder:
+    """The encoder of a run's `hidden` and LLM `settings` sections for game `env`, with what it encodes with loaded
+    (the model, template and prefix cache in-scan; the tokenizer, template and a client of the server for HTTP):
+    the one place that turns the `--encoder` name into behaviour."""
+    return kind_of(hidden).load(hidden, settings, env)
 
 
-def load_encoder(cfg: TrainConfig) -> Encoder:
-    """Load what a run of `cfg` encodes with (the model, template and prefix cache in-scan; the tokenizer, template
-    and a client of the server for HTTP) and return its `Encoder`."""
-    from rl.encoders import load_llm
-
-    facts = cfg.kind
-    if not facts.uses_llm:
-        return make_encoder(cfg)
-    llm = load_llm(cfg, with_model=not facts.http)
-    client = VLLMEncoder(cfg.vllm_url, llm.template, timeout=cfg.vllm_timeout) if facts.http else None
-    return make_encoder(cfg, llm, client)
+def make_encoder(cfg: Any, llm: LLMSetup | None = None, client: VLLMEncoder | None = None) -> Encoder:
+    """The encoder of a `TrainConfig` from already loaded parts (`rl.encoders.load_llm`, a `VLLMEncoder`)."""
+    return kind_of(cfg.hidden).build(cfg.hidden, cfg.llm, llm, client)

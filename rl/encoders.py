@@ -38,8 +38,9 @@ class LLMSetup:
         return LLMArgs(self.model.params, self.prefix_cache) if self.model is not None else LLMArgs()
 
 
-def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMSetup:
-    """Load the model, tokenizer and template of `cfg`; compute the prompt head's KV cache once.
+def load_llm(cfg, *, env: str | None = None, with_model: bool = True, system_prompt: Any = None) -> LLMSetup:
+    """Load the model, tokenizer and template of LLM settings `cfg` (`rl.config.LLMConfig`, or a config that has
+    them, e.g. `TrainConfig`) for game `env` (default: `cfg.env`); compute the prompt head's KV cache once.
 
     `system_prompt` overrides `cfg.system_prompt` (used by rl.eval's other-prompt ablation).
     """
@@ -48,7 +49,7 @@ def load_llm(cfg, *, with_model: bool = True, system_prompt: Any = None) -> LLMS
 
     system_prompt = cfg.system_prompt if system_prompt is None else system_prompt
     tokenizer = load_tokenizer(cfg.model)
-    template = build_template(tokenizer, cfg.env, fmt=cfg.obs_format, system_prompt=system_prompt,
+    template = build_template(tokenizer, env or cfg.env, fmt=cfg.obs_format, system_prompt=system_prompt,
                               assembly=cfg.template_assembly)
     if not with_model:
         return LLMSetup(None, tokenizer, template, None, 0)

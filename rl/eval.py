@@ -59,16 +59,16 @@ def first_episodes(seen: Episodes, info: StepInfo) -> Episodes:
                     pick(info.episode_length, seen.lengths), pick(info.achievements, seen.achievements))
 
 
-def make_player(trainer, num_episodes: int, encode=None):
+def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0):
     """Episode player: play(params, seed, max_steps, mode, llm_args) -> numpy results.
 
     Every env plays one episode, in windows of the trainer's own scan (`Trainer.run_window`: the trainer's
     envs, policy sampling and hidden-state handling); `encode` (llm_params, cache, raw_states) -> h refreshes
-    the hidden state at the start of every skip_n-step window, and `mode` picks the ablation applied to it (one
-    compile for all modes). An env's first finished episode is its result (what it plays after the restart is
+    the hidden state at the start of every `skip_n`-step window (0: once, at the start), and `mode` picks the
+    ablation applied to it (one compile for all modes). An env's first finished episode is its result (what it plays after the restart is
     not counted); an env still playing after `max_steps` reports its episode so far.
     """
-    cfg, env, n = trainer.cfg, trainer.env, num_episodes
+    env, n = trainer.env, num_episodes
     reset = jax.jit(lambda key: env.reset(key, jnp.arange(n)))
 
     def run_window(carry: RolloutCarry, seen: Episodes, params, mode, llm_params, cache, window, keep=False):
@@ -89,7 +89,7 @@ def make_player(trainer, num_episodes: int, encode=None):
         after the window [B, O], action, reward, done, log_prob [T, B]), e.g.
         `rl.trajectories.TrajectoryWriter.add_rollout`. on_progress: called after every window with (steps played,
         episodes finished)."""
-        window = (cfg.skip_n or max_steps) if encode is not None else min(64, max_steps)  # skip_n 0: encode once
+        window = (skip_n or max_steps) if encode is not None else min(64, max_steps)  # skip_n 0: encode once
         k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
         obs, state = reset(k_reset)
         carry = RolloutCarry(state, obs, None, key)
@@ -165,7 +165,7 @@ def _play_modes(policy, num_episodes, seed, max_steps, modes, on_window, say, st
         if setup is None:
             continue
         enc = policy.encode if setup is llm else make_llm_encoder(cfg.llm, setup)
-        play = make_player(trainer, num_episodes, enc)
+        play = make_player(trainer, num_episodes, enc, cfg.skip_n)
         for mode in modes:
             if (mode == "other_prompt") == (setup is not llm):
                 say(f"[{len(results) + 1}/{len(modes)}] {mode}: {num_episodes} episodes of update {step}'s policy"

@@ -20,25 +20,6 @@ def _duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def param_count(params: Any) -> int:
-    """Number of scalars in a parameter pytree (fp8-quantised leaves count once)."""
-    import jax
-
-    return sum(int(getattr(x, "size", 0)) for x in jax.tree.leaves(params))
-
-
-def describe_llm(cfg: Any, llm: Any) -> str:
-    """One line about the run's LLM: name, parameters, dtype and the prompt head's length."""
-    head = len(llm.template.prefix_ids)
-    if llm.model is None:  # --encoder vllm: the server holds the model
-        return f"LLM: {cfg.model} on the embedding server {cfg.vllm_url}; prompt head {head} tokens"
-    n = param_count(llm.model.params)
-    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-    dtype = cfg.llm_dtype if cfg.llm_dtype == "fp8" else getattr(llm.model.dtype, "__name__", str(llm.model.dtype))
-    return (f"LLM: {cfg.model} ({size} parameters, {dtype}, hidden size {llm.hidden_size}); prompt head {head} "
-            f"tokens (cached once), re-encoded every {cfg.skip_n} steps")
-
-
 class UpdateRate:
     """Seconds per update for the status line's SPS and ETA: the compiling update is left out, and the estimate is
     the mean of the last `window` updates, leaving out those more than `factor` times off their median (a checkpoint
@@ -72,11 +53,14 @@ class UpdateRate:
 
 
 class Progress:
-    """The run's messages. `record` per update, `checkpoint` per save, `finished` / `stopped` at the end."""
+    """The run's messages. `record` per update, `checkpoint` per save, `finished` / `stopped` at the end.
 
-    def __init__(self, cfg: Any, run_dir: Any, start: int, *, quiet: bool = False, enabled: bool = True,
-                 stream: TextIO | None = None) -> None:
-        self.cfg, self.run_dir, self.start = cfg, run_dir, start
+    `num_updates`: the run's length; `batch_size`: env steps per update; `shows_llm`: the status line shows the
+    LLM's share of the time."""
+
+    def __init__(self, run_dir: Any, num_updates: int, batch_size: int, *, shows_llm: bool = False,
+                 quiet: bool = False, enabled: bool = True, stream: TextIO | None = None) -> None:
+        self.run_dir, self.num_updates, self.batch_size, self.shows_llm = run_dir, num_updates, batch_size, shows_llm
         self.quiet, self.enabled = quiet, enabled
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
@@ -96,14 +80,9 @@ class Progress:
             self._open_line = False
         print(text, file=self.stream, flush=True)
 
-    def starting(self, devices: int, backend: str) -> None:
-        """Before anything is loaded: the run's size, where it runs and its directory."""
-        if self.quiet:
-            return
-        cfg = self.cfg
-        self.say(f"{cfg.env}, {cfg.num_envs:,} envs x {cfg.num_steps} steps per update, {cfg.num_updates:,} updates "
-                 f"({cfg.total_timesteps:,} env steps) on {devices} {backend} device{'s' if devices > 1 else ''}; "
-                 f"run directory {self.run_dir}")
+    def starting(self, what: str, devices: int, backend: str) -> None:
+        """Before anything is loaded: what runs (the game and the run's size), where it runs and its directory."""
+        self.step(f"{what} on {devices} {backend} device{'s' if devices > 1 else ''}; run directory {self.run_dir}")
 
     def step(self, text: str) -> None:
         """One line about what the run does next while it sets up (nothing with `quiet`)."""
@@ -133,20 +112,20 @@ class Progress:
             print(line, file=self.stream, flush=True)
 
     def status_line(self, rec: dict) -> str:
-        cfg, update = self.cfg, rec["update"]
+        update = rec["update"]
         elapsed = time.perf_counter() - self.t0
         ret = rec.get("episode_return")
-        parts = [f"[update {update}/{cfg.num_updates}] {rec['timestep']:,} steps"]
+        parts = [f"[update {update}/{self.num_updates}] {rec['timestep']:,} steps"]
         per_update = self.rate.seconds_per_update
         if per_update is None:
             parts.append(f"{rec['sps']:,.0f} SPS (includes compilation)")
         else:
-            parts.append(f"{cfg.batch_size / per_update:,.0f} SPS")
+            parts.append(f"{self.batch_size / per_update:,.0f} SPS")
         parts.append(f"elapsed {_duration(elapsed)}")
-        if per_update is not None and update < cfg.num_updates:
-            parts.append(f"ETA {_duration(self.rate.eta(cfg.num_updates - update))}")
+        if per_update is not None and update < self.num_updates:
+            parts.append(f"ETA {_duration(self.rate.eta(self.num_updates - update))}")
         parts.append("return " + ("-" if ret is None or not math.isfinite(ret) else f"{ret:.2f}"))
-        if cfg.uses_llm:
+        if self.shows_llm:
             share = rec.get("llm_time_share")
             shown = "-" if share is None or not math.isfinite(share) else f"{share:.0%}"
             parts.append(f"LLM {shown} of time")
@@ -155,8 +134,8 @@ class Progress:
     def mean_sps(self) -> float:
         """Env steps per second over the updates after the first (the first one also compiles)."""
         if not self.steady:
-            return self.cfg.batch_size / self.first_seconds if self.first_seconds else float("nan")
-        return self.cfg.batch_size * len(self.steady) / sum(self.steady)
+            return self.batch_size / self.first_seconds if self.first_seconds else float("nan")
+        return self.batch_size * len(self.steady) / sum(self.steady)
 
     def checkpoint(self, update: int) -> None:
         """A checkpoint was saved: with `quiet`, this is the one line the run prints."""
@@ -164,7 +143,7 @@ class Progress:
             self.say("checkpoint saved " + (self.status_line(self.last) if self.last else f"at update {update}"))
 
     def stopped(self, update: int) -> None:
-        self.say(f"stopped at update {update}/{self.cfg.num_updates}; continue with "
+        self.say(f"stopped at update {update}/{self.num_updates}; continue with "
                  f"python -m rl.train --resume {self.run_dir}")
 
     def finished(self) -> None:
@@ -175,7 +154,7 @@ class Progress:
         ret = rec.get("episode_return")
         d = self.run_dir
         sps = "(mean, compilation left out)" if self.steady else "(one update here, compilation included)"
-        self.say(f"finished {self.cfg.num_updates:,} updates in {_duration(time.perf_counter() - self.t0)}: final "
+        self.say(f"finished {self.num_updates:,} updates in {_duration(time.perf_counter() - self.t0)}: final "
                  f"return {'-' if ret is None or not math.isfinite(ret) else f'{ret:.2f}'}, {self.mean_sps():,.0f} SPS "
                  f"{sps}; run directory {d}")
         if not self.quiet:

@@ -28,6 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rl.config import TrainConfig, load_config, save_config
+from rl.sharding import agree_with_main_process, is_main_process
 
 
 class RunDirError(ValueError):
@@ -101,6 +102,21 @@ def open_run_dir(cfg: TrainConfig, run_dir: Path, *, resume: bool) -> Path:
         save_config(cfg, tmp)
         os.replace(tmp, cfg_path)
     return run_dir
+
+
+def open_run_files(cfg: TrainConfig, run_dir: Path, *, resume: bool) -> tuple["Checkpoints", "MetricsLog"]:
+    """`open_run_dir` in process 0 only (every process raises if it refused: a collective), then the run's
+    checkpoints (`cfg.keep_checkpoints` kept; every process writes) and metrics log (process 0 writes)."""
+    error = None
+    if is_main_process():
+        try:
+            open_run_dir(cfg, run_dir, resume=resume)
+        except RunDirError as e:
+            error = e
+    if not agree_with_main_process(error is None):
+        raise error or RunDirError(f"process 0 refused the run directory {run_dir} (its log says why)")
+    return Checkpoints(run_dir, keep=cfg.keep_checkpoints), MetricsLog(run_dir / "metrics.jsonl",
+                                                                        writable=is_main_process())
 
 
 def _jsonable(x: Any) -> Any:

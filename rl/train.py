@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 import time
@@ -21,25 +20,21 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 
 from rl.cli import Parser, add_compile_cache_option, add_dataclass_options, apply_compile_cache
 from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, SECTION_OF, TrainConfig, flat_fields,
                        inapplicable_flags, load_config, read_settings_file, resolve_devices)
-from rl.encoder_kinds import encoder_class
+from rl.encoder_kinds import kind_of, load_encoder
 from rl.interrupt import StopOnInterrupt
-from rl.progress import Progress, describe_llm
-from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_dir
+from rl.loop import RunOutputs, StopRule, TrainingDiverged, run_loop
+from rl.progress import Progress
+from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_files
 from rl.tracking import TrackingOptions, Trackers, TrackingUnavailable
-from rl.sharding import (agree_with_main_process, check_same_on_all_processes, is_main_process,
+from rl.sharding import (check_same_on_all_processes, is_main_process,
                          maybe_initialize_distributed)
 
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C after the run had started: the message says which checkpoint is kept and how to continue."""
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN/inf; the last good state is in the run directory's checkpoints."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,32 +84,9 @@ def default_run_dir(cfg: TrainConfig) -> Path:
     return Path("checkpoints") / f"{short}-{cfg.encoder}-s{cfg.seed}-{stamp}"
 
 
-def _curves_png(run_dir: Path) -> Path | None:
-    """The run's learning curves drawn into run_dir/curves.png (for the trackers); None when drawing fails."""
-    from rl.plot import plot_runs
-
-    try:
-        return plot_runs([run_dir], run_dir / "curves.png")
-    except (OSError, ValueError) as e:
-        print(f"warning: could not draw {run_dir}/curves.png ({e})", file=sys.stderr)
-        return None
-
-
-def _record(cfg: TrainConfig, names: Sequence[str], update: int, m: dict, seconds: float,
-            llm_share: float) -> dict:
-    rec = {"update": update, "timestep": update * cfg.batch_size, "sps": cfg.batch_size / seconds,
-           "seconds": seconds, "llm_time_share": llm_share}
-    for k, v in m.items():
-        if k == "achievements":
-            rec["achievements"] = {n: float(x) for n, x in zip(names, np.asarray(v))}
-        else:
-            rec[k] = float(v)
-    return rec
-
-
 @dataclass(frozen=True)
 class OpenRun:
-    """A run directory opened for training (`open_run`): its config, checkpoints, metrics log and progress."""
+    """A run directory opened for training (`open_run`): its config, checkpoints, metrics log and recorder."""
 
     cfg: TrainConfig  # as written to config.json: run_dir set, --devices resolved
     run_dir: Path
@@ -152,10 +124,8 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
             from rl.trajectories import check_new_stream
 
             check_new_stream(Path(cfg.save_trajectories))
-    encoder_class(cfg).preflight(cfg)  # e.g. a server that does not answer: fail fast, before the run directory
-    _open_run_dir_on_main_process(cfg, run_dir, resume)
-    ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
-    log = MetricsLog(run_dir / "metrics.jsonl", writable=is_main_process())
+    kind_of(cfg.hidden).preflight(cfg.hidden, cfg.llm)  # e.g. no server: fail fast, before the run directory
+    ckpt, log = open_run_files(cfg, run_dir, resume=resume)
     start = ckpt.latest_step() or 0
     if start >= cfg.num_updates:  # finished: its checkpoint must restore (a damaged one falls back to an older one)
         start, _ = ckpt.restore_newest(None)
@@ -183,31 +153,57 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
 
     With several processes (`rl.sharding.maybe_initialize_distributed`) every process calls this with the
     same arguments; only process 0 writes config.json and metrics.jsonl and prints, all write checkpoints.
+
+    This is the one place that reads the whole config: the run directory gets it to write config.json, and every
+    other part gets its section (`envs`, `ppo`, `hidden`, `llm`) or the few values it uses.
     """
+    from rl.trainer import Trainer
+
     if tracking is not None:
         tracking.check_installed()
     target = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
     created = not target.exists()
     run = open_run(cfg, target, resume=resume)
-    trackers = Trackers(tracking, run.run_dir, run.cfg.to_json()) if (
-        tracking is not None and tracking.any and is_main_process()) else None
+    cfg, main_process = run.cfg, is_main_process()
+    trackers = Trackers(tracking, run.run_dir, cfg.to_json()) if (
+        tracking is not None and tracking.any and main_process) else None
+    progress = Progress(run.run_dir, cfg.num_updates, cfg.batch_size, shows_llm=cfg.uses_llm,
+                        quiet=quiet or not main_process, enabled=main_process)
     failed_start = False
     try:
-        if run.start < run.cfg.num_updates:
-            run_updates(run, max_updates=max_updates, time_limit=time_limit, quiet=quiet or not is_main_process(),
-                        trackers=trackers, should_stop=should_stop)
-        elif is_main_process():
-            print(f"{run.run_dir}: run already finished ({run.start}/{run.cfg.num_updates} updates); nothing to do",
+        if run.start < cfg.num_updates:
+            progress.starting(f"{cfg.env}, {cfg.num_envs:,} envs x {cfg.num_steps} steps per update, "
+                              f"{cfg.num_updates:,} updates ({cfg.total_timesteps:,} env steps)",
+                              cfg.devices, jax.default_backend())
+            if cfg.uses_llm:
+                progress.step(f"loading the LLM ({cfg.model}) and its tokenizer ...")
+            encoder = load_encoder(cfg.hidden, cfg.llm, cfg.env)
+            if cfg.uses_llm:
+                progress.step(encoder.describe())
+                progress.step("resetting the envs and encoding their first states ...")
+            trainer = Trainer(cfg.envs, cfg.ppo, encoder, devices=cfg.devices, fusion=cfg.fusion,
+                              records=run.recorder is not None)
+            llm_args = trainer.place_llm_args(encoder.jit_args())
+            state = trainer.init_state(llm_args)
+            updates = trainer.updates(llm_args, run.recorder.add_rollout if run.recorder else None)
+            outputs = RunOutputs(run.run_dir, run.ckpt, run.log, progress, trackers, batch_size=cfg.batch_size,
+                                 achievement_names=trainer.env.achievement_names,
+                                 checkpoint_every=cfg.checkpoint_every)
+            state, start = outputs.start_from(state, run.start)
+            last = cfg.num_updates if max_updates is None else min(cfg.num_updates, start + max_updates)
+            run_loop(updates, state, start, cfg.num_updates, outputs, StopRule(last, time_limit, should_stop))
+        elif main_process:
+            print(f"{run.run_dir}: run already finished ({run.start}/{cfg.num_updates} updates); nothing to do",
                   flush=True)
     except KeyboardInterrupt:
-        failed_start = created and is_main_process() and not run.log.read()
+        failed_start = created and main_process and not run.log.read()
         if failed_start:
             raise
         saved = run.ckpt.latest_step() or 0
         raise RunInterrupted(f"interrupted (Ctrl-C); the checkpoint of update {saved} is kept: continue with "
                              f"python -m rl.train --resume {run.run_dir}") from None
     except BaseException:
-        failed_start = created and is_main_process() and not run.log.read()
+        failed_start = created and main_process and not run.log.read()
         raise
     finally:
         if trackers is not None:
@@ -216,113 +212,6 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
         if failed_start:
             shutil.rmtree(run.run_dir, ignore_errors=True)
     return run.run_dir
-
-
-def run_updates(run: OpenRun, *, max_updates: int | None = None, time_limit: float | None = None,
-                quiet: bool = False, trackers: Trackers | None = None,
-                should_stop: Callable[[], bool] | None = None) -> None:
-    """The training loop of an opened run: load the encoder, restore the newest checkpoint, then update, log and
-    checkpoint until the run ends, `max_updates` updates were done here, `time_limit` seconds passed or
-    `should_stop()` said so. `trackers` get every metrics record."""
-    from rl.encoder_kinds import load_encoder
-    from rl.trainer import Trainer
-
-    cfg, run_dir, ckpt, log, start = run.cfg, run.run_dir, run.ckpt, run.log, run.start
-    main_process = is_main_process()
-    progress = Progress(cfg, run_dir, start, quiet=quiet, enabled=main_process)
-    progress.starting(cfg.devices, jax.default_backend())
-    if cfg.uses_llm:
-        progress.step(f"loading the LLM ({cfg.model}) and its tokenizer ...")
-    encoder = load_encoder(cfg)
-    if encoder.llm is not None:
-        progress.step(describe_llm(cfg, encoder.llm))
-    trainer = Trainer(cfg, encoder)
-    llm_args = trainer.place_llm_args(encoder.jit_args())
-    if cfg.uses_llm:
-        progress.step("resetting the envs and encoding their first states ...")
-    runner = trainer.init_state(llm_args)
-    if start:  # newest first; one that does not restore is reported and set aside
-        start, runner = ckpt.restore_newest(runner)
-        if main_process:
-            print(f"resuming {run_dir} at update {start}/{cfg.num_updates}", flush=True)
-    log.truncate_after(start)
-    progress.compiling(jax.default_backend())
-
-    # Update u + 1 is dispatched before update u's metrics are read (except where the encoder runs the update on the
-    # host, or while the LLM share is timed), so the device never idles while the host logs, checks and checkpoints;
-    # a NaN at update u still stops with state u - 1 saved.
-    pipelined = encoder.pipelined
-    share = encoder.share_meter(trainer, llm_args, lambda: before)  # rl.llm_share
-    on_rollout = run.recorder.add_rollout if run.recorder else None  # --save-trajectories, in update order
-    last = cfg.num_updates if max_updates is None else min(cfg.num_updates, start + max_updates)
-    t_start = time.perf_counter()
-    done_here, llm_share = 0, None
-    saved_at = start if start else None  # update count of the newest checkpoint
-    before = runner  # the state the update in flight started from
-    t_read = time.perf_counter()  # when the previous update's metrics arrived (for the first: before its compile)
-    tell = should_stop.running if isinstance(should_stop, StopOnInterrupt) else lambda *_: None
-    in_flight = trainer.dispatch(runner, llm_args, on_rollout)
-    for update in range(start + 1, last + 1):  # `update`: the update now in flight (1-based count)
-        new_runner, m = in_flight
-        tell(update, update)  # so that a Ctrl-C can say which updates still run: a stop asked for now ends here
-        stop = should_stop() if should_stop is not None else False
-        if time_limit is not None:
-            stop = stop or time.perf_counter() - t_start >= time_limit
-        if time_limit is not None or should_stop is not None:  # clocks and Ctrl-C differ between processes:
-            stop = agree_with_main_process(stop)  # process 0 decides for all
-        more = update < last and not stop
-        tell(update, update + 1 if more else update)  # from here on, the next update is started (ahead or below)
-        timing = more and share.due(done_here + 1)  # with nothing in flight: not ahead
-        ahead = more and pipelined and not timing
-        if ahead:
-            in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
-        m = jax.device_get(m)  # waits for `update` only
-        seconds = time.perf_counter() - t_read
-        t_read = time.perf_counter()
-        if not math.isfinite(float(m["total_loss"])):
-            if saved_at != update - 1:
-                ckpt.save(update - 1, before)
-            raise TrainingDiverged(
-                f"loss is {float(m['total_loss'])} at update {update}; stopped. The last good state "
-                f"(update {update - 1}) is checkpointed in {run_dir}/checkpoints; lower --lr or check the inputs")
-        llm_share = share.value_for(seconds)
-        rec = _record(cfg, trainer.env.achievement_names, update, m, seconds, llm_share)
-        if done_here == 0:
-            rec["first_call_includes_compile"] = True
-        log.append(rec)
-        progress.record(rec)
-        if trackers is not None:
-            trackers.record(rec)
-        done_here += 1
-        finished = update == cfg.num_updates
-        if finished or not more or update % cfg.checkpoint_every == 0:
-            ckpt.save(update, new_runner)
-            saved_at = update
-            progress.checkpoint(update)
-        if not more and not finished:
-            progress.stopped(update)
-            return
-        before = new_runner
-        if timing:
-            share.measure()  # from `before`, the state the next update starts from
-            t_read = time.perf_counter()  # the next update's seconds leave the timing out
-        if more and not ahead:
-            in_flight = trainer.dispatch(new_runner, llm_args, on_rollout)
-    progress.finished()
-    if trackers is not None:
-        trackers.finish(_curves_png(run_dir) if trackers.opts.wandb else None)
-
-
-def _open_run_dir_on_main_process(cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
-    """`open_run_dir` in process 0 only; every process raises if it refused (a collective)."""
-    error = None
-    if is_main_process():
-        try:
-            open_run_dir(cfg, run_dir, resume=resume)
-        except RunDirError as e:
-            error = e
-    if not agree_with_main_process(error is None):
-        raise error or RunDirError(f"process 0 refused the run directory {run_dir} (its log says why)")
 
 
 def _note_gpu_sized_defaults_on_cpu(args: argparse.Namespace) -> None:

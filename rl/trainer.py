@@ -8,14 +8,14 @@ across rollouts, so a window may start anywhere in a rollout and span several. A
 window the new states are encoded (template -> Qwen3 -> h) under a `lax.cond` on the clock: a rollout
 without a window boundary runs no LLM at all. `skip_n` 0 encodes once, at the start of the run.
 
-Resets inside a window (`cfg.reset_hidden`, docs/TRAINING.md): with "pool" (the default for in-scan with
+Resets inside a window (`--reset-hidden`, docs/TRAINING.md): with "pool" (the default for in-scan with
 skip_n > 0) every window start also draws one fresh world per optimistic-reset block (`BatchedEnv.reset_pool`)
 and encodes it in the same LLM call; an env that finishes an episode inside the window restarts in its
 block's pool world and acts on that world's real hidden state (extra prompts per window: num_envs /
 reset_ratio). With "zero" a reset env acts on a zero vector, meaning "no LLM reading yet", until the
 window ends. Either way a new episode never sees its predecessor's vector.
 
-Several devices (`cfg.devices`, docs/MULTIGPU.md): every jitted function is a `jax.shard_map` over a
+Several devices (`--devices`, docs/MULTIGPU.md): every jitted function is a `jax.shard_map` over a
 1-D device mesh (`rl.sharding`). The runner state's per-env fields are split over it and everything
 else is replicated (`RunnerState.specs`, `RolloutCarry.specs`); each device steps, renders, encodes and
 acts for its own envs, with random keys derived from global env indices, and the PPO losses and
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxllm.compile import compiler_options, jit as jit_with_options
-from rl.config import TrainConfig, resolve_devices
+from rl.config import EnvConfig, PPOConfig, TrainConfig, resolve_devices
 from rl.encoder_kinds import Encoder, LLMWindow, make_encoder, recorded_rollout
 from rl.encoders import LLMArgs
 from rl.envs import BatchedEnv, EnvBatchState, StepInfo
@@ -96,43 +96,62 @@ class Steps(NamedTuple):
     states: Any = None  # raw env states at each step's start (when asked for), else None
 
 
-class Trainer:
-    """Builds the env, network, optimizer and jitted update of a `TrainConfig`.
+class Updates(NamedTuple):
+    """What the training loop (`rl.loop.run_loop`) drives: `Trainer.updates` builds it."""
 
-    `encoder`: the run's `rl.encoder_kinds.Encoder` (`rl.encoder_kinds.load_encoder` loads one); an
-    `rl.encoders.LLMSetup` (with the server's `rl.encoders.VLLMEncoder` as `vllm_encoder` for `vllm`) or
-    nothing (`none`) are turned into one by `make_encoder`. The env batch is split over `cfg.devices` devices
-    (0 = all visible; `self.cfg` holds the resolved count): `self.mesh`; pass LLM arguments through
-    `place_llm_args` once.
+    dispatch: Callable[[Any], tuple[Any, Any]]  # state -> (state, metrics): device arrays, maybe still computing
+    pipelined: bool  # dispatch returns before the update is computed: the next one may be dispatched first
+    share_meter: Callable[[Callable[[], Any]], Any]  # (the state the next update starts from) -> rl.llm_share meter
+
+
+class Trainer:
+    """Builds the env, network, optimizer and jitted update of a run from its `envs` and `ppo` sections.
+
+    `encoder`: the run's `rl.encoder_kinds.Encoder` (`rl.encoder_kinds.load_encoder` loads one). The env batch is
+    split over `devices` devices (a count, resolved: `rl.config.resolve_devices`): `self.mesh`; pass LLM arguments
+    through `place_llm_args` once. `fusion`: how the policy reads the hidden state (`rl.networks`); `records`: the
+    update also returns its rollout's samples (--save-trajectories). `Trainer.from_config` builds one from a whole
+    `TrainConfig`.
     """
 
-    def __init__(self, cfg: TrainConfig, encoder=None, vllm_encoder=None):
-        self.cfg = cfg = resolve_devices(cfg)
-        self.num_devices = cfg.devices
+    def __init__(self, envs: EnvConfig, ppo: PPOConfig, encoder: Encoder, *, devices: int = 1, fusion: str = "norm",
+                 records: bool = False):
+        self.num_devices, self.seed, self.num_steps = devices, envs.seed, ppo.num_steps
         self.mesh = make_mesh(self.num_devices)
-        self.local_envs = cfg.num_envs // self.num_devices
-        self.env = BatchedEnv(cfg.env, cfg.num_envs, cfg.reset_ratio)
-        self.encoder = encoder if isinstance(encoder, Encoder) else make_encoder(cfg, encoder, vllm_encoder)
+        self.local_envs = envs.num_envs // self.num_devices
+        self.env = BatchedEnv(envs.env, envs.num_envs, envs.reset_ratio)
+        self.encoder = encoder
         self.llm = self.encoder.llm
         # XLA options of the outermost jits (on a GPU, where the LLM runs in them: no Triton GEMMs; jaxllm.compile)
         self.compiler_options = compiler_options(runs_llm=self.llm is not None)
-        self.network = make_network(self.env.num_actions, augmented=self.encoder.uses_hidden, fusion=cfg.fusion,
-                                    width=cfg.width)
-        self.hp = PPOHyper(cfg.gamma, cfg.gae_lambda, cfg.clip_eps, cfg.ent_coef, cfg.vf_coef,
-                           cfg.update_epochs, cfg.num_minibatches, cfg.shuffle)
-        self.optimizer = make_optimizer(cfg.lr, cfg.num_updates * cfg.update_epochs * cfg.num_minibatches,
-                                        anneal=cfg.anneal_lr, max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps)
-        window = self.encoder.window_specs()
+        self.network = make_network(self.env.num_actions, augmented=self.encoder.uses_hidden, fusion=fusion,
+                                    width=ppo.width)
+        self.hp = PPOHyper(ppo.gamma, ppo.gae_lambda, ppo.clip_eps, ppo.ent_coef, ppo.vf_coef,
+                           ppo.update_epochs, ppo.num_minibatches, ppo.shuffle)
+        num_updates = ppo.total_timesteps // (envs.num_envs * ppo.num_steps)
+        self.optimizer = make_optimizer(ppo.lr, num_updates * ppo.update_epochs * ppo.num_minibatches,
+                                        anneal=ppo.anneal_lr, max_grad_norm=ppo.max_grad_norm, eps=ppo.adam_eps)
+        window = self.encoder.window_specs
         self.runner_specs = RunnerState.specs(uses_hidden=self.encoder.uses_hidden, window=window)
         self.carry_specs = RolloutCarry.specs(uses_hidden=self.encoder.uses_hidden, window=window)
         rep, env, steps = P(), P(ENV_AXIS), P(None, ENV_AXIS)
-        self.records = cfg.save_trajectories is not None  # the update also returns its rollout's samples
+        self.records = records  # the update also returns its rollout's samples
         recorded = RecordedRollout(steps, env, steps, steps, steps, steps)
         self.update = self.sharded(functools.partial(self._update, record=self.records), (self.runner_specs, rep),
                                    (self.runner_specs, rep, recorded) if self.records else (self.runner_specs, rep))
         self._reset = self.sharded(lambda key: self.env.reset(key, self.env_index()), rep, (env, env))
         self.encoder.attach(self)
         self._run_update = self.encoder.make_update(self)
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, encoder=None, vllm_encoder=None) -> "Trainer":
+        """The trainer of a whole `TrainConfig` (checked, and `--devices` resolved: 0 = all visible). `encoder`: an
+        `rl.encoder_kinds.Encoder`, or an `rl.encoders.LLMSetup` (with the server's `rl.encoders.VLLMEncoder` as
+        `vllm_encoder` for `vllm`) or nothing (`none`), which `make_encoder` turns into one."""
+        cfg = resolve_devices(cfg)
+        encoder = encoder if isinstance(encoder, Encoder) else make_encoder(cfg, encoder, vllm_encoder)
+        return cls(cfg.envs, cfg.ppo, encoder, devices=cfg.devices, fusion=cfg.fusion,
+                   records=cfg.save_trajectories is not None)
 
     # setup ------------------------------------------------------------------------------------
     def sharded(self, fn, in_specs, out_specs):
@@ -160,7 +179,7 @@ class Trainer:
     def init_state(self, llm_args=LLMArgs()) -> RunnerState:
         """Initial params, optimizer state, envs and (for LLM encoders) the first hidden states,
         placed on the mesh. The values do not depend on the device count."""
-        key = jax.random.PRNGKey(self.cfg.seed)
+        key = jax.random.PRNGKey(self.seed)
         key, k_net, k_env = jax.random.split(key, 3)
         obs, env_state = self._reset(k_env)
         hidden, window = self.encoder.start(self, llm_args, env_state, k_env)
@@ -206,7 +225,7 @@ class Trainer:
         Runs on one device's envs inside the update's shard_map (`env_index`: their global indices), or on
         all envs when called directly. `keep_states=True` also returns every step's raw env state (for tests).
         """
-        carry, steps = self.run_window(params, carry, self.cfg.num_steps, keep_states, env_index, LLMArgs(*llm_args))
+        carry, steps = self.run_window(params, carry, self.num_steps, keep_states, env_index, LLMArgs(*llm_args))
         return carry, steps.transition, steps.info, steps.states
 
     # update -----------------------------------------------------------------------------------
@@ -243,10 +262,16 @@ class Trainer:
             on_rollout(samples[0])
         return runner, metrics
 
+    def updates(self, llm_args=LLMArgs(), on_rollout: Callable | None = None) -> Updates:
+        """What the training loop (`rl.loop.run_loop`) drives: `dispatch` with these LLM arguments (placed:
+        `place_llm_args`) and `on_rollout`, whether it is pipelined, and the encoder's LLM time-share meter."""
+        return Updates(functools.partial(self.dispatch, llm_args=llm_args, on_rollout=on_rollout),
+                       self.encoder.pipelined, functools.partial(self.encoder.share_meter, self, llm_args))
+
     def step(self, runner: RunnerState, llm_args=LLMArgs(), on_rollout: Callable | None = None):
         """Advance one update; returns (runner, metrics as numpy).
 
-        on_rollout (with `cfg.save_trajectories`): called with the rollout's `RecordedRollout` of device arrays
+        on_rollout (with `records`): called with the rollout's `RecordedRollout` of device arrays
         (obs [T, B, O], the observation after its last step [B, O], action, reward, done, log_prob [T, B]) before
         the metrics are fetched, e.g. `rl.trajectories.TrajectoryWriter.add_rollout`, which copies them while the
         next update runs.

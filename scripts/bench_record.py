@@ -35,8 +35,8 @@ def timed_updates(cfg, updates: int, out_dir: Path | None) -> dict:
 
     if out_dir is not None:
         cfg = cfg.replace(save_trajectories=str(out_dir))
-    encoder = load_encoder(cfg)
-    trainer = Trainer(cfg, encoder)
+    encoder = load_encoder(cfg.hidden, cfg.llm, cfg.env)
+    trainer = Trainer.from_config(cfg, encoder)
     llm_args = trainer.place_llm_args(encoder.jit_args())
     runner = trainer.init_state(llm_args)
     writer = None

@@ -94,7 +94,7 @@ def prepare(name: str, overrides: dict, args) -> dict:
         cfg = dataclasses.replace(cfg, num_envs=cfg.num_envs * resolve_device_count(cfg.devices))
     cfg = dataclasses.replace(cfg, total_timesteps=cfg.batch_size * 1000)
     llm = _llm_for(cfg) if cfg.encoder == "inscan" else None
-    trainer = Trainer(cfg, llm)
+    trainer = Trainer.from_config(cfg, llm)
     args_llm = trainer.place_llm_args(llm.jit_args if llm else (None, None))  # replicated over the mesh
     runner = trainer.init_state(args_llm)
     jax.block_until_ready(runner)

@@ -33,7 +33,7 @@ def setup():
     cfg = TrainConfig(**dict(PRESETS["test"], env=ENV, encoder="inscan", num_envs=4, num_steps=8, skip_n=4,
                              reset_hidden="zero"))
     llm = load_llm(cfg)
-    trainer = Trainer(cfg, llm)
+    trainer = Trainer.from_config(cfg, llm)
     runner = _kill_env0(trainer, llm, trainer.init_state(llm.jit_args))
     start = RolloutCarry(runner.env_state, runner.obs, runner.hidden, runner.rng, runner.window)
     carry, traj, info, states = _rollout_fn(trainer)(start, runner, llm.jit_args)
@@ -47,7 +47,7 @@ def spanning(setup):
     _, llm, _, _, _, _ = setup
     cfg = TrainConfig(**dict(PRESETS["test"], env=ENV, encoder="inscan", num_envs=4, num_steps=4, skip_n=6,
                              reset_ratio=2))
-    trainer = Trainer(cfg, llm)
+    trainer = Trainer.from_config(cfg, llm)
     runner = _kill_env0(trainer, llm, trainer.init_state(llm.jit_args))
     rollout = _rollout_fn(trainer)
     carry = RolloutCarry(runner.env_state, runner.obs, runner.hidden, runner.rng, runner.window)
@@ -173,7 +173,7 @@ def test_resume_restores_window_clock_and_hidden_exactly(tmp_path):
 
     cfg = load_config(tmp_path / "full" / "config.json")
     llm = load_llm(cfg)
-    target = Trainer(cfg, llm).init_state(llm.jit_args)
+    target = Trainer.from_config(cfg, llm).init_state(llm.jit_args)
     finals = []
     for name in ("full", "cut"):
         ckpt = Checkpoints(tmp_path / name)

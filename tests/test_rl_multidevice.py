@@ -52,7 +52,7 @@ def _train(cfg, llm=None):
     """Run all updates of `cfg` in process; returns (final runner, metrics per update)."""
     from rl.trainer import Trainer
 
-    trainer = Trainer(cfg, llm)
+    trainer = Trainer.from_config(cfg, llm)
     llm_args = trainer.place_llm_args(llm.jit_args if llm is not None else (None, None))
     runner = trainer.init_state(llm_args)
     metrics = []
@@ -182,11 +182,11 @@ def worker_equality(out: Path) -> None:
         _save(out, f"none_{devices}", runner.params, metrics, obs_devices=len(runner.obs.sharding.device_set),
               obs_shard_rows=[s.data.shape[0] for s in runner.obs.addressable_shards])
     errors = {
-        "too_many": _error_of(lambda: Trainer(_config(8, **NONE_RUN))),
-        "envs_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, num_envs=6, total_timesteps=6 * 8)))),
-        "pool_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, reset_ratio=3)))),  # blocks of 3, 2 envs a device
+        "too_many": _error_of(lambda: Trainer.from_config(_config(8, **NONE_RUN))),
+        "envs_split": _error_of(lambda: Trainer.from_config(_config(4, **dict(NONE_RUN, num_envs=6, total_timesteps=6 * 8)))),
+        "pool_split": _error_of(lambda: Trainer.from_config(_config(4, **dict(NONE_RUN, reset_ratio=3)))),  # blocks of 3, 2 envs a device
         # 2 steps x 8 envs / 8 minibatches = 2 samples a minibatch: the global shuffle cannot share it over 4 devices
-        "minibatch_split": _error_of(lambda: Trainer(_config(4, **dict(NONE_RUN, num_steps=2, num_minibatches=8,
+        "minibatch_split": _error_of(lambda: Trainer.from_config(_config(4, **dict(NONE_RUN, num_steps=2, num_minibatches=8,
                                                                        update_epochs=1, total_timesteps=16)))),
     }
     (out / "errors.json").write_text(json.dumps(errors))
@@ -210,7 +210,7 @@ def _train_vllm(cfg):
     from rl.encoders import load_llm
     from rl.trainer import Trainer
 
-    trainer = Trainer(cfg, load_llm(cfg, with_model=False), _FakeVLLM())
+    trainer = Trainer.from_config(cfg, load_llm(cfg, with_model=False), _FakeVLLM())
     runner = trainer.init_state()
     metrics = []
     for _ in range(cfg.num_updates):
@@ -234,7 +234,7 @@ def worker_resume(out: Path) -> None:
     assert main(flags + ["--run-dir", str(run_dir), "--max-updates", "2"]) == 0
     assert main(["--resume", str(run_dir), "--quiet"]) == 0
     cfg = load_config(run_dir / "config.json")
-    trainer = Trainer(cfg)
+    trainer = Trainer.from_config(cfg)
     ckpt = Checkpoints(run_dir)
     runner = ckpt.restore(trainer.init_state(), ckpt.latest_step())
     ckpt.close()

@@ -19,7 +19,7 @@ WALL_CLOCK = {"sps", "seconds", "llm_time_share", "first_call_includes_compile"}
 
 def _final_state(run_dir):
     cfg = load_config(run_dir / "config.json")
-    target = Trainer(cfg).init_state()
+    target = Trainer.from_config(cfg).init_state()
     ckpt = Checkpoints(run_dir)
     step = ckpt.latest_step()
     state = ckpt.restore(target, step)
@@ -314,7 +314,7 @@ def test_failed_checkpoint_save_stops_the_run_at_once(full_run, tmp_path):
     assert ckpt.all_steps() == [2]
     ckpt.close()
     cfg = load_config(run_dir / "config.json")
-    restored = Checkpoints(run_dir).restore(Trainer(cfg).init_state(), 2)
-    original = Checkpoints(full_run).restore(Trainer(cfg).init_state(), 2)
+    restored = Checkpoints(run_dir).restore(Trainer.from_config(cfg).init_state(), 2)
+    original = Checkpoints(full_run).restore(Trainer.from_config(cfg).init_state(), 2)
     for x, y in zip(jax.tree.leaves(restored), jax.tree.leaves(original)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -156,7 +156,7 @@ def test_per_env_shuffle_needs_num_steps_divisible_by_num_minibatches():
         TrainConfig(**fields, shuffle="per_env").validate()
     with pytest.raises(ValueError, match="--shuffle 'random' is not one of: global, per_env"):
         TrainConfig(shuffle="random").validate()
-    assert Trainer(TrainConfig(**PRESETS["test"], shuffle="per_env")).hp.shuffle == "per_env"
+    assert Trainer.from_config(TrainConfig(**PRESETS["test"], shuffle="per_env")).hp.shuffle == "per_env"
     zeros = jnp.zeros((6, 2))
     traj = Transition(jnp.zeros((6, 2, 3)), None, zeros.astype(jnp.int32), zeros, zeros, zeros, zeros.astype(bool))
     with pytest.raises(ValueError, match="shuffle per_env splits each env's 6 steps into 4 minibatches"):
@@ -209,3 +209,23 @@ def test_restore_policy_reads_a_run_written_before_the_config_sections(tmp_path)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     pi, value = policy.trainer.apply(policy.params, policy.runner.obs, None)
     assert pi.logits.shape == (flat["num_envs"], policy.trainer.env.num_actions) and value.shape == (flat["num_envs"],)
+
+
+def test_restore_params_is_restore_policys_settings_and_params_without_a_trainer(tmp_path):
+    """`rl.runs.restore_params` (the light restore the probe uses: no trainer, nothing compiled) gives the same
+    settings, update count and params as `restore_policy`, on the pre-sections fixture run."""
+    import shutil
+    from pathlib import Path
+
+    from rl.runs import restore_params, restore_policy
+
+    run = Path(shutil.copytree(Path(__file__).parent / "fixtures" / "run_flat_config", tmp_path / "run"))
+    light, full = restore_params(run), restore_policy(run)
+    assert light.cfg == full.cfg and light.step == full.step == 1
+    assert jax.tree.structure(light.params) == jax.tree.structure(full.params)
+    for a, b in zip(jax.tree.leaves(light.params), jax.tree.leaves(full.params)):
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    shutil.rmtree(run / "checkpoints")
+    with pytest.raises(FileNotFoundError, match="has no checkpoint to probe"):
+        restore_params(run, purpose="probe")

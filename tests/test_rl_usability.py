@@ -181,7 +181,8 @@ def test_status_line_clears_what_a_longer_line_left():
             return True
 
     out = Tty()
-    p = Progress(TrainConfig(**PRESETS["test"]), "d", 0, stream=out)
+    cfg = TrainConfig(**PRESETS["test"])
+    p = Progress("d", cfg.num_updates, cfg.batch_size, stream=out)
     p.record({"update": 1, "timestep": 64, "sps": 10.0, "seconds": 6.4, "episode_return": 1.5})
     assert out.getvalue().startswith("\r\033[K[update 1/3]")
 
@@ -286,7 +287,7 @@ def test_status_line_shows_the_smoothed_rate_and_a_dash_until_the_llm_share_is_m
 
     cfg = dataclasses.replace(TrainConfig(**PRESETS["test"]), encoder="inscan", total_timesteps=64 * 10)
     out = io.StringIO()
-    p = Progress(cfg, "d", 0, stream=out)
+    p = Progress("d", cfg.num_updates, cfg.batch_size, shows_llm=cfg.uses_llm, stream=out)
     for u, (s, share) in enumerate([(30.0, None), (0.5, 0.25), (1.0, 0.3)], start=1):
         p.record({"update": u, "timestep": 64 * u, "sps": 64 / s, "seconds": s, "episode_return": None,
                   "llm_time_share": share})

@@ -21,7 +21,7 @@ def test_vllm_hidden_states_match_inscan_encoder(server_url):
     """The ids the trainer sends (template prefix + ids[:length]) give the in-scan encoder's vectors."""
     cfg = TrainConfig(**dict(PRESETS["test"], encoder="vllm", vllm_url=server_url, num_envs=4))
     llm = load_llm(cfg)  # with the local model, to compare
-    trainer = Trainer(cfg, llm, VLLMEncoder(server_url, llm.template))
+    trainer = Trainer.from_config(cfg, llm, VLLMEncoder(server_url, llm.template))
     runner = trainer.init_state()
     ids, lengths = jax.vmap(llm.template)(runner.env_state.env_state)
     expect = llm.model.encode(np.asarray(ids), np.asarray(lengths), prefix=llm.prefix_cache)

@@ -1,12 +1,12 @@
 """What the probe needs of a trained run, and `load_policy`: THE one function that reads a run directory.
 
 Online runs (`rl.train` run dirs, encoder none or inscan; vllm runs are probed with the in-scan encoder of the
-same model, as rl.eval does) are restored through rl.eval's pieces; offline runs (config.json with
+same model, as rl.eval does) are restored through `rl.runs.restore_params` (settings + params, no trainer);
+offline runs (config.json with
 `"kind": "offline-awr"`) through `rl.offline.load_policy` (docs: the contract in CONTRACTS.md), imported only then.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,28 +90,19 @@ def load_policy(run_dir: Path) -> ProbePolicy:
 
 
 def _load_online(run_dir: Path) -> ProbePolicy:
-    """An rl.train run: its config, LLM (vllm runs get the in-scan encoder of the same model, as in rl.eval) and
-    the newest checkpoint's params, checked against the network the config builds."""
-    from rl.config import load_config
+    """An rl.train run: its settings and newest params (`rl.runs.restore_params`: no trainer, nothing compiled), its
+    LLM (vllm runs get the in-scan encoder of the same model, as in rl.eval), the params checked against the network
+    the config builds."""
     from rl.encoders import load_llm
     from rl.envs import BatchedEnv
     from rl.networks import make_network
-    from rl.rundir import Checkpoints
+    from rl.runs import restore_params
 
-    cfg = dataclasses.replace(load_config(run_dir / "config.json"), devices=1, save_trajectories=None)
-    llm = None
-    if cfg.uses_llm:
-        cfg = dataclasses.replace(cfg, encoder="inscan")
-        llm = load_llm(cfg)
+    run = restore_params(run_dir, purpose="probe")
+    cfg, params = run.cfg, run.params
+    llm = load_llm(cfg) if cfg.uses_llm else None
     env = BatchedEnv(cfg.env, 1)
     network = make_network(env.num_actions, augmented=cfg.uses_llm, fusion=cfg.fusion, width=cfg.width)
-    ckpt = Checkpoints(run_dir)
-    try:
-        if ckpt.latest_step() is None:
-            raise FileNotFoundError(f"{run_dir} has no checkpoint to probe; train it first")
-        params = ckpt.restore(None)["params"]  # the params alone: no trainer, envs or LLM window to rebuild
-    finally:
-        ckpt.close()
     obs = jax.ShapeDtypeStruct((1, _obs_size(cfg.env)), np.float32)
     hidden = jax.ShapeDtypeStruct((1, llm.hidden_size), np.float32) if llm else None
     expected = jax.eval_shape(network.init, jax.random.PRNGKey(0), obs, hidden)
