@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxllm.compile import compiler_options, jit as jit_with_options
+from jaxllm.compile import jit as jit_with_options
 from rl.config import EnvConfig, PPOConfig, TrainConfig, resolve_devices
 from rl.encoder_kinds import Encoder, LLMWindow, make_encoder, recorded_rollout
 from rl.encoders import LLMArgs
@@ -122,8 +122,7 @@ class Trainer:
         self.env = BatchedEnv(envs.env, envs.num_envs, envs.reset_ratio)
         self.encoder = encoder
         self.llm = self.encoder.llm
-        # XLA options of the outermost jits (on a GPU, where the LLM runs in them: no Triton GEMMs; jaxllm.compile)
-        self.compiler_options = compiler_options(runs_llm=self.llm is not None)
+        self.compiler_options = self.encoder.compiler_options()  # XLA options of the outermost jits
         self.network = make_network(self.env.num_actions, augmented=self.encoder.uses_hidden, fusion=fusion,
                                     width=ppo.width)
         self.hp = PPOHyper(ppo.gamma, ppo.gae_lambda, ppo.clip_eps, ppo.ent_coef, ppo.vf_coef,
