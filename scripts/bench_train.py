@@ -209,9 +209,10 @@ def main(argv=None) -> int:
                                                 rows=rows), indent=2))
 
     if args.worker_label == "triton-gemms-on":  # its rows repeat others' without the project's XLA options
-        import rl.trainer
+        import rl.encoder_kinds
 
-        rl.trainer.compiler_options = lambda *a, **k: {}  # this worker process only: XLA's defaults
+        # this worker process only: XLA's defaults (the encoder kind picks the trainer's options)
+        rl.encoder_kinds.compiler_options = lambda *a, **k: {}
         jobs = [(f"{name} [{args.worker_label}]", overrides) for name, overrides in jobs]
     rows = []
     if args.sync_dir:  # compile everything first, then time in turn
