@@ -20,7 +20,9 @@ from render.observation import OBS_SIZES, env_for_obs_size
 
 ENVS = (CRAFTAX, CLASSIC)
 FORMATS = ("compact", "full")
-UPSTREAM_OBS = {CRAFTAX: jax.jit(jax.vmap(craftax_obs)), CLASSIC: jax.jit(jax.vmap(classic_obs))}
+RUNTIME_BOUND = {"xla_backend_optimization_level": 3}  # as tests/conftest.py: programs run on thousands of states
+UPSTREAM_OBS = {CRAFTAX: jax.jit(jax.vmap(craftax_obs), compiler_options=RUNTIME_BOUND),
+                CLASSIC: jax.jit(jax.vmap(classic_obs), compiler_options=RUNTIME_BOUND)}
 CLASSIC_EXACT_MAX = 772  # Classic numbers are float16(n) / 10 in the vector: exact up to here (docs/RENDER.md)
 CLASSIC_NUMBERS = ("wood", "stone", "coal", "iron", "diamond", "sapling", "wood_pickaxe", "stone_pickaxe",
                    "iron_pickaxe", "wood_sword", "stone_sword", "iron_sword")
@@ -33,7 +35,7 @@ def obs_templates(tokenizer):
 
 @pytest.fixture(scope="session")
 def obs_batched(obs_templates):
-    return {key: jax.jit(jax.vmap(tpl)) for key, tpl in obs_templates.items()}
+    return {key: jax.jit(jax.vmap(tpl), compiler_options=RUNTIME_BOUND) for key, tpl in obs_templates.items()}
 
 
 def _in_exact_range(states, env):
