@@ -19,7 +19,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from .fp8 import E4M3, E4M3_MAX, SCALE_FLOOR
+E4M3 = jnp.float8_e4m3fn
+E4M3_MAX = float(jnp.finfo(E4M3).max)
+TINY = 1e-12  # as jaxllm.fp8: the floor of a scale
 
 
 def _column_slices(width: int, chunk: int) -> list[pl.Slice]:
@@ -38,7 +40,7 @@ def _quantize_block(values_of: Callable[[pl.Slice], jax.Array], q_ref, scale_ref
     they stay in registers (the loop is unrolled) until the rows' abs-max is known."""
     values = [(cols, values_of(cols)) for cols in _column_slices(width, chunk)]
     absmax = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(v), axis=1, keepdims=True) for _, v in values])
-    scale = jnp.maximum(absmax / E4M3_MAX, SCALE_FLOOR)  # [rows, 1]
+    scale = jnp.maximum(absmax / E4M3_MAX, TINY)  # [rows, 1]
     for cols, v in values:
         pltriton.store(q_ref.at[:, cols], (v / scale).astype(E4M3))
     scale_ref[...] = scale
