@@ -172,12 +172,36 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-int(n) // multiple) * multiple
 
 
-def _plan_pass(lengths: jax.Array, remaining: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Greedy in index order: of the prompts still `remaining`, those whose running token total fits `capacity`.
+def segment_grid(capacity: int, max_len: int, batch: int) -> tuple[int, int]:
+    """The static (rows, segments_per_row) grid of cuDNN's packed call for a pass of `capacity` slots.
+
+    cuDNN's packed attention writes its float32 softmax statistics as [rows * segments_per_row, heads, row width]
+    (`jaxllm.packed_attention`), so one row of 32,768 slots and 128 segments writes 537 MB per layer at Qwen3-4B's
+    32 heads, almost all of it padding. The row is therefore viewed as `rows` rows of `capacity / rows` slots, the
+    narrowest that still holds a longest prompt (a prompt may run past its row's end: the slots are contiguous),
+    with room for twice the pass's possible prompts: `segments_per_row = 2 * min(batch, capacity) / rows`. Segment
+    r of a pass (in slot order) sits in grid row r // segments_per_row, which must not start after it
+    (`_plan_pass` defers prompts that would); that holds whenever the prompts average at least
+    capacity / (2 * batch) tokens (128 at 128 prompts in 32,768 slots)."""
+    rows = max(r for r in range(1, capacity + 1) if capacity % r == 0 and capacity // r >= max_len)
+    prompts = min(batch, capacity)
+    return rows, min(prompts, -(-2 * prompts // rows))
+
+
+def _plan_pass(lengths: jax.Array, remaining: jax.Array, capacity: int,
+               max_len: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Greedy in index order: of the prompts still `remaining`, those whose running token total fits `capacity`,
+    up to the first whose segment would not fit `segment_grid` (it and the rest wait for the next pass).
     Returns (taken bool [B], first slot of each prompt int [B], one past its last slot int [B])."""
+    rows, per_row = segment_grid(capacity, max_len, lengths.shape[0])
+    width = capacity // rows
     tokens = jnp.where(remaining, lengths, 0)
     end = jnp.cumsum(tokens)
     taken = remaining & (end <= capacity)
+    real = taken & (lengths > 0)
+    rank = jnp.cumsum(real) - 1
+    misfit = real & ((rank // per_row) * width > end - tokens)  # its grid row would start after the prompt does
+    taken = taken & (jnp.cumsum(misfit) == 0)  # taking a prefix never moves the prompts before the cut
     tokens = jnp.where(taken, tokens, 0)
     end = jnp.cumsum(tokens)
     return taken, end - tokens, end
@@ -194,9 +218,15 @@ def _pack(ids: jax.Array, lengths: jax.Array, taken: jax.Array, start: jax.Array
     tokens = jnp.where(valid, ids[owner, jnp.minimum(position, t - 1)], 0)
     real = taken & (lengths > 0)
     rank = jnp.cumsum(real) - 1  # index among the packed segments
+    rows, per_row = segment_grid(capacity, t, batch)
+    cell = jnp.where(real, rank, rows * per_row)  # segment r in grid cell r (row-major); others dropped
+    grid = lambda x: jnp.full((rows * per_row,), -1, jnp.int32).at[cell].set(x, mode="drop").reshape(rows, per_row)
+    row_start = (jnp.arange(rows * per_row) // per_row * (capacity // rows)).reshape(rows, per_row)
+    seqlens, starts = grid(lengths), grid(start)
+    offsets = jnp.where(seqlens >= 0, starts - row_start, -1)  # relative to the segment's grid row
     segments = Segments(segment=jnp.where(valid, owner, batch), valid=valid, position=position,
-                        rank=jnp.where(valid, rank[owner], 0),
-                        seqlens=jnp.where(real, lengths, -1), offsets=jnp.append(jnp.where(real, start, -1), -1),
+                        rank=jnp.where(valid, rank[owner], 0), seqlens=seqlens,
+                        offsets=jnp.concatenate([offsets, jnp.full((rows, 1), -1, jnp.int32)], axis=1),
                         max_len=t)
     return tokens[None], segments
 
@@ -237,7 +267,7 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
     sizes = pass_capacities(capacity, t)
 
     def pass_of(size, vectors, remaining):
-        taken, start, end = _plan_pass(lengths, remaining, size)
+        taken, start, end = _plan_pass(lengths, remaining, size, t)
         row, segments = _pack(ids.astype(jnp.int32), lengths, taken, start, end, size)
         h, _ = forward(params, config, row, layer=k_idx, prefix_k=pk, prefix_v=pv, position_offset=offset,
                        attention_impl=attention_impl, segments=segments)

@@ -31,8 +31,12 @@ class Segments:
     valid:    bool [C] whether the slot holds a prompt's token.
     position: int32 [C] the slot's position inside its prompt (0 at the prompt's first token).
     rank:     int32 [C] the index of the slot's segment among the packed (non-empty) segments, in slot order.
-    seqlens:  int32 [M] tokens of each packed segment in slot order, -1 for unused entries (cuDNN's layout).
-    offsets:  int32 [M+1] the first slot of each packed segment, -1 for unused entries.
+    seqlens:  int32 [R, M] cuDNN's grid: the row is seen as R rows of C/R slots with M segment cells each; cell
+              r (row-major) holds the r-th packed segment's token count, -1 for unused cells. A segment's
+              cell row never starts after the segment does (it may run past that row's end).
+    offsets:  int32 [R, M+1] the segment's first slot relative to its cell row's first slot, -1 for unused cells
+              (`jaxllm.encoder.segment_grid` chooses R and M so the statistics cuDNN pads to [R*M, Hq, C/R]
+              stay small).
     max_len:  static bound on any prompt's length (the "xla" key window).
     """
 
@@ -90,14 +94,18 @@ def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Arr
     """The "cudnn" implementation (same arguments as `_windowed_attention`)."""
     cudnn = cudnn_attention_module()
     scale = q.shape[-1] ** -0.5
+    rows = seg.seqlens.shape[0]
+    grid = lambda x: x.reshape(rows, x.shape[1] // rows, *x.shape[2:])  # [1, C, ...] -> [rows, C / rows, ...]
     out_r, lse_r = cudnn.dot_product_attention(
-        q, k, v, q_seqlen=seg.seqlens[None], kv_seqlen=seg.seqlens[None], q_offsets=seg.offsets[None],
-        kv_offsets=seg.offsets[None], scale=scale, mask_type=cudnn.MaskType.CAUSAL, return_residual=True)
+        grid(q), grid(k), grid(v), q_seqlen=seg.seqlens, kv_seqlen=seg.seqlens, q_offsets=seg.offsets,
+        kv_offsets=seg.offsets, scale=scale, mask_type=cudnn.MaskType.CAUSAL, return_residual=True)
+    out_r = out_r.reshape(q.shape)
     if prefix_k is None:
         return out_r
     out_p, lse_p = cudnn.dot_product_attention(q, prefix_k[None], prefix_v[None], scale=scale,
                                                mask_type=cudnn.MaskType.NO_MASK, return_residual=True)
-    # The packed call's statistics come per segment, padded: [segments, Hq, C]; slot s's is [rank, :, position].
+    # The packed call's statistics come per segment, padded: [grid cells, Hq, C / rows]; slot s's is
+    # [rank, :, position] (the cells hold the segments in slot order, see `Segments`).
     lse_r = lse_r[seg.rank, :, seg.position][None].astype(jnp.float32)  # [1, C, Hq]
     lse_p = jnp.swapaxes(lse_p, 1, 2).astype(jnp.float32)
     # Empty slots belong to no cuDNN segment: their rest half is undefined, so they take the prefix half alone.
@@ -126,11 +134,11 @@ def _cudnn_packed_available() -> bool:
     """Whether JAX's private cuDNN attention takes the packed layout as `_cudnn_attention` calls it: imported and
     traced once (`jax.eval_shape`, tiny bf16 shapes, GQA, with a prefix). A JAX upgrade that moves, renames or
     changes it then falls back to the windowed XLA form with one warning instead of failing."""
-    c, m, hd = 16, 4, 64
+    c, rows, m, hd = 16, 2, 4, 64
     arr = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     i32 = lambda shape: arr(shape, jnp.int32)
     segments = Segments(segment=i32((c,)), valid=arr((c,), jnp.bool_), position=i32((c,)), rank=i32((c,)),
-                        seqlens=i32((m,)), offsets=i32((m + 1,)), max_len=8)
+                        seqlens=i32((rows, m)), offsets=i32((rows, m + 1)), max_len=8)
 
     def trace():
         out = jax.eval_shape(_cudnn_attention, arr((1, c, 2, hd)), arr((1, c, 1, hd)), arr((1, c, 1, hd)),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxllm import Qwen3Config, encode, encode_packed, init_params, prefill
-from jaxllm.encoder import _pack, _plan_pass
+from jaxllm.encoder import _pack, _plan_pass, segment_grid
 
 CONFIG = Qwen3Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10_000.0)
@@ -59,7 +59,7 @@ def test_packed_reads_only_real_tokens(model):
 def test_packing_lays_prompts_end_to_end():
     ids, lengths = ragged_batch(3)
     remaining = lengths > 0
-    taken, start, end = _plan_pass(lengths, remaining, 24)
+    taken, start, end = _plan_pass(lengths, remaining, 24, T)
     row, seg = _pack(ids, lengths, taken, start, end, 24)
     n = np.asarray(lengths)
     expect_taken = np.asarray(remaining) & (np.cumsum(np.where(remaining, n, 0)) <= 24)
@@ -74,6 +74,105 @@ def test_packing_lays_prompts_end_to_end():
     np.testing.assert_array_equal(np.asarray(seg.rank)[:used], ranks[owners])
     np.testing.assert_array_equal(np.asarray(seg.position)[:used],
                                   np.concatenate([np.arange(n[i]) for i in range(len(n)) if expect_taken[i]]))
+
+
+def test_segment_grid_holds_every_segment_from_its_row_on():
+    """cuDNN's grid (`segment_grid`): each taken segment's cell row starts at or before the segment, the plan cuts
+    at the first segment that would not fit, and the cells hold the segments in slot order (what the statistics'
+    gather relies on). Checked against a plain loop over many random plans, short prompts included."""
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        batch, max_len = 16, 12
+        capacity = int(rng.choice([12, 24, 48, 96, 192]))
+        lengths = rng.integers(0, max_len + 1, size=batch) if trial % 2 else rng.integers(0, 3, size=batch)
+        remaining = rng.random(batch) < 0.8
+        rows, per_row = segment_grid(capacity, max_len, batch)
+        width = capacity // rows
+        assert capacity % rows == 0 and width >= max_len
+        taken, start, end = _plan_pass(jnp.asarray(lengths, jnp.int32), jnp.asarray(remaining), capacity, max_len)
+        # the reference: greedy in index order, stop at the first prompt that overflows or misses the grid
+        want, slot, rank = np.zeros(batch, bool), 0, 0
+        for i in range(batch):
+            if not remaining[i]:
+                continue
+            if slot + lengths[i] > capacity or (lengths[i] > 0 and (rank // per_row) * width > slot):
+                break
+            want[i], slot, rank = True, slot + lengths[i], rank + (lengths[i] > 0)
+        np.testing.assert_array_equal(taken, want)
+        ids = jnp.asarray(rng.integers(0, 256, size=(batch, max_len)), jnp.int32)
+        _, seg = _pack(ids, jnp.asarray(lengths, jnp.int32), taken, start, end, capacity)
+        real = want & (lengths > 0)
+        cells = np.asarray(seg.seqlens).reshape(-1)
+        np.testing.assert_array_equal(cells[:real.sum()], lengths[real])
+        assert (cells[real.sum():] == -1).all()
+        offsets = np.asarray(seg.offsets)
+        assert (offsets[:, -1] == -1).all()
+        flat = (offsets[:, :-1] + np.arange(rows)[:, None] * width).reshape(-1)[:real.sum()]
+        np.testing.assert_array_equal(flat, np.asarray(start)[real])  # row start + offset = the segment's slot
+        assert (offsets[:, :-1].reshape(-1)[:real.sum()] >= 0).all()
+    assert segment_grid(32768, 1138, 128) == (16, 16)  # the 4B trainer's pass: 16 rows of 2,048 slots
+
+
+def _emulated_cudnn_attention(q, k, v, q_seqlen=None, kv_seqlen=None, q_offsets=None, kv_offsets=None, *, scale,
+                              mask_type, return_residual):
+    """What JAX's private cuDNN call computes, written with dense jnp ops for tiny shapes: without offsets plain
+    unmasked attention and statistics [B, N, T]; with them JAX's compaction of the [B, M] grid (cells with
+    seqlen -1 dropped, offsets made absolute by adding b * T) and causal attention inside each segment, statistics
+    [B * M, N, T] at [compacted segment, head, position]. Output slots cuDNN does not write hold 1e4, statistics
+    NaN."""
+    assert return_residual
+    b, t, n, h = q.shape
+    rep = lambda x: jnp.repeat(x.astype(jnp.float32), n // x.shape[2], axis=2)
+    kf, vf = rep(k), rep(v)
+    if q_offsets is None:
+        logits = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), kf) * scale
+        out = jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(logits, -1), vf)
+        return out.astype(q.dtype), jax.nn.logsumexp(logits, -1)
+    assert q_seqlen is kv_seqlen and q_offsets is kv_offsets  # self-attention of each segment
+    m = q_seqlen.shape[1]
+    absolute = jnp.where(q_offsets >= 0, q_offsets + jnp.arange(b)[:, None] * t, -1).reshape(-1)
+    seqlen, offset = q_seqlen.reshape(-1), absolute
+    compact = lambda x: x[jnp.argsort(x < 0, stable=True)]  # non-negative entries first, in order
+    seqlen, offset = compact(seqlen)[:b * m], compact(offset)[:b * m]
+    slots = jnp.arange(b * t)
+    inside = (seqlen[None] >= 0) & (slots[:, None] >= offset[None]) & (slots[:, None] < offset[None] + seqlen[None])
+    segment = jnp.where(inside.any(1), jnp.argmax(inside, 1), -1)  # [B*T] compacted segment of each slot
+    position = slots - offset[jnp.maximum(segment, 0)]
+    qf, kf, vf = q.reshape(b * t, n, h).astype(jnp.float32), kf.reshape(b * t, n, h), vf.reshape(b * t, n, h)
+    allowed = (segment[:, None] == segment[None]) & (segment[:, None] >= 0) & (slots[None] <= slots[:, None])
+    logits = jnp.where(allowed[None], jnp.einsum("tnh,snh->nts", qf, kf) * scale, -jnp.inf)
+    lse = jax.nn.logsumexp(logits, -1)  # [N, B*T]
+    out = jnp.einsum("nts,snh->tnh", jnp.exp(logits - lse[..., None]), vf)
+    out = jnp.where((segment >= 0)[:, None, None], out, 1e4).reshape(b, t, n, h)  # finite: the dense einsums here
+    # multiply every slot's values, even masked ones, by their probability 0
+    stats = jnp.full((b * m, n, t), jnp.nan, jnp.float32)
+    stats = stats.at[jnp.where(segment >= 0, segment, b * m), :, position].set(lse.T, mode="drop")
+    return out.astype(q.dtype), stats
+
+
+@pytest.mark.parametrize("with_prefix", [True, False])
+def test_cudnn_bookkeeping_equals_windowed_with_an_emulated_cudnn(model, monkeypatch, with_prefix):
+    """The "cudnn" path's grid, offsets, statistics gather and merge, run against `_emulated_cudnn_attention` on the
+    CPU: equal to the windowed form, with segments that run past their grid row and plans the grid cuts short."""
+    from types import SimpleNamespace
+
+    from jaxllm import packed_attention
+
+    fake = SimpleNamespace(dot_product_attention=_emulated_cudnn_attention,
+                           MaskType=SimpleNamespace(CAUSAL="causal", NO_MASK="none"))
+    monkeypatch.setattr(packed_attention, "cudnn_attention_module", lambda: fake)
+    params, cache = model
+    prefix = cache if with_prefix else None
+    ids, lengths = ragged_batch(5, batch=12)
+    lengths = lengths.at[2:10].set(1)  # eight one-token prompts: more segments than the grid's first rows hold
+    assert segment_grid(6 * T, T, 12)[0] > 1  # several grid rows
+    assert not _plan_pass(lengths, lengths > 0, 6 * T, T)[0][10]  # so the first pass stops short of all prompts
+    run = jax.jit(encode_packed, static_argnames=("config", "pooling", "capacity", "attention_impl"))
+    for pooling in ("last", "mean"):
+        want = run(params, CONFIG, ids, lengths, pooling=pooling, prefix=prefix, capacity=6 * T, attention_impl="xla")
+        got = run(params, CONFIG, ids, lengths, pooling=pooling, prefix=prefix, capacity=6 * T,
+                  attention_impl="cudnn")
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
 def test_capacity_smaller_than_a_prompt_is_refused(model):
