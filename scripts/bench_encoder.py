@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="--ragged: trace one more call of each row into DIR/<row> and print where its GPU time goes "
                         "(scripts/kernel_times.py)")
+    p.add_argument("--hlo-dir", type=Path, default=None,
+                   help="write each row's optimised HLO (the compiled program, as text) to DIR/DTYPE-METHOD.hlo.txt")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--hf-worker", type=Path, default=None, help=argparse.SUPPRESS)  # internal: HF-only subprocess
     args = p.parse_args(argv)
@@ -262,8 +264,13 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                                        Path(args.profile) / f"{dtype}-{method}")
                 print_summary(summary, f"{dtype} {method}")
                 row["kernel_ms_by_kind"] = {line: s["by_kind_ms"] for line, s in summary.items()}
-            if dtype.startswith("fp8") and method == "packed":  # did the fp8 matmuls become cuBLASLt fp8 GEMMs?
+            hlo = None
+            if args.hlo_dir or (dtype.startswith("fp8") and method == "packed"):
                 hlo = calls[method].lower(params, cache, ids, lengths).compile().as_text()
+            if args.hlo_dir:
+                args.hlo_dir.mkdir(parents=True, exist_ok=True)
+                (args.hlo_dir / f"{dtype}-{method}.hlo.txt").write_text(hlo)
+            if dtype.startswith("fp8") and method == "packed":  # did the fp8 matmuls become cuBLASLt fp8 GEMMs?
                 row["cublaslt_fp8_gemm_calls_in_hlo"] = hlo.count("__cublas$lt$matmul$f8")
             reference.setdefault(dtype, vec)
             ref = reference.get("bfloat16", vec)

@@ -168,11 +168,13 @@ def test_cudnn_bookkeeping_equals_windowed_with_an_emulated_cudnn(model, monkeyp
     assert segment_grid(6 * T, T, 12)[0] > 1  # several grid rows
     assert not _plan_pass(lengths, lengths > 0, 6 * T, T)[0][10]  # so the first pass stops short of all prompts
     run = jax.jit(encode_packed, static_argnames=("config", "pooling", "capacity", "attention_impl"))
-    for pooling in ("last", "mean"):
-        want = run(params, CONFIG, ids, lengths, pooling=pooling, prefix=prefix, capacity=6 * T, attention_impl="xla")
-        got = run(params, CONFIG, ids, lengths, pooling=pooling, prefix=prefix, capacity=6 * T,
-                  attention_impl="cudnn")
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    with jax.default_matmul_precision("highest"):  # float32 on a GPU too (not TF32)
+        for pooling in ("last", "mean"):
+            want = run(params, CONFIG, ids, lengths, pooling=pooling, prefix=prefix, capacity=6 * T,
+                       attention_impl="xla")
+            got = run(params, CONFIG, ids, lengths, pooling=pooling, prefix=prefix, capacity=6 * T,
+                      attention_impl="cudnn")
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
 def test_capacity_smaller_than_a_prompt_is_refused(model):
