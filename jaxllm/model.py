@@ -45,15 +45,9 @@ def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float, dtype: Any) 
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Half-split (`rotate_half`) rotary embedding. x: [B, T, H, hd]; cos/sin: [T, hd] (shared by the batch).
-
-    rotate_half(x) = [-x2, x1] is written as the two halves reversed and signed, the same values as HF's
-    concatenation; a reverse is an elementwise index map, so XLA can fuse it with the q/k RMSNorm that produces x
-    (a concatenate made it a separate pass over q on the GPU: scripts/bench_qk_rope.py)."""
+    """Half-split (`rotate_half`) rotary embedding. x: [B, T, H, hd]; cos/sin: [T, hd] (shared by the batch)."""
     half = x.shape[-1] // 2
-    halves = x.reshape(*x.shape[:-1], 2, half)
-    sign = jnp.asarray([[-1], [1]], x.dtype)
-    rotated = (jnp.flip(halves, axis=-2) * sign).reshape(x.shape)
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
