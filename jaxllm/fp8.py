@@ -24,13 +24,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .fp8_format import E4M3, E4M3_MAX, TINY
 from .params import LAYER_LEAVES
 
-E4M3 = jnp.float8_e4m3fn
-E4M3_MAX = float(jnp.finfo(E4M3).max)  # 448
 # Leaves of params["layers"] stored in fp8: the layer's matrices (the leaves HF stores [out, in]: q/k/v/o, gate/up/down)
 QUANTIZED_LEAVES = tuple(name for name, leaf in LAYER_LEAVES.items() if leaf.transpose)
-_TINY = 1e-12  # floor of a scale, so an all-zero row or column quantises to zeros instead of NaN
 
 
 @flax.struct.dataclass
@@ -51,7 +49,7 @@ class Fp8Matrix:
 def quantize_matrix(w: jax.Array) -> Fp8Matrix:
     """[..., in, out] matrix -> Fp8Matrix with one scale per output channel (absolute max over `in` / 448)."""
     wt = jnp.swapaxes(w, -1, -2).astype(jnp.float32)  # [..., out, in]
-    scale = jnp.maximum(jnp.max(jnp.abs(wt), axis=-1) / E4M3_MAX, _TINY)
+    scale = jnp.maximum(jnp.max(jnp.abs(wt), axis=-1) / E4M3_MAX, TINY)
     return Fp8Matrix((wt / scale[..., None]).astype(E4M3), scale)
 
 
@@ -94,7 +92,7 @@ def warn_if_emulated() -> None:
 def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Activations [..., in] -> (e4m3 [..., in], float32 scale [...]): each row scaled by its own absolute max."""
     xf = x.astype(jnp.float32)
-    scale = jnp.maximum(jnp.max(jnp.abs(xf), axis=-1) / E4M3_MAX, _TINY)
+    scale = jnp.maximum(jnp.max(jnp.abs(xf), axis=-1) / E4M3_MAX, TINY)
     return (xf / scale[..., None]).astype(E4M3), scale
 
 

@@ -19,9 +19,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-E4M3 = jnp.float8_e4m3fn
-E4M3_MAX = float(jnp.finfo(E4M3).max)
-TINY = 1e-12  # as jaxllm.fp8: the floor of a scale
+from .fp8_format import E4M3, E4M3_MAX, TINY
+
 
 
 def _column_slices(width: int, chunk: int) -> list[pl.Slice]:

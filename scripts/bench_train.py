@@ -6,10 +6,12 @@
     python scripts/bench_train.py --table --out table.json               # GPU: issue 23's table in one call
 
 `--table` runs the table of issue 23 (none-128, inscan-128-k8/k32 in bucketed/bf16, packed/bf16 and packed/fp8,
-the layer-16 row, and packed bf16 k8 compiled with XLA's Triton GEMMs on, i.e. without the project's compiler
-options; none-128 has none, as it runs no LLM: jaxllm.compile) as one worker process per LLM
-variant: each loads its LLM once and compiles its rows while the others compile theirs, then the workers time their
-rows one after another (--sync-dir), so no two rows share the card while they are timed.
+and the layer-16 row) as worker processes of at most two rows each: each loads its LLM once and compiles its rows
+(the update and the encoder call timed alone) while the others compile theirs, then the workers time their rows
+one after another (--sync-dir), so no two rows share the card while they are timed. `--xla-defaults` compiles the
+rows without the project's XLA options (Triton GEMMs on; jaxllm.compile), for a comparison in the same call:
+
+    python scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/bfloat16 --out on.json --xla-defaults
 
 For each config: the first update is timed (compile + run), then `--updates` updates are timed with
 block_until_ready (SPS = env steps / seconds). For `inscan` the batched encoder call of the same envs is timed
@@ -57,13 +59,14 @@ CONFIGS = {
     "inscan-128-k8-full": dict(encoder="inscan", num_envs=128, skip_n=8, obs_format="full"),
     "inscan-128-k8-l16": dict(encoder="inscan", num_envs=128, skip_n=8, llm_layer=16),  # layers after 16 not computed
 }
-# --table: (worker label, configs, LLM variant, extra XLA_FLAGS); one worker process each
+# --table: (worker label, configs, LLM variant, extra XLA_FLAGS); one worker process each, at most two rows per
+# worker: a worker compiles its rows one after another, and the timing starts when the slowest worker is done
 TABLE = (
-    ("bucketed-bf16", ["none-128", "inscan-128-k8", "inscan-128-k32"], "bucketed/bfloat16", ""),
-    ("packed-bf16", ["inscan-128-k8", "inscan-128-k32", "inscan-128-k8-l16"], "packed/bfloat16", ""),
+    ("none", ["none-128"], "packed/bfloat16", ""),
+    ("bucketed-bf16", ["inscan-128-k8", "inscan-128-k32"], "bucketed/bfloat16", ""),
+    ("packed-bf16", ["inscan-128-k8", "inscan-128-k32"], "packed/bfloat16", ""),
+    ("packed-bf16-l16", ["inscan-128-k8-l16"], "packed/bfloat16", ""),
     ("packed-fp8", ["inscan-128-k8", "inscan-128-k32"], "packed/fp8", ""),
-    # packed bf16 k8 again with XLA's defaults (Triton GEMMs on); none-128 already runs with them (no LLM: jaxllm.compile)
-    ("triton-gemms-on", ["inscan-128-k8"], "packed/bfloat16", ""),
 )
 SMOKE = dict(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1, width=32)
 
@@ -104,6 +107,8 @@ def prepare(name: str, overrides: dict, args) -> dict:
     jax.block_until_ready(runner)
     first = time.perf_counter() - t0
     print(f"{name}: {cfg.num_envs} envs on {trainer.num_devices} device(s), first update {first:.1f} s", flush=True)
+    if llm is not None:  # compile the encoder call `measure` times alone now (with --table: while others compile)
+        jax.block_until_ready(trainer.encoder.encode_states(*args_llm, runner.env_state.env_state))
     return dict(name=name, cfg=cfg, llm=llm, trainer=trainer, args_llm=args_llm, runner=runner, first=first)
 
 
@@ -186,6 +191,9 @@ def main(argv=None) -> int:
     add_sync_arguments(p, "scripts/bench_scaling.py and bench_reference.py use this")
     p.add_argument("--smoke", action="store_true", help="tiny shapes and the tiny model, for a CPU check")
     p.add_argument("--table", action="store_true", help="issue 23's table: one worker process per LLM variant")
+    p.add_argument("--xla-defaults", action="store_true",
+                   help="compile the rows with XLA's default options (Triton GEMMs on) instead of the project's "
+                        "(jaxllm.compile); run it beside the same rows without it to compare")
     p.add_argument("--worker-label", default=None, help=argparse.SUPPRESS)  # set by --table for its workers
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
@@ -208,12 +216,12 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps(dict(device=str(jax.devices()[0]), date=time.strftime("%Y-%m-%d"),
                                                 rows=rows), indent=2))
 
-    if args.worker_label == "triton-gemms-on":  # its rows repeat others' without the project's XLA options
+    if args.xla_defaults:  # the rows without the project's XLA options
         import rl.encoder_kinds
 
-        # this worker process only: XLA's defaults (the encoder kind picks the trainer's options)
+        # this process only: XLA's defaults (the encoder kind picks the trainer's options)
         rl.encoder_kinds.compiler_options = lambda *a, **k: {}
-        jobs = [(f"{name} [{args.worker_label}]", overrides) for name, overrides in jobs]
+        jobs = [(f"{name} [XLA defaults]", overrides) for name, overrides in jobs]
     rows = []
     if args.sync_dir:  # compile everything first, then time in turn
         try:
