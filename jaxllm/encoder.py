@@ -15,7 +15,7 @@ from jax import lax
 
 from .config import Qwen3Config
 from .model import Params, forward, normalize_layer_index
-from .packed_attention import Segments
+from .packed_attention import Segments, default_packed_attention_impl
 
 Pooling = Literal["last", "mean"]
 POOLINGS = ("last", "mean")
@@ -182,18 +182,20 @@ def segment_grid(capacity: int, max_len: int, batch: int) -> tuple[int, int]:
     with room for twice the pass's possible prompts: `segments_per_row = 2 * min(batch, capacity) / rows`. Segment
     r of a pass (in slot order) sits in grid row r // segments_per_row, which must not start after it
     (`_plan_pass` defers prompts that would); that holds whenever the prompts average at least
-    capacity / (2 * batch) tokens (128 at 128 prompts in 32,768 slots)."""
+    capacity / (2 * batch) tokens (128 at 128 prompts in 32,768 slots). Only the "cudnn" packed attention uses
+    the grid."""
     rows = max(r for r in range(1, capacity + 1) if capacity % r == 0 and capacity // r >= max_len)
     prompts = min(batch, capacity)
     return rows, min(prompts, -(-2 * prompts // rows))
 
 
 def _plan_pass(lengths: jax.Array, remaining: jax.Array, capacity: int,
-               max_len: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+               grid: tuple[int, int]) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Greedy in index order: of the prompts still `remaining`, those whose running token total fits `capacity`,
-    up to the first whose segment would not fit `segment_grid` (it and the rest wait for the next pass).
-    Returns (taken bool [B], first slot of each prompt int [B], one past its last slot int [B])."""
-    rows, per_row = segment_grid(capacity, max_len, lengths.shape[0])
+    up to the first whose segment would not fit the (rows, segments_per_row) `grid` (`segment_grid`; it and the
+    rest wait for the next pass). Returns (taken bool [B], first slot of each prompt int [B], one past its last
+    slot int [B])."""
+    rows, per_row = grid
     width = capacity // rows
     tokens = jnp.where(remaining, lengths, 0)
     end = jnp.cumsum(tokens)
@@ -208,8 +210,8 @@ def _plan_pass(lengths: jax.Array, remaining: jax.Array, capacity: int,
 
 
 def _pack(ids: jax.Array, lengths: jax.Array, taken: jax.Array, start: jax.Array, end: jax.Array,
-          capacity: int) -> tuple[jax.Array, Segments]:
-    """The token row [1, capacity] of the taken prompts laid end to end, and its Segments."""
+          capacity: int, grid: tuple[int, int]) -> tuple[jax.Array, Segments]:
+    """The token row [1, capacity] of the taken prompts laid end to end, and its Segments on `grid`."""
     batch, t = ids.shape
     slot = jnp.arange(capacity)
     owner = jnp.minimum(jnp.searchsorted(end, slot, side="right"), batch - 1)  # first prompt ending after slot
@@ -218,7 +220,7 @@ def _pack(ids: jax.Array, lengths: jax.Array, taken: jax.Array, start: jax.Array
     tokens = jnp.where(valid, ids[owner, jnp.minimum(position, t - 1)], 0)
     real = taken & (lengths > 0)
     rank = jnp.cumsum(real) - 1  # index among the packed segments
-    rows, per_row = segment_grid(capacity, t, batch)
+    rows, per_row = grid
     cell = jnp.where(real, rank, rows * per_row)  # segment r in grid cell r (row-major); others dropped
     grid = lambda x: jnp.full((rows * per_row,), -1, jnp.int32).at[cell].set(x, mode="drop").reshape(rows, per_row)
     row_start = (jnp.arange(rows * per_row) // per_row * (capacity // rows)).reshape(rows, per_row)
@@ -265,12 +267,15 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
         fallback = jnp.zeros((dim,), jnp.float32) if prefix is None else prefix.hidden_sums[k_idx] / prefix.length
     vectors = jnp.broadcast_to(fallback, (batch, dim))
     sizes = pass_capacities(capacity, t)
+    impl = (attention_impl or default_packed_attention_impl(params["embed_tokens"].dtype)).removesuffix("_split")
 
     def pass_of(size, vectors, remaining):
-        taken, start, end = _plan_pass(lengths, remaining, size, t)
-        row, segments = _pack(ids.astype(jnp.int32), lengths, taken, start, end, size)
+        # cuDNN's statistics are padded to its grid; the windowed form needs none (one row holds any plan)
+        grid = segment_grid(size, t, batch) if impl == "cudnn" else (1, min(batch, size))
+        taken, start, end = _plan_pass(lengths, remaining, size, grid)
+        row, segments = _pack(ids.astype(jnp.int32), lengths, taken, start, end, size, grid)
         h, _ = forward(params, config, row, layer=k_idx, prefix_k=pk, prefix_v=pv, position_offset=offset,
-                       attention_impl=attention_impl, segments=segments)
+                       attention_impl=impl, segments=segments)
         h = h[0].astype(jnp.float32)  # [capacity, D]
         if pooling == "last":
             vec = h[jnp.clip(end - 1, 0, size - 1)]

@@ -59,8 +59,9 @@ def test_packed_reads_only_real_tokens(model):
 def test_packing_lays_prompts_end_to_end():
     ids, lengths = ragged_batch(3)
     remaining = lengths > 0
-    taken, start, end = _plan_pass(lengths, remaining, 24, T)
-    row, seg = _pack(ids, lengths, taken, start, end, 24)
+    grid = segment_grid(24, T, len(lengths))
+    taken, start, end = _plan_pass(lengths, remaining, 24, grid)
+    row, seg = _pack(ids, lengths, taken, start, end, 24, grid)
     n = np.asarray(lengths)
     expect_taken = np.asarray(remaining) & (np.cumsum(np.where(remaining, n, 0)) <= 24)
     np.testing.assert_array_equal(taken, expect_taken)
@@ -89,7 +90,8 @@ def test_segment_grid_holds_every_segment_from_its_row_on():
         rows, per_row = segment_grid(capacity, max_len, batch)
         width = capacity // rows
         assert capacity % rows == 0 and width >= max_len
-        taken, start, end = _plan_pass(jnp.asarray(lengths, jnp.int32), jnp.asarray(remaining), capacity, max_len)
+        grid = segment_grid(capacity, max_len, batch)
+        taken, start, end = _plan_pass(jnp.asarray(lengths, jnp.int32), jnp.asarray(remaining), capacity, grid)
         # the reference: greedy in index order, stop at the first prompt that overflows or misses the grid
         want, slot, rank = np.zeros(batch, bool), 0, 0
         for i in range(batch):
@@ -100,7 +102,7 @@ def test_segment_grid_holds_every_segment_from_its_row_on():
             want[i], slot, rank = True, slot + lengths[i], rank + (lengths[i] > 0)
         np.testing.assert_array_equal(taken, want)
         ids = jnp.asarray(rng.integers(0, 256, size=(batch, max_len)), jnp.int32)
-        _, seg = _pack(ids, jnp.asarray(lengths, jnp.int32), taken, start, end, capacity)
+        _, seg = _pack(ids, jnp.asarray(lengths, jnp.int32), taken, start, end, capacity, grid)
         real = want & (lengths > 0)
         cells = np.asarray(seg.seqlens).reshape(-1)
         np.testing.assert_array_equal(cells[:real.sum()], lengths[real])
@@ -166,7 +168,8 @@ def test_cudnn_bookkeeping_equals_windowed_with_an_emulated_cudnn(model, monkeyp
     ids, lengths = ragged_batch(5, batch=12)
     lengths = lengths.at[2:10].set(1)  # eight one-token prompts: more segments than the grid's first rows hold
     assert segment_grid(6 * T, T, 12)[0] > 1  # several grid rows
-    assert not _plan_pass(lengths, lengths > 0, 6 * T, T)[0][10]  # so the first pass stops short of all prompts
+    # so the grid cuts the first pass short of all prompts
+    assert not _plan_pass(lengths, lengths > 0, 6 * T, segment_grid(6 * T, T, 12))[0][10]
     run = jax.jit(encode_packed, static_argnames=("config", "pooling", "capacity", "attention_impl"))
     with jax.default_matmul_precision("highest"):  # float32 on a GPU too (not TF32)
         for pooling in ("last", "mean"):
