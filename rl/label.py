@@ -187,7 +187,7 @@ class Labeller:
                                                        np.asarray(tpl.prefix_ids, np.int32))
             cache = jax.device_put(cache, self._replicated)
             encode_ids = make_ids_encoder(self.model.config, **c.llm.encode_options())
-            fn = jit_with_options(jax.shard_map(_chunk_fn(tpl, encode_ids), mesh=self.mesh,
+            fn = jit_with_options(jax.shard_map(label_observations(tpl, encode_ids), mesh=self.mesh,
                                                 in_specs=(P(), P(), P(DATA_AXIS), P(DATA_AXIS)),
                                                 out_specs=P(DATA_AXIS), check_vma=False),
                                   compiler_options=compiler_options())
@@ -208,8 +208,11 @@ class Labeller:
         return out
 
 
-def _chunk_fn(tpl, encode_ids) -> Callable:
-    """Per device: obs [b, O], valid [b] -> float16 [b, D] (padding rows have length 0: the LLM skips them)."""
+def label_observations(tpl, encode_ids) -> Callable:
+    """The labels' function: (llm params, prefix cache, obs [b, O], valid bool [b]) -> float16 [b, D], the
+    template `tpl` rendering each observation and `encode_ids` (`rl.encoders.make_ids_encoder`) encoding it; rows
+    with valid False get length 0 (the LLM skips them) and come back meaningless. The labeller runs it per
+    device; offline evaluation (`rl.offline.evaluate`) runs it to label what its policy sees the same way."""
     import jax
     import jax.numpy as jnp
 

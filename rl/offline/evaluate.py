@@ -37,7 +37,7 @@ def build_encoder(labelling: dict, env: str, system_prompt: str | None = None):
     from jaxllm import load_model, load_tokenizer, prefill
     from render import build_template
     from rl.encoders import make_ids_encoder
-    from rl.label import LabelConfig
+    from rl.label import LabelConfig, label_observations
 
     lab = dict(labelling)
     d = LabelConfig()
@@ -58,10 +58,10 @@ def build_encoder(labelling: dict, env: str, system_prompt: str | None = None):
                                   method=lab.get("llm_encode", d.llm_encode), capacity=d.llm_capacity,
                                   chunk=d.llm_chunk)
 
+    labels = label_observations(tpl, encode_ids)
+
     def encode(llm_params, prefix_cache, obs, need):
-        ids, lengths = jax.vmap(tpl)(obs)
-        lengths = jnp.where(need, lengths, 0)
-        return encode_ids(llm_params, prefix_cache, ids, lengths).astype(jnp.float16).astype(jnp.float32)
+        return labels(llm_params, prefix_cache, obs, need).astype(jnp.float32)
 
     return encode, model.params, cache
 
