@@ -9,6 +9,8 @@ import functools
 import importlib
 from typing import NamedTuple
 
+import jax
+
 from render.layout import Format
 
 CRAFTAX = "Craftax-Symbolic-v1"
@@ -49,10 +51,14 @@ def check_env_name(env_name: str) -> EnvModules:
 def make_raw_env(env_name: str):
     """The craftax env of `env_name` without auto-reset, and its default params."""
     check_env_name(env_name)
-    from craftax.craftax_env import make_craftax_env_from_name
+    # Concrete even when called while an outer jit traces (e.g. `jax.jit(lambda seed: sample_states(...))`): craftax
+    # imports its env modules here on first use, and their module-level jnp constants (CLOSE_BLOCKS, DIRECTIONS, ...)
+    # would otherwise be that trace's tracers, kept by the modules (UnexpectedTracerError in every later call).
+    with jax.ensure_compile_time_eval():
+        from craftax.craftax_env import make_craftax_env_from_name
 
-    env = make_craftax_env_from_name(env_name, auto_reset=False)
-    return env, env.default_params
+        env = make_craftax_env_from_name(env_name, auto_reset=False)
+        return env, env.default_params
 
 
 def achievement_names(env_name: str) -> tuple[str, ...]:

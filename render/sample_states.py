@@ -159,7 +159,8 @@ def _sampler(env_name: str, n: int, steps: int):
 
 def sample_states(env_name: str, n: int, seed: int, steps: int = 48):
     """A batch of `n` raw EnvStates of `env_name` (leading axis n): first half random play, second
-    half edited for coverage (see module docstring). Deterministic in `seed`."""
+    half edited for coverage (see module docstring). Deterministic in `seed`, which may be traced (inside an outer
+    jit, e.g. to compile the sampler with other compiler options)."""
     return _sampler(env_name, n, steps)(jax.random.PRNGKey(seed))
 
 

@@ -1,6 +1,11 @@
 """render: refusals (unsafe piece boundaries, wrong env, bad arguments) and system prompt handling."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -126,3 +131,21 @@ def test_system_prompt_string_and_file(tokenizer, tmp_path):
 def test_section_refuses_a_bad_row_cap(kwargs):
     with pytest.raises(ValueError, match="max_rows_shown"):
         Section("map", (Const("x\n"),), **kwargs)
+
+
+def test_sample_states_under_an_outer_jit_leaks_no_tracer():
+    """`sample_states` with a traced seed (the suite compiles the sampler so, at full optimisation) as the first
+    use of craftax in a process: craftax's env modules, imported then, must keep concrete constants, not the
+    outer trace's tracers (they broke every later call with UnexpectedTracerError). A fresh process: this one
+    has craftax imported already. Tracing only (nothing compiles)."""
+    code = (
+        "import jax\n"
+        "from render.sample_states import sample_states\n"
+        "with jax.checking_leaks():\n"
+        "    jax.make_jaxpr(lambda seed: sample_states('Craftax-Classic-Symbolic-v1', 2, seed, steps=1))(3)\n"
+        "print('no leak')\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "no leak" in proc.stdout, proc.stderr[-3000:]

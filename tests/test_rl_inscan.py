@@ -140,13 +140,28 @@ def test_window_spanning_two_rollouts_equals_step_by_step_reference(spanning):
     np.testing.assert_allclose(np.asarray(carries[1].hidden)[live], outside(6)[live], rtol=1e-5, atol=1e-5)
 
 
-def test_readme_main_command_with_test_preset(tmp_path):
-    """The README's `python -m rl.train --encoder=inscan --preset cpu`, shrunk to the test preset."""
-    from rl.eval import evaluate
+# A 6-step window over 4-step rollouts (3 updates): windows open at steps 0, 6 and 12, one of them across the stop
+# of the resume test below. The README test's run is that test's uninterrupted run (one compile for both).
+WINDOW_FLAGS = ["--encoder=inscan", "--preset", "test", "--num-steps", "4", "--skip-n", "6", "--reset-ratio", "2",
+                "--total-timesteps", str(8 * 4 * 3), "--checkpoint-every", "5", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """The run dir of `python -m rl.train` with WINDOW_FLAGS, uninterrupted."""
     from rl.train import main
 
-    run_dir = tmp_path / "inscan"
-    assert main(["--encoder=inscan", "--preset", "test", "--run-dir", str(run_dir), "--quiet"]) == 0
+    run_dir = tmp_path_factory.mktemp("inscan") / "full"
+    assert main(WINDOW_FLAGS + ["--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def test_readme_main_command_with_test_preset(full_run):
+    """The README's `python -m rl.train --encoder=inscan --preset cpu`, shrunk to the test preset (with the windows
+    of WINDOW_FLAGS)."""
+    from rl.eval import evaluate
+
+    run_dir = full_run
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2, 3]
     assert all(np.isfinite(r["total_loss"]) and 0 <= r["hidden_zero_frac"] <= 1 for r in rows)
@@ -158,25 +173,22 @@ def test_readme_main_command_with_test_preset(tmp_path):
         assert r["episodes"] == 4 and np.isfinite(r["return_mean"])
 
 
-def test_resume_restores_window_clock_and_hidden_exactly(tmp_path):
+def test_resume_restores_window_clock_and_hidden_exactly(full_run, tmp_path):
     """A 6-step window over 4-step rollouts, stopped after 2 of 3 updates (a window open across the stop: 4 of its 6
     steps left) and resumed, ends exactly like the uninterrupted run: params, hidden states, clock, reset pool."""
     from rl.config import load_config
     from rl.rundir import Checkpoints
     from rl.train import main
 
-    flags = ["--encoder=inscan", "--preset", "test", "--num-steps", "4", "--skip-n", "6", "--reset-ratio", "2",
-             "--total-timesteps", str(8 * 4 * 3), "--checkpoint-every", "5", "--quiet"]
-    assert main(flags + ["--run-dir", str(tmp_path / "full")]) == 0
-    assert main(flags + ["--run-dir", str(tmp_path / "cut"), "--max-updates", "2"]) == 0
+    assert main(WINDOW_FLAGS + ["--run-dir", str(tmp_path / "cut"), "--max-updates", "2"]) == 0
     assert main(["--resume", str(tmp_path / "cut"), "--quiet"]) == 0
 
-    cfg = load_config(tmp_path / "full" / "config.json")
+    cfg = load_config(full_run / "config.json")
     llm = load_llm(cfg)
     target = Trainer.from_config(cfg, llm).init_state(llm.jit_args)
     finals = []
-    for name in ("full", "cut"):
-        ckpt = Checkpoints(tmp_path / name)
+    for run_dir in (full_run, tmp_path / "cut"):
+        ckpt = Checkpoints(run_dir)
         assert ckpt.latest_step() == 3
         finals.append(ckpt.restore(target, 3))
         ckpt.close()
