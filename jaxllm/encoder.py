@@ -222,9 +222,9 @@ def _pack(ids: jax.Array, lengths: jax.Array, taken: jax.Array, start: jax.Array
     rank = jnp.cumsum(real) - 1  # index among the packed segments
     rows, per_row = grid
     cell = jnp.where(real, rank, rows * per_row)  # segment r in grid cell r (row-major); others dropped
-    grid = lambda x: jnp.full((rows * per_row,), -1, jnp.int32).at[cell].set(x, mode="drop").reshape(rows, per_row)
+    on_grid = lambda x: jnp.full((rows * per_row,), -1, jnp.int32).at[cell].set(x, mode="drop").reshape(rows, per_row)
     row_start = (jnp.arange(rows * per_row) // per_row * (capacity // rows)).reshape(rows, per_row)
-    seqlens, starts = grid(lengths), grid(start)
+    seqlens, starts = on_grid(lengths), on_grid(start)
     offsets = jnp.where(seqlens >= 0, starts - row_start, -1)  # relative to the segment's grid row
     segments = Segments(segment=jnp.where(valid, owner, batch), valid=valid, position=position,
                         rank=jnp.where(valid, rank[owner], 0), seqlens=seqlens,
