@@ -241,7 +241,8 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
     The prompts' real tokens are laid end to end in a row of token slots (no per-prompt padding); each slot's
     position restarts at the prefix length for every prompt, and attention keeps each prompt to its own tokens
     plus the cached prefix (`packed_attention`). A pass takes the remaining prompts greedily in index order while
-    they fit its row (and cuDNN's segment grid, `segment_grid`); passes repeat until every prompt is done (`lax.while_loop`). `capacity` is the largest row
+    they fit its row (and cuDNN's segment grid, `segment_grid`); passes repeat until every prompt is done
+    (`lax.while_loop`). `capacity` is the largest row
     (tokens per pass; None: `default_capacity`); while more tokens remain than it holds, passes use it, and the
     last pass uses the smallest of `pass_capacities` that holds the rest (`lax.switch`), so the padding computed
     is at most about half of that last row. Any capacity >= ids.shape[1] gives the same vectors. Rows of length 0
