@@ -22,7 +22,6 @@ from jax.experimental.pallas import triton as pltriton
 from .fp8_format import E4M3, E4M3_MAX, TINY
 
 
-
 def _column_slices(width: int, chunk: int) -> list[pl.Slice]:
     """[0, width) as slices of `chunk` columns, then the remainder's binary parts, largest first (Triton's
     shapes are powers of two)."""

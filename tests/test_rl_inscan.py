@@ -161,13 +161,12 @@ def test_readme_main_command_with_test_preset(full_run):
     of WINDOW_FLAGS)."""
     from rl.eval import evaluate
 
-    run_dir = full_run
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (full_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2, 3]
     assert all(np.isfinite(r["total_loss"]) and 0 <= r["hidden_zero_frac"] <= 1 for r in rows)
     assert rows[0]["llm_time_share"] is None and 0 < rows[1]["llm_time_share"] <= 1
 
-    results = evaluate(run_dir, num_episodes=4, max_steps=8, modes=("real", "zeros", "noise", "shuffled"))
+    results = evaluate(full_run, num_episodes=4, max_steps=8, modes=("real", "zeros", "noise", "shuffled"))
     assert set(results) == {"real", "zeros", "noise", "shuffled"}
     for r in results.values():
         assert r["episodes"] == 4 and np.isfinite(r["return_mean"])
