@@ -6,9 +6,11 @@ to e4m3, the two fp8 operands meet in one GEMM with float32 accumulation, and th
 (token scale x channel scale). Everything else (embeddings, norms, attention and its softmax, the residual stream)
 stays in the activation dtype (bfloat16).
 
-The MLP (`mlp` / `fp8_mlp`) keeps the gate and up products in float32 until down_proj's input is quantised, and
-that quantisation (like the attention output's) runs as one Pallas kernel on the GPU (`jaxllm.fp8_kernels`):
-XLA would read those tensors twice.
+The MLP (`mlp_product` / `fp8_mlp`) keeps the gate and up products in float32 until down_proj's input is
+quantised, and that quantisation (like the attention output's) runs as one Pallas kernel on the GPU
+(`jaxllm.fp8_kernels`): XLA would read those tensors twice. `project` returns a GEMM's product with its scales
+still apart (`Fp8Product`), so the step that consumes it (`jaxllm.layer_ops`: the residual add with the next norm,
+the q/k norms with RoPE) applies them in its own pass.
 
 On a GPU with FP8 tensor cores (compute capability >= 8.9: Ada, Hopper) the GEMM runs on them (cuBLASLt); elsewhere
 the same fp8 values are multiplied in float32 (`emulated`): identical rounding of the operands, only slower.
@@ -44,6 +46,32 @@ class Fp8Matrix:
     def shape(self) -> tuple[int, ...]:
         """The [..., in, out] shape of the matrix it stands for (as the unquantised leaf)."""
         return self.weight.shape[:-2] + (self.weight.shape[-1], self.weight.shape[-2])
+
+
+@flax.struct.dataclass
+class QuantizedRows:
+    """Activations quantised per row for an fp8 GEMM: `values` e4m3 [..., in], `scale` float32 [...]; `dtype`:
+    the activations' own dtype (the GEMM's product is written in it when 16-bit)."""
+
+    values: jax.Array
+    scale: jax.Array
+    dtype: Any = flax.struct.field(pytree_node=False)
+
+
+@flax.struct.dataclass
+class Fp8Product:
+    """An fp8 GEMM's product before its scales: `product` [..., out] (the unscaled float32 accumulator rounded to
+    `product`'s dtype), `row_scale` float32 [...] (the activations'), `col_scale` float32 [out] (the weight's).
+    It stands for `value()`; kept apart so the scales can be applied by the kernel that consumes it."""
+
+    product: jax.Array
+    row_scale: jax.Array
+    col_scale: jax.Array
+    dtype: Any = flax.struct.field(pytree_node=False)
+
+    def value(self) -> jax.Array:
+        """The scaled product in `dtype`: scales multiplied in float32, one rounding."""
+        return (self.product.astype(jnp.float32) * (self.row_scale[..., None] * self.col_scale)).astype(self.dtype)
 
 
 def quantize_matrix(w: jax.Array) -> Fp8Matrix:
@@ -106,7 +134,7 @@ def _fp8_dot(xq: jax.Array, w: jax.Array, out_dtype: Any) -> jax.Array:
                            precision=lax.Precision.HIGHEST).astype(out_dtype)
 
 
-def _product_dtype(x: jax.Array) -> Any:
+def _product_dtype(x: jax.Array | QuantizedRows) -> Any:
     """The dtype a GEMM writes for activations `x`: theirs when 16-bit, else float32."""
     return x.dtype if jnp.dtype(x.dtype).itemsize == 2 else jnp.float32
 
@@ -123,6 +151,22 @@ def quantize_rows_one_pass(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return q.reshape(x.shape), scale.reshape(x.shape[:-1])
 
 
+def quantize(x: jax.Array, one_pass: bool = False) -> QuantizedRows:
+    """x's rows quantised for an fp8 GEMM (`quantize_rows`); `one_pass`: by `quantize_rows_one_pass`, for an x
+    whose producer XLA cannot fuse the quantisation into."""
+    values, scale = quantize_rows_one_pass(x) if one_pass else quantize_rows(x)
+    return QuantizedRows(values, scale, x.dtype)
+
+
+def project(x: jax.Array | QuantizedRows, w: jax.Array | Fp8Matrix) -> jax.Array | Fp8Product:
+    """x @ w: for a plain [in, out] matrix the product in x's dtype; for an Fp8Matrix the W8A8 GEMM's
+    `Fp8Product` (x quantised here unless it already is), whose scales its consumer applies."""
+    if not isinstance(w, Fp8Matrix):
+        return x @ w
+    xq = x if isinstance(x, QuantizedRows) else quantize(x)
+    return Fp8Product(_fp8_dot(xq.values, w.weight, _product_dtype(xq)), xq.scale, w.scale, xq.dtype)
+
+
 def fp8_matmul(x: jax.Array, m: Fp8Matrix, one_pass_quantize: bool = False) -> jax.Array:
     """x [..., in] @ the matrix of `m`, W8A8: per-token e4m3 activations, per-channel e4m3 weights, float32
     accumulation, result in x's dtype. `one_pass_quantize`: quantise x with `quantize_rows_one_pass` (for an x
@@ -132,9 +176,7 @@ def fp8_matmul(x: jax.Array, m: Fp8Matrix, one_pass_quantize: bool = False) -> j
     once, on the way out), half the bytes of a float32 product; the two scales are then applied in float32 by
     the elementwise fusion that reads it (the consumer: SwiGLU, the residual add, the q/k norms). Emulated
     backends round the same float32 product to the same dtype, so both give the same numbers."""
-    xq, x_scale = quantize_rows_one_pass(x) if one_pass_quantize else quantize_rows(x)
-    y = _fp8_dot(xq, m.weight, _product_dtype(x))
-    return (y.astype(jnp.float32) * (x_scale[..., None] * m.scale)).astype(x.dtype)
+    return project(quantize(x, one_pass_quantize), m).value()
 
 
 def swiglu_quantize_reference(gate: jax.Array, up: jax.Array, x_scale: jax.Array, gate_scale: jax.Array,
@@ -161,16 +203,23 @@ def swiglu_quantize(gate: jax.Array, up: jax.Array, x_scale: jax.Array, gate_sca
     return q.reshape(*lead, width), scale.reshape(lead)
 
 
+def mlp_product(x: jax.Array | QuantizedRows, gate: jax.Array | Fp8Matrix, up: jax.Array | Fp8Matrix,
+                down: jax.Array | Fp8Matrix) -> jax.Array | Fp8Product:
+    """Qwen3's SwiGLU MLP, down(silu(gate(x)) * up(x)): for plain matrices the result in x's dtype; for Fp8Matrix
+    ones W8A8 GEMMs (x quantised once for gate and up unless it already is, their unscaled products turned into
+    down's e4m3 input by `swiglu_quantize`, float32 in between) and down's `Fp8Product`."""
+    if not isinstance(gate, Fp8Matrix):
+        return linear(jax.nn.silu(linear(x, gate)) * linear(x, up), down)
+    xq = x if isinstance(x, QuantizedRows) else quantize(x)
+    product = _product_dtype(xq)
+    hq, h_scale = swiglu_quantize(_fp8_dot(xq.values, gate.weight, product), _fp8_dot(xq.values, up.weight, product),
+                                  xq.scale, gate.scale, up.scale)
+    return Fp8Product(_fp8_dot(hq, down.weight, product), h_scale, down.scale, xq.dtype)
+
+
 def fp8_mlp(x: jax.Array, gate: Fp8Matrix, up: Fp8Matrix, down: Fp8Matrix) -> jax.Array:
-    """Qwen3's SwiGLU MLP, down(silu(gate(x)) * up(x)), with W8A8 GEMMs: x quantised once for gate and up, their
-    unscaled products turned into down's e4m3 input by `swiglu_quantize` (float32 in between, no 16-bit rounding
-    of the gate, up or their product), down's product rescaled into x's dtype."""
-    xq, x_scale = quantize_rows(x)
-    product = _product_dtype(x)
-    hq, h_scale = swiglu_quantize(_fp8_dot(xq, gate.weight, product), _fp8_dot(xq, up.weight, product), x_scale,
-                                  gate.scale, up.scale)
-    y = _fp8_dot(hq, down.weight, product)
-    return (y.astype(jnp.float32) * (h_scale[..., None] * down.scale)).astype(x.dtype)
+    """Qwen3's SwiGLU MLP with W8A8 GEMMs (`mlp_product`), down's product rescaled into x's dtype."""
+    return mlp_product(x, gate, up, down).value()
 
 
 def linear(x: jax.Array, w: jax.Array | Fp8Matrix, one_pass_quantize: bool = False) -> jax.Array:
@@ -184,6 +233,5 @@ def linear(x: jax.Array, w: jax.Array | Fp8Matrix, one_pass_quantize: bool = Fal
 def mlp(x: jax.Array, gate: jax.Array | Fp8Matrix, up: jax.Array | Fp8Matrix,
         down: jax.Array | Fp8Matrix) -> jax.Array:
     """Qwen3's SwiGLU MLP, down(silu(gate(x)) * up(x)), for plain matrices (in x's dtype) or Fp8Matrix ones."""
-    if isinstance(gate, Fp8Matrix):
-        return fp8_mlp(x, gate, up, down)
-    return linear(jax.nn.silu(linear(x, gate)) * linear(x, up), down)
+    out = mlp_product(x, gate, up, down)
+    return out.value() if isinstance(out, Fp8Product) else out

@@ -1,4 +1,4 @@
-"""One-pass GPU kernels (Pallas, Triton backend) for the fp8 activation quantisations XLA splits in two.
+"""One-pass GPU kernels (Pallas, Triton backend) for the fp8 path's elementwise steps XLA splits in two or three.
 
 An fp8 GEMM's input is quantised per token row: abs-max over the row, divide, cast to e4m3. XLA fuses that with
 the op producing the row when it can (RMSNorm); where it cannot, it reads the row twice, once for the abs-max and
@@ -6,16 +6,22 @@ once to scale and cast: the MLP's SwiGLU product (9,728 wide for Qwen3-4B, the w
 attention output (produced by a cuDNN call). These kernels give each program a few token rows, held on chip
 between the abs-max and the cast: every input element is read once.
 
-Same arithmetic as `jaxllm.fp8.quantize_rows` / `swiglu_quantize_reference` (float32 throughout), so the emulated
-path on a CPU and these kernels on a GPU give the same numbers up to the last bit of `exp`.
+Two more steps hold a row on chip between dependent reductions: the residual add with the next RMSNorm and its
+quantisation (`residual_norm_quantize_pallas`: sum of squares, then abs-max; XLA made three kernels of it) and
+the per-head q/k RMSNorm with RoPE (`head_norm_rope_pallas`; XLA made two).
+
+Same arithmetic as their XLA forms (`jaxllm.fp8.quantize_rows` / `swiglu_quantize_reference`, and
+`jaxllm.fused`'s references), roundings included, so the emulated path on a CPU and these kernels on a GPU give
+the same numbers up to the last bit of `exp` / `rsqrt` and the order of a row's sum of squares.
 """
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
@@ -63,28 +69,78 @@ def _swiglu_quantize_kernel(gate_ref, up_ref, x_scale_ref, gate_scale_ref, up_sc
     _quantize_block(values_of, q_ref, scale_ref, width, chunk)
 
 
+def _residual_norm_quantize_kernel(h_ref, y_ref, row_scale_ref, col_scale_ref, weight_ref, h_out_ref, q_ref,
+                                   scale_ref, *, width: int, chunk: int, eps: float):
+    dtype = h_out_ref.dtype
+    row_scale = pltriton.load(row_scale_ref).astype(jnp.float32)  # [rows, 1]
+    slices = _column_slices(width, chunk)
+    new_rows, sum_sq = [], None
+    for cols in slices:
+        y = pltriton.load(y_ref.at[:, cols]).astype(jnp.float32)
+        delta = (y * (row_scale * pltriton.load(col_scale_ref.at[cols])[None, :])).astype(dtype)
+        h = (pltriton.load(h_ref.at[:, cols]).astype(jnp.float32) + delta.astype(jnp.float32)).astype(dtype)
+        pltriton.store(h_out_ref.at[:, cols], h)
+        h = h.astype(jnp.float32)
+        part = jnp.sum(h * h, axis=1, keepdims=True)
+        sum_sq = part if sum_sq is None else sum_sq + part
+        new_rows.append(h)
+    inv_rms = lax.rsqrt(sum_sq / width + eps)
+    normed = {}
+    for cols, h in zip(slices, new_rows):
+        weight = pltriton.load(weight_ref.at[cols]).astype(jnp.float32)[None, :]
+        normed[cols.start] = (weight * (h * inv_rms).astype(dtype).astype(jnp.float32)).astype(dtype)
+    _quantize_block(lambda cols: normed[cols.start].astype(jnp.float32), q_ref, scale_ref, width, chunk)
+
+
+def _head_norm_rope_kernel(y_ref, row_scale_ref, col_scale_ref, weight_ref, cos_ref, sin_ref, out_ref, *,
+                           eps: float):
+    dtype = out_ref.dtype
+    half = out_ref.shape[1] // 2
+    halves = (pl.ds(0, half), pl.ds(half, half))
+    row_scale = pltriton.load(row_scale_ref).astype(jnp.float32)  # [rows, 1]
+    f32 = lambda a: a.astype(jnp.float32)
+
+    def scaled(cols):
+        y = f32(pltriton.load(y_ref.at[:, cols]))
+        return f32((y * (row_scale * pltriton.load(col_scale_ref.at[cols])[None, :])).astype(dtype))
+
+    lo, hi = (scaled(cols) for cols in halves)
+    inv_rms = lax.rsqrt((jnp.sum(lo * lo, axis=1, keepdims=True) + jnp.sum(hi * hi, axis=1, keepdims=True))
+                        / (2 * half) + eps)
+    lo, hi = (f32((f32(pltriton.load(weight_ref.at[cols]))[None, :] * f32((v * inv_rms).astype(dtype)))
+                  .astype(dtype)) for v, cols in zip((lo, hi), halves))
+    # rotate_half: the low half pairs with minus the high half, the high half with the low half
+    for v, partner, cols in ((lo, -hi, halves[0]), (hi, lo, halves[1])):
+        cos, sin = f32(pltriton.load(cos_ref.at[:, cols])), f32(pltriton.load(sin_ref.at[:, cols]))
+        out = f32((v * cos).astype(dtype)) + f32((partner * sin).astype(dtype))
+        pltriton.store(out_ref.at[:, cols], out.astype(dtype))
+
+
 def _row_kernel_call(kernel: Callable, per_row: list[jax.Array], per_column: list[jax.Array], *, name: str,
-                     interpret: bool, rows: int, num_warps: int, chunk: int) -> tuple[jax.Array, jax.Array]:
+                     interpret: bool, rows: int, num_warps: int, chunk: int,
+                     row_outputs: tuple = ()) -> tuple[jax.Array, ...]:
     """Run `kernel` over blocks of `rows` token rows: `per_row` arrays [N, W] or [N] (one value per row),
-    `per_column` arrays [W] (whole, to every program). Returns (e4m3 [N, W], float32 scale [N])."""
+    `per_column` arrays [W] (whole, to every program). Returns (one [N, W] array per dtype of `row_outputs`, which
+    the kernel writes first, then e4m3 [N, W], float32 scale [N])."""
     n, width = per_row[0].shape
     rows = min(rows, pl.next_power_of_2(n))
     padded = -(-n // rows) * rows  # the grid covers whole blocks; rows past n are padding, cut off below
     per_row = [a.reshape(n, 1) if a.ndim == 1 else a for a in per_row]
     if padded != n:
         per_row = [jnp.pad(a, ((0, padded - n), (0, 0))) for a in per_row]
-    spec = lambda a: pl.BlockSpec((rows, a.shape[1]), lambda i: (i, 0))
-    q, scale = pl.pallas_call(
+    spec = lambda columns: pl.BlockSpec((rows, columns), lambda i: (i, 0))
+    widths_dtypes = [(width, dtype) for dtype in row_outputs] + [(width, E4M3), (1, jnp.float32)]
+    *extra, q, scale = pl.pallas_call(
         functools.partial(kernel, width=width, chunk=chunk),
-        out_shape=(jax.ShapeDtypeStruct((padded, width), E4M3), jax.ShapeDtypeStruct((padded, 1), jnp.float32)),
+        out_shape=tuple(jax.ShapeDtypeStruct((padded, w), dtype) for w, dtype in widths_dtypes),
         grid=(padded // rows,),
-        in_specs=[spec(a) for a in per_row] + [pl.BlockSpec((width,), lambda i: (0,)) for _ in per_column],
-        out_specs=(pl.BlockSpec((rows, width), lambda i: (i, 0)), pl.BlockSpec((rows, 1), lambda i: (i, 0))),
+        in_specs=[spec(a.shape[1]) for a in per_row] + [pl.BlockSpec((width,), lambda i: (0,)) for _ in per_column],
+        out_specs=tuple(spec(w) for w, _ in widths_dtypes),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name=name,
     )(*per_row, *per_column)
-    return q[:n], scale[:n, 0]
+    return (*(e[:n] for e in extra), q[:n], scale[:n, 0])
 
 
 _TUNING = ("interpret", "rows", "num_warps", "chunk")
@@ -113,3 +169,53 @@ def swiglu_quantize_pallas(gate: jax.Array, up: jax.Array, x_scale: jax.Array, g
     return _row_kernel_call(_swiglu_quantize_kernel, [gate, up, x_scale.astype(jnp.float32)],
                             [gate_scale.astype(jnp.float32), up_scale.astype(jnp.float32)], name="swiglu_quantize",
                             interpret=interpret, rows=rows, num_warps=num_warps, chunk=chunk)
+
+
+@functools.partial(jax.jit, static_argnames=("eps",) + _TUNING)
+def residual_norm_quantize_pallas(h: jax.Array, y: jax.Array, row_scale: jax.Array, col_scale: jax.Array,
+                                  weight: jax.Array, eps: float, interpret: bool = False, rows: int = 1,
+                                  num_warps: int = 4, chunk: int = 512) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The residual add of an fp8 GEMM's product, then RMSNorm and per-row e4m3 quantisation of the sum.
+
+    h [N, D] the residual stream (16-bit); y [N, D] the GEMM's unscaled product, row_scale [N] / col_scale [D]
+    its activation / weight scales; weight [D] the RMSNorm weight. Returns (h + the scaled product [N, D] in h's
+    dtype, e4m3 [N, D], float32 scale [N]): `jaxllm.fused.residual_norm_reference`'s values, from one kernel
+    that reads each row once. `interpret` and the tuning as `quantize_rows_pallas`."""
+    kernel = functools.partial(_residual_norm_quantize_kernel, eps=eps)
+    return _row_kernel_call(kernel, [h, y, row_scale.astype(jnp.float32)],
+                            [col_scale.astype(jnp.float32), weight], name="residual_norm_quantize",
+                            interpret=interpret, rows=rows, num_warps=num_warps, chunk=chunk, row_outputs=(h.dtype,))
+
+
+@functools.partial(jax.jit, static_argnames=("head_dim", "eps", "dtype", "interpret", "rows", "num_warps"))
+def head_norm_rope_pallas(y: jax.Array, row_scale: jax.Array, col_scale: jax.Array, weight: jax.Array,
+                          cos: jax.Array, sin: jax.Array, head_dim: int, eps: float, dtype: Any,
+                          interpret: bool = False, rows: int = 16, num_warps: int = 4) -> jax.Array:
+    """An fp8 GEMM's q or k product, scaled into `dtype`, then each head's RMSNorm and RoPE (rotate_half).
+
+    y [N, H*head_dim] the unscaled product, row_scale [N] / col_scale [H*head_dim] its scales, weight [head_dim]
+    the q/k norm weight, cos / sin [N, head_dim] each row's rotary tables. Returns [N, H*head_dim] in `dtype`:
+    `jaxllm.fused.head_norm_rope_reference`'s values from one kernel (a program holds `rows` tokens x one head)."""
+    n, width = y.shape
+    rows = min(rows, pl.next_power_of_2(n))
+    padded = -(-n // rows) * rows
+    per_row = [y, row_scale.astype(jnp.float32).reshape(n, 1), cos, sin]
+    if padded != n:
+        per_row = [jnp.pad(a, ((0, padded - n), (0, 0))) for a in per_row]
+    y, row_scale, cos, sin = per_row
+    out = pl.pallas_call(
+        functools.partial(_head_norm_rope_kernel, eps=eps),
+        out_shape=jax.ShapeDtypeStruct((padded, width), dtype),
+        grid=(padded // rows, width // head_dim),
+        in_specs=[pl.BlockSpec((rows, head_dim), lambda i, j: (i, j)),
+                  pl.BlockSpec((rows, 1), lambda i, j: (i, 0)),
+                  pl.BlockSpec((head_dim,), lambda i, j: (j,)),
+                  pl.BlockSpec((head_dim,), lambda i, j: (0,)),
+                  pl.BlockSpec((rows, head_dim), lambda i, j: (i, 0)),
+                  pl.BlockSpec((rows, head_dim), lambda i, j: (i, 0))],
+        out_specs=pl.BlockSpec((rows, head_dim), lambda i, j: (i, j)),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="head_norm_rope",
+    )(y, row_scale, col_scale.astype(jnp.float32), weight, cos, sin)
+    return out[:n]

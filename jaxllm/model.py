@@ -22,33 +22,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from .config import Qwen3Config
-from .fp8 import linear, mlp
+from .fp8 import Fp8Matrix, QuantizedRows, mlp_product, project, quantize
+from .layer_ops import head_norm_rope, norm_input, residual_norm, rms_norm, rope_cos_sin, value
 from .packed_attention import Segments, default_packed_attention_impl, packed_attention
 from .private_jax import cudnn_attention_module, probe
 
 Params = dict[str, Any]
-
-
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm as in HF: normalise in float32, cast back to x's dtype, then multiply by the weight."""
-    xf = x.astype(jnp.float32)
-    xf = xf * lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
-    return weight * xf.astype(x.dtype)
-
-
-def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
-    """cos/sin tables [..., T, head_dim] for integer positions, computed in float32 and cast to `dtype`."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Half-split (`rotate_half`) rotary embedding. x: [B, T, H, hd]; cos/sin: [T, hd] (shared by the batch)."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 ATTENTION_IMPLS = ("xla", "cudnn", "xla_split", "cudnn_split")
@@ -152,26 +131,37 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | No
     return jax.nn.dot_product_attention(q, k, v, mask=mask[None, None], implementation=impl)
 
 
-def decoder_layer(h: jax.Array, lp: Params, cos: jax.Array, sin: jax.Array, config: Qwen3Config,
-                  prefix_k: jax.Array | None = None, prefix_v: jax.Array | None = None,
-                  attention_impl: str | None = None,
-                  segments: Segments | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """One Qwen3 decoder layer on h [B, T, D]. Returns the new h and this layer's post-RoPE (k, v).
-    Matrices are plain [in, out] arrays or `fp8.Fp8Matrix` (W8A8); `segments`: packed prompts (B = 1)."""
+def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, next_norm: jax.Array, cos: jax.Array,
+                  sin: jax.Array, config: Qwen3Config, prefix_k: jax.Array | None = None,
+                  prefix_v: jax.Array | None = None, attention_impl: str | None = None,
+                  segments: Segments | None = None) -> tuple[jax.Array, jax.Array | QuantizedRows,
+                                                             tuple[jax.Array, jax.Array]]:
+    """One Qwen3 decoder layer on the residual stream h [B, T, D], given its input x = RMSNorm(h) with the
+    layer's input_layernorm (`layer_input`: e4m3 rows for fp8 weights). Returns the new h, the next layer's
+    input (the new h normalised with `next_norm`: computed here so the residual add and the norm after it are
+    one step) and this layer's post-RoPE (k, v). Matrices are plain [in, out] arrays or `fp8.Fp8Matrix` (W8A8);
+    `segments`: packed prompts (B = 1)."""
     batch, t, _ = h.shape
-    hd = config.head_dim
-    x = rms_norm(h, lp["input_layernorm"], config.rms_norm_eps)
-    q = linear(x, lp["q_proj"]).reshape(batch, t, config.num_attention_heads, hd)
-    k = linear(x, lp["k_proj"]).reshape(batch, t, config.num_key_value_heads, hd)
-    v = linear(x, lp["v_proj"]).reshape(batch, t, config.num_key_value_heads, hd)
-    q = apply_rope(rms_norm(q, lp["q_norm"], config.rms_norm_eps), cos, sin)
-    k = apply_rope(rms_norm(k, lp["k_norm"], config.rms_norm_eps), cos, sin)
-    attn = attention(q, k, v, prefix_k, prefix_v, attention_impl, segments)
-    # attention is a custom call (cuDNN) on a GPU: XLA cannot fuse o_proj's fp8 input quantisation into it
-    h = h + linear(attn.reshape(batch, t, config.q_size), lp["o_proj"], one_pass_quantize=True)
-    x = rms_norm(h, lp["post_attention_layernorm"], config.rms_norm_eps)
-    h = h + mlp(x, lp["gate_proj"], lp["up_proj"], lp["down_proj"])
-    return h, (k, v)
+    eps, hd = config.rms_norm_eps, config.head_dim
+    quantized = isinstance(lp["gate_proj"], Fp8Matrix)
+    q = head_norm_rope(project(x, lp["q_proj"]), lp["q_norm"], cos, sin, eps, config.num_attention_heads)
+    k = head_norm_rope(project(x, lp["k_proj"]), lp["k_norm"], cos, sin, eps, config.num_key_value_heads)
+    v = value(project(x, lp["v_proj"])).reshape(batch, t, config.num_key_value_heads, hd)
+    attn = attention(q, k, v, prefix_k, prefix_v, attention_impl, segments).reshape(batch, t, config.q_size)
+    if isinstance(lp["o_proj"], Fp8Matrix):
+        # attention is a custom call (cuDNN) on a GPU: XLA cannot fuse o_proj's fp8 input quantisation into it
+        attn = quantize(attn, one_pass=True)
+    h, x = residual_norm(h, project(attn, lp["o_proj"]), lp["post_attention_layernorm"], eps, quantized)
+    h, x = residual_norm(h, mlp_product(x, lp["gate_proj"], lp["up_proj"], lp["down_proj"]), next_norm, eps,
+                         quantized)
+    return h, x, (k, v)
+
+
+def layer_input(h: jax.Array, layers: Params, index: int | jax.Array, config: Qwen3Config
+                ) -> jax.Array | QuantizedRows:
+    """Decoder layer `index`'s input: h normalised with its input_layernorm, as its projections take it."""
+    return norm_input(h, layers["input_layernorm"][index], config.rms_norm_eps,
+                      isinstance(layers["q_proj"], Fp8Matrix))
 
 
 def normalize_layer_index(layer: int, config: Qwen3Config) -> int:
@@ -207,17 +197,22 @@ def forward(params: Params, config: Qwen3Config, ids: jax.Array, *, layer: int =
     t = ids.shape[1]
     positions = jnp.arange(t) if segments is None else segments.position
     cos, sin = rope_cos_sin(position_offset + positions, config.head_dim, config.rope_theta, h.dtype)
-    def body(h, i):
+    layers = params["layers"]
+
+    def body(carry, i):
+        h, x = carry
         # Index the full layer stacks inside the loop (a dynamic slice per layer) rather than slicing the first
         # k_idx layers up front, which would copy the weights of the layers used (gigabytes for Qwen3-4B).
-        lp = jax.tree.map(lambda a: a[i], params["layers"])
+        lp = jax.tree.map(lambda a: a[i], layers)
         pk, pv = (None, None) if prefix_k is None else (prefix_k[i], prefix_v[i])
-        h, kv = decoder_layer(h, lp, cos, sin, config, pk, pv, attention_impl, segments)
-        return h, (h if collect else None, kv if collect_kv else None)
+        # the last layer also normalises its output for a next one (with its own norm): one unused RMSNorm
+        next_norm = layers["input_layernorm"][jnp.minimum(i + 1, k_idx - 1)]
+        h, x, kv = decoder_layer(h, x, lp, next_norm, cos, sin, config, pk, pv, attention_impl, segments)
+        return (h, x), (h if collect else None, kv if collect_kv else None)
 
     outputs = (None, None)
     if k_idx > 0:
-        h, outputs = lax.scan(body, h, jnp.arange(k_idx))
+        (h, _), outputs = lax.scan(body, (h, layer_input(h, layers, 0, config)), jnp.arange(k_idx))
     if k_idx == config.num_hidden_layers:
         h = rms_norm(h, params["norm"], config.rms_norm_eps)
     return h, outputs

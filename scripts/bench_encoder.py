@@ -51,9 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "packed in each --dtypes, against the card's best GEMM rate at the model's projection shapes")
     p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
-                   choices=["bfloat16", "fp8", "fp8-xla-swiglu", "float32"],
+                   choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
-                        "to XLA instead of the Pallas kernel, to measure that kernel)")
+                        "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
+                        "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA)")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -214,7 +215,10 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     from jaxllm import default_capacity, encode, encode_bucketed, encode_packed, init_params, prefill
     from jaxllm.compile import compiler_options, jit
     from jaxllm import fp8
+    from jaxllm import layer_ops
     from jaxllm.fp8 import quantize_params, swiglu_quantize
+
+    one_pass_kernels = layer_ops._one_pass_kernels
 
     config = model_config(args)
     t0 = time.perf_counter()
@@ -232,6 +236,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     rows, reference = [], {}
     for dtype in args.dtypes:
         fp8.swiglu_quantize = fp8.swiglu_quantize_reference if dtype == "fp8-xla-swiglu" else swiglu_quantize
+        layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
         params = base if not dtype.startswith("fp8") else jax.block_until_ready(quantize_params(base))
         cache = jax.block_until_ready(jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(prefix_ids)))
         opts = compiler_options()  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)
@@ -280,7 +285,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                                "min_cosine_vs_first_bf16": float(cos.min()), "finite": bool(np.isfinite(vec).all())})
             log({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()})
         params = cache = None  # free them before the next dtype
-    fp8.swiglu_quantize = swiglu_quantize
+    fp8.swiglu_quantize, layer_ops._one_pass_kernels = swiglu_quantize, one_pass_kernels
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's
     gemms = bench_gemms(config, _round_to(capacity, 1024), args.dtypes, args.iters)
     log(f"GEMM ceilings at M={gemms['tokens']}: " + ", ".join(

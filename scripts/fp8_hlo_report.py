@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     from jaxllm import PRESETS, Qwen3Config, init_params
     from jaxllm.compile import compiler_options, jit
     from jaxllm.fp8 import quantize_params
+    from jaxllm.layer_ops import norm_input
     from jaxllm.model import decoder_layer, rope_cos_sin
 
     config = (Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=1,
@@ -91,7 +92,9 @@ def main(argv=None) -> int:
     layer = jax.tree.map(lambda a: a[0], params["layers"])
     h = jax.random.normal(jax.random.key(1), (1, tokens, config.hidden_size), jnp.bfloat16)
     cos, sin = rope_cos_sin(jnp.arange(tokens), config.head_dim, config.rope_theta, jnp.bfloat16)
-    fn = jit(lambda h, lp: decoder_layer(h, lp, cos, sin, config)[0], compiler_options=compiler_options())
+    x = lambda h, lp: norm_input(h, lp["input_layernorm"], config.rms_norm_eps, quantized=True)
+    fn = jit(lambda h, lp: decoder_layer(h, x(h, lp), lp, lp["input_layernorm"], cos, sin, config)[:2],
+             compiler_options=compiler_options())
     t0 = time.perf_counter()
     hlo = fn.lower(h, layer).compile().as_text()
     seconds = time.perf_counter() - t0

@@ -2,13 +2,15 @@
 # Issue 23's GPU measurements, one stage per device call (each well under 10 minutes on an H100).
 #   bash scripts/gpu_fast_llm.sh encoder OUT   # fp8 HLO report, encoder packed bf16/fp8 (+ fp8 with XLA's SwiGLU
 #                                              # quantisation), each row profiled by kernel kind
+#   bash scripts/gpu_fast_llm.sh kernels OUT   # the one-pass kernels' GPU tests, encoder bf16/fp8 (+ fp8 with XLA's
+#                                              # norms), profiled; then in-scan k8 packed/fp8 alone
 #   bash scripts/gpu_fast_llm.sh mlp OUT       # the fp8 MLP's pieces (bench_fp8_mlp.py), then the encoder stage
 #   bash scripts/gpu_fast_llm.sh fidelity OUT  # HLO report, fp8 fidelity at the 4B shape, then the restart stage
 #   bash scripts/gpu_fast_llm.sh table OUT     # bench_train --table: the issue's table in one call
 #   bash scripts/gpu_fast_llm.sh restart OUT   # rl.train fp8 twice: first update cold, then from the compile cache
 # Every step is bounded by `timeout` and its output teed to OUT as it comes.
 set -uo pipefail
-stage=${1:?stage: encoder, mlp, fidelity, table or restart}
+stage=${1:?stage: kernels, encoder, mlp, fidelity, table or restart}
 out=${2:?output directory}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -24,6 +26,13 @@ case $stage in
     step hlo 150 python3 scripts/fp8_hlo_report.py --out "$out/hlo.json"
     step encoder 330 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed \
       --dtypes bfloat16 fp8 fp8-xla-swiglu --iters 5 --profile /tmp/encoder_trace --out "$out/encoder.json"
+    ;;
+  kernels)
+    step tests 90 python3 -m pytest -q -p no:cacheprovider tests/test_llm_fp8.py -k "compiled or one_pass or pallas"
+    step encoder 260 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed \
+      --dtypes bfloat16 fp8 fp8-xla-norms --iters 5 --no-hf --profile /tmp/encoder_trace --out "$out/encoder.json"
+    step train 180 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 \
+      --out "$out/train.json"
     ;;
   mlp)
     step fp8_mlp 150 python3 scripts/bench_fp8_mlp.py --out "$out/fp8_mlp.json"

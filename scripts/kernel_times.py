@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 KINDS = (("gemm", re.compile(r"gemm|cublas|matmul|xmma|cutlass|nvjet", re.I)),
          ("attention", re.compile(r"cudnn|fmha|flash|attention|sdpa", re.I)),
-         ("pallas", re.compile(r"swiglu_quantize|quantize_rows|pallas", re.I)))
+         ("pallas", re.compile(r"swiglu_quantize|quantize_rows|residual_norm_quantize|head_norm_rope|pallas", re.I)))
 
 
 def kind_of(kernel: str) -> str:

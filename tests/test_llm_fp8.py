@@ -1,11 +1,13 @@
 """FP8 (W8A8 e4m3) matmuls: the quantisation against a NumPy reference, and the model's fidelity to float32."""
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxllm import Qwen3Config, encode_packed, fp8, fp8_kernels, load_model
+from jaxllm import Qwen3Config, encode, encode_packed, fp8, fp8_kernels, load_model
 from jaxllm.fp8 import Fp8Matrix, dequantize_matrix, fp8_matmul, linear, native_fp8_available, quantize_matrix
 
 MID = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
@@ -164,3 +166,132 @@ def test_pallas_quantisation_kernels_equal_their_xla_forms(rows, width, block_ro
     want = fp8.quantize_rows(gate)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
+
+
+def assert_quantized_close(got, want, max_changed=0.01):
+    """Two per-row e4m3 quantisations (values, scales) of the same rows computed with sums of squares in a
+    different order: a row's RMS may move by a float32 ulp, which can move a bf16 value (and so its e4m3
+    rounding) by one step. Allow that: scales within 1e-2 relative (one bf16 ulp of the abs-max element),
+    dequantised values within one e4m3 step (2^-3 relative) or 2^-9 of the row's scale, rarely."""
+    (gq, gs), (wq, ws) = got, want
+    gq, wq = np.asarray(gq.astype(jnp.float32)), np.asarray(wq.astype(jnp.float32))
+    gs, ws = np.asarray(gs), np.asarray(ws)
+    np.testing.assert_allclose(gs, ws, rtol=1e-2)
+    assert (gq != wq).mean() <= max_changed
+    np.testing.assert_allclose(gq * gs[..., None], wq * ws[..., None], rtol=2.0 ** -3,
+                               atol=2.0 ** -9 * float(ws.max()))
+
+
+@pytest.mark.parametrize("rows, width, block_rows, chunk", [(5, 96, 1, 512), (7, 200, 2, 64), (3, 48, 4, 16)])
+def test_pallas_residual_norm_kernel_matches_its_xla_form(rows, width, block_rows, chunk):
+    """The one-pass residual add + RMSNorm + e4m3 quantisation (Pallas's interpreter) against
+    `layer_ops.residual_norm_reference`: the new residual stream bit-equal (no reduction in it), the quantised
+    norm up to the order of the sum of squares."""
+    from jaxllm.layer_ops import residual_norm_reference
+
+    keys = jax.random.split(jax.random.key(rows + width), 5)
+    h = jax.random.normal(keys[0], (rows, width), jnp.bfloat16) * 3
+    y = jax.random.normal(keys[1], (rows, width), jnp.bfloat16) * 100
+    row_scale = jax.random.uniform(keys[2], (rows,), minval=0.001, maxval=0.05)
+    col_scale = jax.random.uniform(keys[3], (width,), minval=0.1, maxval=1.0)
+    weight = (1 + 0.3 * jax.random.normal(keys[4], (width,))).astype(jnp.bfloat16)
+    h_new, q, scale = fp8_kernels.residual_norm_quantize_pallas(h, y, row_scale, col_scale, weight, eps=1e-6,
+                                                                interpret=True, rows=block_rows, chunk=chunk)
+    delta = fp8.Fp8Product(y, row_scale, col_scale, jnp.bfloat16)
+    want_h, want_x = residual_norm_reference(h, delta, weight, 1e-6, quantized=True)
+    assert h_new.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(h_new, np.float32), np.asarray(want_h, np.float32))
+    assert_quantized_close((q, scale), (want_x.values, want_x.scale))
+
+
+@pytest.mark.parametrize("tokens, heads, head_dim, block_rows", [(5, 4, 16, 16), (33, 2, 32, 8), (8, 8, 16, 4)])
+def test_pallas_head_norm_rope_kernel_matches_its_xla_form(tokens, heads, head_dim, block_rows):
+    """The one-pass q/k scale + per-head RMSNorm + RoPE (Pallas's interpreter) against
+    `layer_ops.head_norm_rope_reference` (HF's rms_norm and rotate_half): equal up to one bf16 step where the
+    order of a head's sum of squares moves its RMS by a float32 ulp."""
+    from jaxllm.layer_ops import head_norm_rope_reference, rope_cos_sin
+
+    keys = jax.random.split(jax.random.key(tokens * heads), 4)
+    y = jax.random.normal(keys[0], (1, tokens, heads * head_dim), jnp.bfloat16) * 50
+    row_scale = jax.random.uniform(keys[1], (1, tokens), minval=0.001, maxval=0.05)
+    col_scale = jax.random.uniform(keys[2], (heads * head_dim,), minval=0.1, maxval=1.0)
+    weight = (1 + 0.3 * jax.random.normal(keys[3], (head_dim,))).astype(jnp.bfloat16)
+    cos, sin = rope_cos_sin(jnp.arange(tokens) + 7, head_dim, 10_000.0, jnp.bfloat16)
+    got = fp8_kernels.head_norm_rope_pallas(y[0], row_scale[0], col_scale, weight, cos, sin, head_dim=head_dim,
+                                            eps=1e-6, dtype=jnp.bfloat16, interpret=True, rows=block_rows)
+    want = head_norm_rope_reference(fp8.Fp8Product(y, row_scale, col_scale, jnp.bfloat16), weight, cos, sin, 1e-6,
+                                    heads)
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32).reshape(tokens, heads * head_dim)
+    assert (got != want).mean() <= 0.01
+    # one bf16 step (2^-8 relative) of either RoPE term, both at most |x| (normalised: a few units)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2.0 ** -7 * np.abs(want).max())
+
+
+def test_model_with_one_pass_kernels_matches_the_xla_forms(monkeypatch):
+    """The fp8 model's wiring of the one-pass kernels (reshapes, the rotary tables per row, the layer input
+    carried between layers) on the CPU: the kernels forced on and run by Pallas's interpreter give the hidden
+    states of the XLA forms, for a padded batch and for packed prompts."""
+    import functools
+
+    from jaxllm import layer_ops
+
+    with pytest.warns(UserWarning, match="emulated") if not native_fp8_available() else contextlib.nullcontext():
+        model = load_model("tiny", dtype="fp8")
+    rng = np.random.default_rng(4)
+    ids = jnp.asarray(rng.integers(0, model.config.vocab_size, size=(3, 20)), jnp.int32)
+    lengths = jnp.asarray([20, 13, 5], jnp.int32)
+    prefix = model.prefill(jnp.asarray(rng.integers(0, model.config.vocab_size, size=9), jnp.int32))
+    # fresh functions each run: jit caches traces by function, and the kernels are chosen at trace time
+    run = lambda: (jax.jit(lambda p, i, n, c: encode(p, model.config, i, n, prefix=c))(model.params, ids, lengths,
+                                                                                         prefix),
+                   jax.jit(lambda p, i, n, c: encode_packed(p, model.config, i, n, prefix=c, capacity=32))(
+                       model.params, ids, lengths, prefix))
+    want = run()
+    monkeypatch.setattr(layer_ops, "native_fp8_available", lambda: True)
+    traced = []
+    for name in ("residual_norm_quantize_pallas", "head_norm_rope_pallas"):
+        kernel = functools.partial(getattr(fp8_kernels, name), interpret=True)
+        monkeypatch.setattr(fp8_kernels, name, lambda *a, _k=kernel, _n=name, **kw: traced.append(_n) or _k(*a, **kw))
+    got = run()
+    # per run: 2 residual kernels and 2 head kernels in the layer scan's body, traced once per call
+    assert sorted(set(traced)) == ["head_norm_rope_pallas", "residual_norm_quantize_pallas"]
+    # a sum of squares in another order moves an RMS by a float32 ulp, now and then an e4m3 rounding by one step
+    # (2^-3 of that value), and later layers carry it on: the tolerance of the packed-vs-padded fp8 comparison
+    for g, w in zip(got, want):
+        assert cosine(g, w).min() >= 0.999
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=0.05,
+                                   atol=0.05 * float(jnp.abs(w).max()))
+
+
+@pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
+def test_compiled_one_pass_kernels_match_xla_forms_at_the_4b_widths():
+    """On the GPU: the compiled residual and q/k kernels against their XLA forms at Qwen3-4B's widths (hidden
+    2,560, not a power of two; 32 heads of 128), for a token count that is no multiple of the block rows."""
+    from jaxllm.layer_ops import head_norm_rope_reference, residual_norm_reference, rope_cos_sin
+
+    n, width, heads, head_dim = 1000, 2560, 32, 128
+    keys = jax.random.split(jax.random.key(5), 6)
+    h = jax.random.normal(keys[0], (1, n, width), jnp.bfloat16) * 3
+    y = jax.random.normal(keys[1], (1, n, width), jnp.bfloat16) * 100
+    row_scale = jax.random.uniform(keys[2], (1, n), minval=0.001, maxval=0.05)
+    col_scale = jax.random.uniform(keys[3], (width,), minval=0.1, maxval=1.0)
+    weight = (1 + 0.3 * jax.random.normal(keys[4], (width,))).astype(jnp.bfloat16)
+    got = jax.jit(fp8_kernels.residual_norm_quantize_pallas, static_argnames="eps")(
+        h[0], y[0], row_scale[0], col_scale, weight, eps=1e-6)
+    # the XLA forms op by op (not jitted): under jit XLA may drop the bf16 roundings between elementwise ops
+    # (excess precision), which HF's numerics and the kernels keep
+    want_h, want_x = residual_norm_reference(h, fp8.Fp8Product(y, row_scale, col_scale, jnp.bfloat16), weight,
+                                             1e-6, True)
+    np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want_h[0], np.float32))
+    assert_quantized_close(got[1:], (want_x.values[0], want_x.scale[0]))
+
+    yq = y[..., : heads * head_dim // 2].repeat(2, axis=-1)  # [1, n, 4096]
+    col_scale = jnp.tile(col_scale, 2)[: heads * head_dim]
+    cos, sin = rope_cos_sin(jnp.arange(n) + 877, head_dim, 1e6, jnp.bfloat16)
+    got = fp8_kernels.head_norm_rope_pallas(yq[0], row_scale[0], col_scale, weight[:head_dim], cos, sin,
+                                            head_dim=head_dim, eps=1e-6, dtype=jnp.bfloat16)
+    want = head_norm_rope_reference(fp8.Fp8Product(yq, row_scale, col_scale, jnp.bfloat16), weight[:head_dim], cos,
+                                    sin, 1e-6, heads)
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32).reshape(n, heads * head_dim)
+    assert (got != want).mean() <= 0.01
+    np.testing.assert_allclose(got, want, rtol=0, atol=2.0 ** -7 * np.abs(want).max())

@@ -1,0 +1,105 @@
+"""A decoder layer's elementwise steps: RMSNorm, RoPE, and the residual add with the norm after it.
+
+Each step is written once in XLA form (any backend, any dtype; HF's numerics). For fp8 weights on a GPU with
+FP8 tensor cores, the two steps XLA splits into several passes over a tensor run as one Pallas kernel each
+(`jaxllm.fp8_kernels`), with the same roundings:
+- `residual_norm`: h + an fp8 GEMM's scaled product, then RMSNorm and the next GEMM's e4m3 quantisation (two
+  reductions in a row; XLA made three kernels of it);
+- `head_norm_rope`: an fp8 q/k product, scaled, then each head's RMSNorm and RoPE (XLA made two).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .fp8 import Fp8Product, QuantizedRows, native_fp8_available, quantize
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm as in HF: normalise in float32, cast back to x's dtype, then multiply by the weight."""
+    xf = x.astype(jnp.float32)
+    xf = xf * lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
+    return weight * xf.astype(x.dtype)
+
+
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [..., T, head_dim] for integer positions, computed in float32 and cast to `dtype`."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Half-split (`rotate_half`) rotary embedding. x: [B, T, H, hd]; cos/sin: [T, hd] (shared by the batch)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def value(y: jax.Array | Fp8Product) -> jax.Array:
+    """A projection's result as an array (an `Fp8Product` scaled into its dtype)."""
+    return y.value() if isinstance(y, Fp8Product) else y
+
+
+def norm_input(h: jax.Array, weight: jax.Array, eps: float, quantized: bool) -> jax.Array | QuantizedRows:
+    """RMSNorm of the residual stream h, as the next projection takes it: e4m3 rows when `quantized` (its
+    weights are fp8), else h's dtype."""
+    x = rms_norm(h, weight, eps)
+    return quantize(x) if quantized else x
+
+
+def residual_norm_reference(h: jax.Array, delta: jax.Array | Fp8Product, weight: jax.Array, eps: float,
+                            quantized: bool) -> tuple[jax.Array, jax.Array | QuantizedRows]:
+    """(h + delta, `norm_input` of that sum) in XLA form."""
+    h = h + value(delta)
+    return h, norm_input(h, weight, eps, quantized)
+
+
+def _one_pass_kernels(y: Any) -> bool:
+    return isinstance(y, Fp8Product) and native_fp8_available()
+
+
+def residual_norm(h: jax.Array, delta: jax.Array | Fp8Product, weight: jax.Array, eps: float,
+                  quantized: bool) -> tuple[jax.Array, jax.Array | QuantizedRows]:
+    """The residual add h + delta, then the next projection's input (`norm_input` of the sum).
+
+    h [..., D]; delta: a plain array or an fp8 GEMM's `Fp8Product`. For a product that is quantised again on a
+    GPU with FP8 tensor cores, one kernel reads each row once (`residual_norm_quantize_pallas`); elsewhere
+    `residual_norm_reference`, with the same values."""
+    if not (quantized and _one_pass_kernels(delta) and delta.dtype == h.dtype):
+        return residual_norm_reference(h, delta, weight, eps, quantized)
+    from .fp8_kernels import residual_norm_quantize_pallas
+
+    width = h.shape[-1]
+    h_new, values, scale = residual_norm_quantize_pallas(
+        h.reshape(-1, width), delta.product.reshape(-1, width), delta.row_scale.reshape(-1), delta.col_scale,
+        weight, eps=eps)
+    return h_new.reshape(h.shape), QuantizedRows(values.reshape(h.shape), scale.reshape(h.shape[:-1]), h.dtype)
+
+
+def head_norm_rope_reference(y: jax.Array | Fp8Product, weight: jax.Array, cos: jax.Array, sin: jax.Array,
+                             eps: float, heads: int) -> jax.Array:
+    """q or k: the projection y [B, T, H*hd] as heads [B, T, H, hd], each RMS-normalised (weight [hd]), then
+    RoPE with cos/sin [T, hd]. XLA form."""
+    y = value(y)
+    return apply_rope(rms_norm(y.reshape(*y.shape[:2], heads, -1), weight, eps), cos, sin)
+
+
+def head_norm_rope(y: jax.Array | Fp8Product, weight: jax.Array, cos: jax.Array, sin: jax.Array, eps: float,
+                   heads: int) -> jax.Array:
+    """`head_norm_rope_reference`'s result; for an fp8 product on a GPU with FP8 tensor cores from one kernel
+    (`head_norm_rope_pallas`) that also applies the product's scales."""
+    head_dim = y.product.shape[-1] // heads if isinstance(y, Fp8Product) else 0
+    if not (_one_pass_kernels(y) and head_dim & (head_dim - 1) == 0 and head_dim >= 16):
+        return head_norm_rope_reference(y, weight, cos, sin, eps, heads)
+    from .fp8_kernels import head_norm_rope_pallas
+
+    batch, tokens, width = y.product.shape
+    rows = lambda table: jnp.broadcast_to(table, (batch, tokens, head_dim)).reshape(-1, head_dim)
+    out = head_norm_rope_pallas(y.product.reshape(-1, width), y.row_scale.reshape(-1), y.col_scale, weight,
+                                rows(cos), rows(sin), head_dim=head_dim, eps=eps, dtype=y.dtype)
+    return out.reshape(batch, tokens, heads, head_dim)
