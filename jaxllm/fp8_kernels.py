@@ -8,8 +8,7 @@ between the abs-max and the cast: every input element is read once.
 
 Two more steps hold a row on chip between dependent reductions: the residual add with the next RMSNorm and its
 quantisation (`residual_norm_quantize_pallas`: sum of squares, then abs-max; XLA made three kernels of it) and
-the per-head q/k RMSNorm with RoPE (`head_norm_rope_pallas`; XLA made two). Packed attention's two halves
-are merged on the way into o_proj's quantisation (`merge_quantize_pallas`).
+the per-head q/k RMSNorm with RoPE (`head_norm_rope_pallas`; XLA made two).
 
 Same arithmetic as their XLA forms (`jaxllm.fp8.quantize_rows` / `swiglu_quantize_reference`, and
 `jaxllm.layer_ops`' references), roundings included, so the emulated path on a CPU and these kernels on a GPU give
@@ -117,22 +116,6 @@ def _head_norm_rope_kernel(y_ref, row_scale_ref, col_scale_ref, weight_ref, cos_
         pltriton.store(out_ref.at[:, cols], out.astype(dtype))
 
 
-def _merge_quantize_kernel(prefix_ref, rest_ref, prefix_weight_ref, rest_weight_ref, q_ref, scale_ref, *,
-                           width: int, chunk: int):
-    dtype = prefix_ref.dtype  # chunk = head_dim: one column slice per head
-
-    def values_of(cols):
-        head = pl.ds(cols.start // chunk, 1)
-        w_p = pltriton.load(prefix_weight_ref.at[:, head])  # [rows, 1]
-        w_r = pltriton.load(rest_weight_ref.at[:, head])
-        rest = pltriton.load(rest_ref.at[:, cols]).astype(jnp.float32)
-        merged = (pltriton.load(prefix_ref.at[:, cols]).astype(jnp.float32) * w_p
-                  + jnp.where(w_r == 0, 0.0, rest) * w_r)
-        return merged.astype(dtype).astype(jnp.float32)
-
-    _quantize_block(values_of, q_ref, scale_ref, width, chunk)
-
-
 def _row_kernel_call(kernel: Callable, per_row: list[jax.Array], per_column: list[jax.Array], *, name: str,
                      interpret: bool, rows: int, num_warps: int, chunk: int,
                      row_outputs: tuple = ()) -> tuple[jax.Array, ...]:
@@ -237,18 +220,3 @@ def head_norm_rope_pallas(y: jax.Array, row_scale: jax.Array, col_scale: jax.Arr
         name="head_norm_rope",
     )(y, row_scale, col_scale.astype(jnp.float32), weight, cos, sin)
     return out[:n]
-
-
-@functools.partial(jax.jit, static_argnames=("interpret", "rows", "num_warps"))
-def merge_quantize_pallas(prefix: jax.Array, rest: jax.Array, prefix_weight: jax.Array, rest_weight: jax.Array,
-                          interpret: bool = False, rows: int = 1, num_warps: int = 4) -> tuple[jax.Array, jax.Array]:
-    """Packed attention's two halves merged and quantised per row to e4m3 (o_proj's input).
-
-    prefix, rest [N, H*head_dim] (16-bit; rest undefined where its weight is 0), prefix_weight / rest_weight
-    [N, H] float32. Returns (e4m3 [N, H*head_dim], float32 scale [N]): the values of
-    `jaxllm.packed_attention.AttentionHalves.value` then `jaxllm.fp8.quantize_rows`, from one kernel."""
-    head_dim = prefix.shape[1] // prefix_weight.shape[1]
-    return _row_kernel_call(_merge_quantize_kernel, [prefix, rest, prefix_weight.astype(jnp.float32),
-                                                     rest_weight.astype(jnp.float32)], [],
-                            name="merge_quantize", interpret=interpret, rows=rows, num_warps=num_warps,
-                            chunk=head_dim)

@@ -5,8 +5,7 @@ FP8 tensor cores, the two steps XLA splits into several passes over a tensor run
 (`jaxllm.fp8_kernels`), with the same roundings:
 - `residual_norm`: h + an fp8 GEMM's scaled product, then RMSNorm and the next GEMM's e4m3 quantisation (two
   reductions in a row; XLA made three kernels of it);
-- `head_norm_rope`: an fp8 q/k product, scaled, then each head's RMSNorm and RoPE (XLA made two);
-- `quantize_attention_output`: packed attention's two halves merged and quantised for o_proj (XLA made two).
+- `head_norm_rope`: an fp8 q/k product, scaled, then each head's RMSNorm and RoPE (XLA made two).
 """
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from .fp8 import Fp8Product, QuantizedRows, native_fp8_available, quantize
-from .packed_attention import AttentionHalves
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -42,9 +40,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def value(y: jax.Array | Fp8Product | AttentionHalves) -> jax.Array:
-    """A step's result as an array (an `Fp8Product` scaled into its dtype, `AttentionHalves` merged)."""
-    return y.value() if isinstance(y, (Fp8Product, AttentionHalves)) else y
+def value(y: jax.Array | Fp8Product) -> jax.Array:
+    """A projection's result as an array (an `Fp8Product` scaled into its dtype)."""
+    return y.value() if isinstance(y, Fp8Product) else y
 
 
 def norm_input(h: jax.Array, weight: jax.Array, eps: float, quantized: bool) -> jax.Array | QuantizedRows:
@@ -62,8 +60,8 @@ def residual_norm_reference(h: jax.Array, delta: jax.Array | Fp8Product, weight:
 
 
 def _one_pass_kernels(y: Any) -> bool:
-    """Whether `y` (an fp8 product or packed attention's halves) goes to a one-pass kernel on this backend."""
-    return isinstance(y, (Fp8Product, AttentionHalves)) and native_fp8_available()
+    """Whether `y` (an fp8 product) goes to a one-pass kernel on this backend."""
+    return isinstance(y, Fp8Product) and native_fp8_available()
 
 
 def residual_norm(h: jax.Array, delta: jax.Array | Fp8Product, weight: jax.Array, eps: float,
@@ -106,19 +104,3 @@ def head_norm_rope(y: jax.Array | Fp8Product, weight: jax.Array, cos: jax.Array,
     out = head_norm_rope_pallas(y.product.reshape(-1, width), y.row_scale.reshape(-1), y.col_scale, weight,
                                 rows(cos), rows(sin), head_dim=head_dim, eps=eps, dtype=y.dtype)
     return out.reshape(batch, tokens, heads, head_dim)
-
-
-def quantize_attention_output(attn: jax.Array | AttentionHalves, shape: tuple[int, ...]) -> QuantizedRows:
-    """The attention output as o_proj's e4m3 input rows, `shape` [B, T, Hq*hd]. Packed attention's unmerged
-    `AttentionHalves` on a GPU with FP8 tensor cores: merged and quantised by one kernel
-    (`merge_quantize_pallas`); otherwise merged by XLA and quantised in one pass (`fp8.quantize`)."""
-    head_dim = attn.prefix.shape[-1] if isinstance(attn, AttentionHalves) else 0
-    if not (_one_pass_kernels(attn) and head_dim & (head_dim - 1) == 0 and head_dim >= 16):
-        return quantize(value(attn).reshape(shape), one_pass=True)
-    from .fp8_kernels import merge_quantize_pallas
-
-    rows, heads = -1, attn.prefix.shape[-2]
-    values, scale = merge_quantize_pallas(attn.prefix.reshape(rows, heads * head_dim),
-                                          attn.rest.reshape(rows, heads * head_dim),
-                                          attn.prefix_weight.reshape(rows, heads), attn.rest_weight.reshape(rows, heads))
-    return QuantizedRows(values.reshape(shape), scale.reshape(shape[:-1]), attn.prefix.dtype)

@@ -49,25 +49,6 @@ class Segments:
     max_len: int = flax.struct.field(pytree_node=False)
 
 
-@flax.struct.dataclass
-class AttentionHalves:
-    """Packed attention's two halves before their merge: `prefix` and `rest` [1, C, Hq, hd] (the outputs against the
-    cached prefix and against the prompt's own tokens; `rest` is undefined on empty slots), with their float32
-    log-sum-exp weights `prefix_weight` / `rest_weight` [1, C, Hq] (0 where a half has nothing). Kept apart so
-    the merge can join the next step's pass (`jaxllm.layer_ops.quantize_attention_output`)."""
-
-    prefix: jax.Array
-    rest: jax.Array
-    prefix_weight: jax.Array
-    rest_weight: jax.Array
-
-    def value(self) -> jax.Array:
-        """The merged attention output [1, C, Hq, hd] in the halves' dtype."""
-        rest = jnp.where(self.rest_weight[..., None] == 0, 0.0, self.rest.astype(jnp.float32))
-        merged = self.prefix.astype(jnp.float32) * self.prefix_weight[..., None] + rest * self.rest_weight[..., None]
-        return merged.astype(self.prefix.dtype)
-
-
 def _block_size(capacity: int, max_block: int = 128) -> int:
     return max(b for b in range(1, min(capacity, max_block) + 1) if capacity % b == 0)
 
@@ -109,9 +90,8 @@ def _windowed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.
 
 
 def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
-                     prefix_v: jax.Array | None, seg: Segments, merged: bool = True) -> jax.Array | AttentionHalves:
-    """The "cudnn" implementation (same arguments as `_windowed_attention`); with a prefix and not `merged`, the
-    `AttentionHalves`."""
+                     prefix_v: jax.Array | None, seg: Segments) -> jax.Array:
+    """The "cudnn" implementation (same arguments as `_windowed_attention`)."""
     cudnn = cudnn_attention_module()
     scale = q.shape[-1] ** -0.5
     rows = seg.seqlens.shape[0]
@@ -132,18 +112,17 @@ def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Arr
     empty = ~seg.valid[None, :, None] | ~jnp.isfinite(lse_r)
     lse_r = jnp.where(empty, -jnp.inf, lse_r)
     lse = jnp.logaddexp(lse_p, lse_r)
-    halves = AttentionHalves(out_p, out_r, jnp.exp(lse_p - lse), jnp.exp(lse_r - lse))
-    return halves.value() if merged else halves
+    w_p, w_r = jnp.exp(lse_p - lse)[..., None], jnp.exp(lse_r - lse)[..., None]
+    out_r = jnp.where(empty[..., None], 0.0, out_r.astype(jnp.float32))
+    return (out_p.astype(jnp.float32) * w_p + out_r * w_r).astype(q.dtype)
 
 
 def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
-                     prefix_v: jax.Array | None, segments: Segments, implementation: str = "xla",
-                     merged: bool = True) -> jax.Array | AttentionHalves:
+                     prefix_v: jax.Array | None, segments: Segments, implementation: str = "xla") -> jax.Array:
     """Attention of packed prompts: q [1, C, Hq, hd], k/v [1, C, Hkv, hd] (post-RoPE), prefix_k/v [P, Hkv, hd] or
-    None. A slot attends to the prefix and to the earlier slots of its own segment (and itself). `merged=False`:
-    the "cudnn" form with a prefix returns its `AttentionHalves` (the others always return the output)."""
+    None. A slot attends to the prefix and to the earlier slots of its own segment (and itself)."""
     if implementation == "cudnn":
-        return _cudnn_attention(q, k, v, prefix_k, prefix_v, segments, merged)
+        return _cudnn_attention(q, k, v, prefix_k, prefix_v, segments)
     if implementation == "xla":
         return _windowed_attention(q, k, v, prefix_k, prefix_v, segments)
     raise ValueError(f"packed attention implementation must be one of {PACKED_ATTENTION_IMPLS}, got "

@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
-                        "add + RMSNorm + quantisation, the q/k norm + RoPE and the attention merge left to XLA)")
+                        "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA)")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],

@@ -27,11 +27,17 @@ case $stage in
     step encoder 330 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed \
       --dtypes bfloat16 fp8 fp8-xla-swiglu --iters 5 --profile /tmp/encoder_trace --out "$out/encoder.json"
     ;;
+  kernels-check)  # the GPU tests and the trainer row only
+    step tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_llm_fp8.py tests/test_llm_packed.py \
+      -k "compiled or one_pass or pallas or stays_close or cudnn"
+    step train 280 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 \
+      --out "$out/train.json"
+    ;;
   kernels)
-    step tests 90 python3 -m pytest -q -p no:cacheprovider tests/test_llm_fp8.py tests/test_llm_packed.py -k "compiled or one_pass or pallas or stays_close or cudnn"
+    step tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_llm_fp8.py tests/test_llm_packed.py -k "compiled or one_pass or pallas or stays_close or cudnn"
     step encoder 200 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed \
       --dtypes bfloat16 fp8 fp8-xla-norms --iters 5 --no-hf --profile /tmp/encoder_trace --out "$out/encoder.json"
-    step train 270 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 \
+    step train 280 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 \
       --out "$out/train.json"
     ;;
   mlp)

@@ -273,8 +273,7 @@ def test_model_with_one_pass_kernels_matches_the_xla_forms(monkeypatch):
 
 @pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
 def test_compiled_one_pass_kernels_match_xla_forms_at_the_4b_widths():
-    """On the GPU: the compiled residual, q/k and attention-merge kernels against their XLA forms (op by op) at
-    Qwen3-4B's widths (hidden
+    """On the GPU: the compiled residual and q/k kernels against their XLA forms at Qwen3-4B's widths (hidden
     2,560, not a power of two; 32 heads of 128), for a token count that is no multiple of the block rows."""
     from jaxllm.layer_ops import head_norm_rope_reference, residual_norm_reference, rope_cos_sin
 
@@ -304,36 +303,3 @@ def test_compiled_one_pass_kernels_match_xla_forms_at_the_4b_widths():
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32).reshape(n, heads * head_dim)
     assert (got != want).mean() <= 0.01
     np.testing.assert_allclose(got, want, rtol=0, atol=2.0 ** -7 * np.abs(want).max())
-
-    from jaxllm.packed_attention import AttentionHalves
-
-    rest_weight = row_scale[..., None].repeat(heads, -1) * 20  # [1, n, heads] in (0.02, 1)
-    halves = AttentionHalves(yq.reshape(1, n, heads, head_dim) / 100, yq.reshape(1, n, heads, head_dim)[:, ::-1] / 50,
-                             1 - rest_weight, rest_weight)
-    got = fp8_kernels.merge_quantize_pallas(halves.prefix[0].reshape(n, -1), halves.rest[0].reshape(n, -1),
-                                            halves.prefix_weight[0], halves.rest_weight[0])
-    want = fp8.quantize_rows(halves.value()[0].reshape(n, -1))
-    for g, w in zip(got, want):  # no sum in it: bit-equal
-        np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
-
-
-@pytest.mark.parametrize("tokens, heads, head_dim, block_rows", [(5, 4, 16, 1), (9, 2, 32, 4)])
-def test_pallas_merge_quantize_kernel_matches_its_xla_form(tokens, heads, head_dim, block_rows, on_cpu):
-    """Packed attention's halves merged and quantised by one kernel (Pallas's interpreter) against
-    `AttentionHalves.value` then `quantize_rows`: bit-equal (no sum in it), also where the rest half is undefined
-    (NaN, weight 0: an empty slot) or its weight underflowed to 0."""
-    from jaxllm.packed_attention import AttentionHalves
-
-    keys = jax.random.split(jax.random.key(tokens * heads), 3)
-    prefix = jax.random.normal(keys[0], (1, tokens, heads, head_dim), jnp.bfloat16)
-    rest = jax.random.normal(keys[1], (1, tokens, heads, head_dim), jnp.bfloat16) * 2
-    rest_weight = jax.random.uniform(keys[2], (1, tokens, heads))
-    rest_weight = rest_weight.at[0, 0].set(0.0).at[0, 1, 0].set(0.0)  # an empty slot; one head's weight underflowed
-    rest = rest.at[0, 0].set(jnp.nan)
-    halves = AttentionHalves(prefix, rest, 1 - rest_weight, rest_weight)
-    got = fp8_kernels.merge_quantize_pallas(prefix.reshape(tokens, -1), rest.reshape(tokens, -1),
-                                            (1 - rest_weight)[0], rest_weight[0], interpret=True, rows=block_rows)
-    want = fp8.quantize_rows(halves.value().reshape(tokens, -1))
-    assert np.isfinite(np.asarray(got[0].astype(jnp.float32))).all()
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
