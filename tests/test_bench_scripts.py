@@ -84,3 +84,14 @@ def test_bench_offline_smoke(tmp_path):
     assert res["updates"] == 200 and res["seconds"] > 0 and res["updates_per_s"] > 0
     assert math.isfinite(res["final_loss"]) and res["bytes_per_sample"] > 0
     assert json.loads((tmp_path / "offline.json").read_text())["samples"] == res["samples"]
+
+
+def test_bench_layer_kernels_smoke(tmp_path):
+    import bench_layer_kernels
+
+    out = tmp_path / "kernels.json"
+    rows = bench_layer_kernels.main(["--smoke", "--out", str(out)])
+    assert [(r["kernel"], r["setting"]) for r in rows] == [
+        ("residual_norm_quantize", "xla"), ("residual_norm_quantize", "2:4:64"), ("head_norm_rope (q)", "xla"),
+        ("head_norm_rope (q)", "8:4"), ("head_norm_rope (k)", "xla"), ("head_norm_rope (k)", "8:4")]
+    assert all(r["ms"] > 0 for r in rows) and json.loads(out.read_text())["tokens"] == 40
