@@ -64,14 +64,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(scripts/kernel_times.py)")
     p.add_argument("--hlo-dir", type=Path, default=None,
                    help="write each row's optimised HLO (the compiled program, as text) to DIR/DTYPE-METHOD.hlo.txt")
+    p.add_argument("--xla-option", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="--ragged: XLA compiler options added to the project's for every row (true/false/ints "
+                        "parsed), to measure one before making it a default")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--hf-worker", type=Path, default=None, help=argparse.SUPPRESS)  # internal: HF-only subprocess
     args = p.parse_args(argv)
+    args.xla_option = dict(_option(text, p) for text in args.xla_option)
     args.batch = args.batch or (4 if args.smoke else 128)
     args.prefix = (32 if args.smoke else 1024) if args.prefix is None else args.prefix
     args.seq = args.seq or ([8, 16] if args.smoke else [128, 256, 512])
     args.iters = args.iters or (2 if args.smoke else 10)
     return args
+
+
+def _option(text: str, parser: argparse.ArgumentParser) -> tuple[str, Any]:
+    """NAME=VALUE -> (NAME, bool / int / str VALUE)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        parser.error(f"--xla-option takes NAME=VALUE, got {text!r}")
+    parsed = {"true": True, "false": False}.get(value.lower(), value)
+    return name, int(parsed) if isinstance(parsed, str) and parsed.lstrip("-").isdigit() else parsed
 
 
 def model_config(args: argparse.Namespace) -> Qwen3Config:
@@ -239,7 +252,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
         params = base if not dtype.startswith("fp8") else jax.block_until_ready(quantize_params(base))
         cache = jax.block_until_ready(jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(prefix_ids)))
-        opts = compiler_options()  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)
+        opts = compiler_options() | args.xla_option  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)
         calls = {
             "rect": jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c), compiler_options=opts),
             "bucketed": jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64),
