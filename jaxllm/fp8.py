@@ -6,7 +6,7 @@ to e4m3, the two fp8 operands meet in one GEMM with float32 accumulation, and th
 (token scale x channel scale). Everything else (embeddings, norms, attention and its softmax, the residual stream)
 stays in the activation dtype (bfloat16).
 
-The MLP (`mlp_product` / `fp8_mlp`) keeps the gate and up products in float32 until down_proj's input is
+The MLP (`mlp_product` / `mlp`) keeps the gate and up products in float32 until down_proj's input is
 quantised, and that quantisation (like the attention output's) runs as one Pallas kernel on the GPU
 (`jaxllm.fp8_kernels`): XLA would read those tensors twice. `project` returns a GEMM's product with its scales
 still apart (`Fp8Product`), so the step that consumes it (`jaxllm.layer_ops`: the residual add with the next norm,
@@ -167,16 +167,15 @@ def project(x: jax.Array | QuantizedRows, w: jax.Array | Fp8Matrix) -> jax.Array
     return Fp8Product(_fp8_dot(xq.values, w.weight, _product_dtype(xq)), xq.scale, w.scale, xq.dtype)
 
 
-def fp8_matmul(x: jax.Array, m: Fp8Matrix, one_pass_quantize: bool = False) -> jax.Array:
+def fp8_matmul(x: jax.Array, m: Fp8Matrix) -> jax.Array:
     """x [..., in] @ the matrix of `m`, W8A8: per-token e4m3 activations, per-channel e4m3 weights, float32
-    accumulation, result in x's dtype. `one_pass_quantize`: quantise x with `quantize_rows_one_pass` (for an x
-    whose producer XLA cannot fuse with the quantisation).
+    accumulation, result in x's dtype.
 
     For 16-bit activations the GEMM writes its product in that dtype (cuBLASLt rounds its float32 accumulator
     once, on the way out), half the bytes of a float32 product; the two scales are then applied in float32 by
     the elementwise fusion that reads it (the consumer: SwiGLU, the residual add, the q/k norms). Emulated
     backends round the same float32 product to the same dtype, so both give the same numbers."""
-    return project(quantize(x, one_pass_quantize), m).value()
+    return project(x, m).value()
 
 
 def swiglu_quantize_reference(gate: jax.Array, up: jax.Array, x_scale: jax.Array, gate_scale: jax.Array,
@@ -217,16 +216,10 @@ def mlp_product(x: jax.Array | QuantizedRows, gate: jax.Array | Fp8Matrix, up: j
     return Fp8Product(_fp8_dot(hq, down.weight, product), h_scale, down.scale, xq.dtype)
 
 
-def fp8_mlp(x: jax.Array, gate: Fp8Matrix, up: Fp8Matrix, down: Fp8Matrix) -> jax.Array:
-    """Qwen3's SwiGLU MLP with W8A8 GEMMs (`mlp_product`), down's product rescaled into x's dtype."""
-    return mlp_product(x, gate, up, down).value()
-
-
-def linear(x: jax.Array, w: jax.Array | Fp8Matrix, one_pass_quantize: bool = False) -> jax.Array:
-    """x @ w for a plain [in, out] matrix (in x's dtype) or an Fp8Matrix (W8A8; `one_pass_quantize` as
-    `fp8_matmul`'s, ignored for plain matrices)."""
+def linear(x: jax.Array, w: jax.Array | Fp8Matrix) -> jax.Array:
+    """x @ w for a plain [in, out] matrix (in x's dtype) or an Fp8Matrix (W8A8, `fp8_matmul`)."""
     if isinstance(w, Fp8Matrix):
-        return fp8_matmul(x, w, one_pass_quantize)
+        return fp8_matmul(x, w)
     return x @ w
 
 
