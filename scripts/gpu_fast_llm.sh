@@ -4,13 +4,14 @@
 #                                              # quantisation), each row profiled by kernel kind
 #   bash scripts/gpu_fast_llm.sh kernels OUT   # the one-pass kernels' GPU tests, encoder bf16/fp8 (+ fp8 with XLA's
 #                                              # norms), profiled; then in-scan k8 packed/fp8 alone
+#   bash scripts/gpu_fast_llm.sh kernels-check OUT  # the same without the encoder rows
 #   bash scripts/gpu_fast_llm.sh mlp OUT       # the fp8 MLP's pieces (bench_fp8_mlp.py), then the encoder stage
 #   bash scripts/gpu_fast_llm.sh fidelity OUT  # HLO report, fp8 fidelity at the 4B shape, then the restart stage
 #   bash scripts/gpu_fast_llm.sh table OUT     # bench_train --table: the issue's table in one call
 #   bash scripts/gpu_fast_llm.sh restart OUT   # rl.train fp8 twice: first update cold, then from the compile cache
 # Every step is bounded by `timeout` and its output teed to OUT as it comes.
 set -uo pipefail
-stage=${1:?stage: kernels, encoder, mlp, fidelity, table or restart}
+stage=${1:?stage: kernels, kernels-check, encoder, mlp, fidelity, table or restart}
 out=${2:?output directory}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -21,6 +22,14 @@ step() {  # step NAME SECONDS CMD...: run CMD under timeout, teeing to OUT/NAME.
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
   echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
 }
+kernel_tests() {  # the fp8 kernels and cuDNN packed attention, compiled, against their XLA forms
+  step tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_llm_fp8.py tests/test_llm_packed.py \
+    -k "compiled or one_pass or pallas or stays_close or cudnn"
+}
+k8_fp8_train() {  # in-scan k8 packed/fp8 alone
+  step train 240 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 \
+    --out "$out/train.json"
+}
 case $stage in
   encoder)
     step hlo 150 python3 scripts/fp8_hlo_report.py --out "$out/hlo.json"
@@ -28,17 +37,13 @@ case $stage in
       --dtypes bfloat16 fp8 fp8-xla-swiglu --iters 5 --profile /tmp/encoder_trace --out "$out/encoder.json"
     ;;
   kernels-check)  # the GPU tests and the trainer row only
-    step tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_llm_fp8.py tests/test_llm_packed.py \
-      -k "compiled or one_pass or pallas or stays_close or cudnn"
-    step train 280 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 \
-      --out "$out/train.json"
+    kernel_tests; k8_fp8_train
     ;;
-  kernels)
-    step tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_llm_fp8.py tests/test_llm_packed.py -k "compiled or one_pass or pallas or stays_close or cudnn"
+  kernels)  # ~9.5 minutes at most: the tests took 125 s, the encoder 167-183 s, the trainer row 215-234 s
+    kernel_tests
     step encoder 200 python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed \
       --dtypes bfloat16 fp8 fp8-xla-norms --iters 5 --no-hf --profile /tmp/encoder_trace --out "$out/encoder.json"
-    step train 280 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 \
-      --out "$out/train.json"
+    k8_fp8_train
     ;;
   mlp)
     step fp8_mlp 150 python3 scripts/bench_fp8_mlp.py --out "$out/fp8_mlp.json"
