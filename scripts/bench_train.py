@@ -194,6 +194,9 @@ def main(argv=None) -> int:
     p.add_argument("--xla-defaults", action="store_true",
                    help="compile the rows with XLA's default options (Triton GEMMs on) instead of the project's "
                         "(jaxllm.compile); run it beside the same rows without it to compare")
+    p.add_argument("--halving-passes", action="store_true",
+                   help="size a packed encode's last pass by halvings of the capacity only (the sizes before the "
+                        "1.5x steps, jaxllm.pass_capacities(fine=False)); run it beside the same rows without it")
     p.add_argument("--worker-label", default=None, help=argparse.SUPPRESS)  # set by --table for its workers
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
@@ -222,6 +225,13 @@ def main(argv=None) -> int:
         # this process only: XLA's defaults (the encoder kind picks the trainer's options)
         rl.encoder_kinds.compiler_options = lambda *a, **k: {}
         jobs = [(f"{name} [XLA defaults]", overrides) for name, overrides in jobs]
+    if args.halving_passes:  # this process only: the last pass sized by halvings (looked up when traced)
+        import functools
+
+        import jaxllm.encoder
+
+        jaxllm.encoder.pass_capacities = functools.partial(jaxllm.encoder.pass_capacities, fine=False)
+        jobs = [(f"{name} [halving passes]", overrides) for name, overrides in jobs]
     rows = []
     if args.sync_dir:  # compile everything first, then time in turn
         try:

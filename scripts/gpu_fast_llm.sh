@@ -8,10 +8,12 @@
 #   bash scripts/gpu_fast_llm.sh mlp OUT       # the fp8 MLP's pieces (bench_fp8_mlp.py), then the encoder stage
 #   bash scripts/gpu_fast_llm.sh fidelity OUT  # HLO report, fp8 fidelity at the 4B shape, then the restart stage
 #   bash scripts/gpu_fast_llm.sh table OUT     # bench_train --table: the table in one call
+#   bash scripts/gpu_fast_llm.sh passes OUT    # in-scan k8 packed/fp8 with the 1.5x last-pass sizes, with halvings
+#                                              # only, and with the 1.5x sizes again: compiled in parallel, timed in turn
 #   bash scripts/gpu_fast_llm.sh restart OUT   # rl.train fp8 twice: first update cold, then from the compile cache
 # Every step is bounded by `timeout` and its output teed to OUT as it comes.
 set -uo pipefail
-stage=${1:?stage: kernels, kernels-check, encoder, mlp, fidelity, table or restart}
+stage=${1:?stage: kernels, kernels-check, encoder, mlp, fidelity, table, passes or restart}
 out=${2:?output directory}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -54,6 +56,18 @@ case $stage in
     step hlo 100 python3 scripts/fp8_hlo_report.py --out "$out/hlo.json"
     step fidelity 200 python3 scripts/fp8_fidelity.py --model qwen3-4b --out "$out/fidelity.json"
     bash "$0" restart "$out"
+    ;;
+  passes)  # three bench_train processes (--sync-dir): compile together, then time one after another
+    sync=$(mktemp -d)
+    t0=$SECONDS
+    for rank in 0 1 2; do
+      extra=$([ $rank = 1 ] && echo --halving-passes)
+      timeout 570 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 $extra \
+        --sync-dir "$sync" --sync-rank $rank --sync-world 3 --out "$out/passes_$rank.json" > "$out/passes_$rank.log" 2>&1 &
+    done
+    while [ -n "$(jobs -r)" ]; do sleep 20; echo "--- $((SECONDS - t0)) s"; tail -qn 1 "$out"/passes_*.log; done
+    wait
+    tail -n 6 "$out"/passes_*.log
     ;;
   table)
     step table 585 python3 scripts/bench_train.py --table --out "$out/table.json"

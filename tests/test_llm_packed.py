@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxllm import Qwen3Config, encode, encode_packed, init_params, prefill
+from jaxllm import Qwen3Config, encode, encode_packed, init_params, pass_capacities, prefill
 from jaxllm.encoder import _pack, _plan_pass, segment_grid
 
 CONFIG = Qwen3Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -178,6 +178,25 @@ def test_cudnn_bookkeeping_equals_windowed_with_an_emulated_cudnn(model, monkeyp
             got = run(params, CONFIG, ids, lengths, pooling=pooling, prefix=prefix, capacity=6 * T,
                       attention_impl="cudnn")
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_pass_sizes_step_by_at_most_one_and_a_half_below_half_the_capacity():
+    # the trainer's setting (Craftax compact, max_len 1,138) and the test prompts' (6T = 72 slots, unrounded)
+    assert pass_capacities(32768, 1138) == (4096, 6144, 8192, 12288, 16384, 32768)
+    assert pass_capacities(32768, 1138, fine=False) == (4096, 8192, 16384, 32768)
+    assert pass_capacities(6 * T, T) == (18, 27, 36, 72)
+    assert pass_capacities(T, T) == (T,)
+
+
+def test_last_pass_of_a_one_and_a_half_size_equals_padded(model):
+    # 25 tokens in 72 slots: the smallest size that holds them is 27, one of the 1.5x sizes
+    params, cache = model
+    ids, _ = ragged_batch(4)
+    lengths = jnp.asarray([5, 0, 7, 11, 2, 0], jnp.int32)
+    assert int(lengths.sum()) == 25 and 27 in pass_capacities(6 * T, T)
+    want = _encode(params, CONFIG, ids, lengths, layer=-1, pooling="last", prefix=cache)
+    got = _encode_packed(params, CONFIG, ids, lengths, layer=-1, pooling="last", prefix=cache, capacity=6 * T)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
 def test_capacity_smaller_than_a_prompt_is_refused(model):
