@@ -58,7 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
-                   choices=["rect", "bucketed", "packed"], help="--ragged: encode paths to time")
+                   choices=["rect", "bucketed", "packed", "packed-halvings"],
+                   help="--ragged: encode paths to time (packed-halvings: packed with the last pass sized by "
+                        "halvings of the capacity only, jaxllm.pass_capacities(fine=False))")
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="--ragged: trace one more call of each row into DIR/<row> and print where its GPU time goes "
                         "(scripts/kernel_times.py)")
@@ -67,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--xla-option", nargs="+", default=[], metavar="NAME=VALUE",
                    help="--ragged: XLA compiler options added to the project's for every row (true/false/ints "
                         "parsed), to measure one before making it a default")
+    p.add_argument("--no-gemm-ceiling", action="store_true",
+                   help="--ragged: skip timing the card's GEMM ceilings (slow to autotune); rows get no vs_gemm_ceiling")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--hf-worker", type=Path, default=None, help=argparse.SUPPRESS)  # internal: HF-only subprocess
     args = p.parse_args(argv)
@@ -260,10 +264,16 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
             "packed": jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=capacity,
                                                            attention_impl=args.packed_attention),
                           compiler_options=opts),
+            "packed-halvings": jit(lambda p, c, i, n: _packed_by_halvings(p, config, i, n, c, capacity,
+                                                                          args.packed_attention),
+                                   compiler_options=opts),
         }
         for method in args.methods:
             row = {"dtype": dtype, "method": method, "batch": args.batch, "real_tokens": real,
-                   "computed_tokens": {"rect": args.batch * t, "packed": capacity}.get(method)}
+                   "computed_tokens": args.batch * t if method == "rect" else None}
+            if method.startswith("packed"):
+                row["passes"] = packed_passes(lengths, capacity, t, fine=method == "packed")
+                row["computed_tokens"] = sum(row["passes"])
             log(f"{dtype} {method}: compiling and timing")
             try:
                 t_compile = time.perf_counter()
@@ -299,6 +309,8 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
             log({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()})
         params = cache = None  # free them before the next dtype
     fp8.swiglu_quantize, layer_ops._one_pass_kernels = swiglu_quantize, one_pass_kernels
+    if args.no_gemm_ceiling:
+        return {"capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's
     gemms = bench_gemms(config, _round_to(capacity, 1024), args.dtypes, args.iters)
     log(f"GEMM ceilings at M={gemms['tokens']}: " + ", ".join(
@@ -310,6 +322,39 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
             log(f"{row['dtype']:>9} {row['method']:<9} {row['ms']:8.1f} ms  {row['prompts_per_s']:6.1f} prompts/s  "
                 f"{row['useful_tflops']:6.1f} TFLOP/s = {row['vs_gemm_ceiling']:.2f} of the GEMM ceiling")
     return {"gemms": gemms, "capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
+
+
+def packed_passes(lengths, capacity: int, max_len: int, *, fine: bool = True) -> list[int]:
+    """The pass sizes `encode_packed` runs for these prompt lengths, planned as on a GPU (cuDNN's segment grid) by
+    the encoder's own planning code (`fine`: `jaxllm.pass_capacities`'s 1.5x sizes, else halvings only)."""
+    import numpy as np
+
+    from jaxllm.encoder import _plan_pass, pass_capacities, segment_grid
+
+    lengths = np.asarray(lengths, np.int32)
+    sizes = pass_capacities(capacity, max_len, fine=fine)
+    remaining, passes = lengths > 0, []
+    while remaining.any():
+        size = sizes[min(int(np.searchsorted(sizes, lengths[remaining].sum())), len(sizes) - 1)]
+        taken, _, _ = _plan_pass(lengths, remaining, size, segment_grid(size, max_len, len(lengths)))
+        remaining, passes = remaining & ~np.asarray(taken), passes + [size]
+    return passes
+
+
+def _packed_by_halvings(params, config: Qwen3Config, ids, lengths, prefix, capacity: int, attention_impl):
+    """`encode_packed` with its last pass sized by halvings of the capacity only (the sizes before the 1.5x steps):
+    `jaxllm.encoder.pass_capacities` is swapped while this traces."""
+    import functools
+
+    import jaxllm.encoder as encoder
+
+    fine = encoder.pass_capacities
+    encoder.pass_capacities = functools.partial(fine, fine=False)
+    try:
+        return encoder.encode_packed(params, config, ids, lengths, prefix=prefix, capacity=capacity,
+                                     attention_impl=attention_impl)
+    finally:
+        encoder.pass_capacities = fine
 
 
 def _round_to(n: int, multiple: int) -> int:

@@ -146,11 +146,35 @@ def measure(prep: dict, args) -> dict:
                    pool_prompts_per_window=cfg.num_envs // cfg.reset_ratio if cfg.hidden_on_reset == "pool" else 0)
         if "hidden_zero_frac" in prep.get("metrics", {}):
             row["hidden_zero_frac"] = prep["metrics"]["hidden_zero_frac"]
+    if args.profile:
+        row.update(profile_update(prep, args.profile))
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:  # cumulative over the configs run so far in this process (an upper bound)
         row["peak_device_gib_so_far"] = stats["peak_bytes_in_use"] / 2**30
     prep["runner"] = runner
     return row
+
+
+def profile_update(prep: dict, trace_dir: Path) -> dict:
+    """GPU time against wall time of one update without LLM windows (the env, policy and PPO part; for `none`
+    rows the plain update): is it bound by the kernels or by the time between them?"""
+    from scripts.kernel_times import print_summary, profile_call
+
+    cfg, trainer, args_llm, runner = (prep[k] for k in ("cfg", "trainer", "args_llm", "runner"))
+    if prep["llm"] is not None:
+        call = lambda: trainer.update_from_clock(runner, args_llm, cfg.num_steps + 1)  # noqa: E731
+    else:
+        call = lambda: trainer.update(runner, args_llm)  # noqa: E731
+    jax.block_until_ready(call())
+    t0 = time.perf_counter()
+    for _ in range(3):
+        jax.block_until_ready(call())
+    wall = (time.perf_counter() - t0) / 3
+    summary = profile_call(call, trace_dir / prep["name"].replace(" ", "_").replace("/", "-"), top=12)
+    print_summary(summary, f"{prep['name']}, update without LLM windows (wall {wall * 1e3:.1f} ms)")
+    busy = max((s["total_ms"] for s in summary.values()), default=0.0)
+    return dict(no_window_update_s=wall, no_window_gpu_ms=busy,
+                no_window_gpu_events=max((s["events"] for s in summary.values()), default=0))
 
 
 def wait_for_turn(sync_dir: Path, rank: int, world: int) -> None:
@@ -197,6 +221,9 @@ def main(argv=None) -> int:
     p.add_argument("--halving-passes", action="store_true",
                    help="size a packed encode's last pass by halvings of the capacity only (the sizes before the "
                         "1.5x steps, jaxllm.pass_capacities(fine=False)); run it beside the same rows without it")
+    p.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                   help="also trace one update without LLM windows per row into DIR and print its GPU time against "
+                        "its wall time (scripts/kernel_times.py)")
     p.add_argument("--worker-label", default=None, help=argparse.SUPPRESS)  # set by --table for its workers
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)

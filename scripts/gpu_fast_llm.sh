@@ -10,10 +10,16 @@
 #   bash scripts/gpu_fast_llm.sh table OUT     # bench_train --table: the table in one call
 #   bash scripts/gpu_fast_llm.sh passes OUT    # in-scan k8 packed/fp8 with the 1.5x last-pass sizes, with halvings
 #                                              # only, and with the 1.5x sizes again: compiled in parallel, timed in turn
+#   bash scripts/gpu_fast_llm.sh passes-encoder OUT  # the encoder alone, fp8, both pass sizings at 128 and 132 prompts
+#                                              # (same passes / a 6,144- vs 8,192-token last pass), profiled; then
+#                                              # 128 prompts with XLA's command buffers off
+#   bash scripts/gpu_fast_llm.sh update-flags OUT  # in-scan k8 packed/fp8 with XLA's default command buffers, with
+#                                              # while loops and conditionals in them too, and with none; each row
+#                                              # also traces an update without LLM windows (GPU vs wall time)
 #   bash scripts/gpu_fast_llm.sh restart OUT   # rl.train fp8 twice: first update cold, then from the compile cache
 # Every step is bounded by `timeout` and its output teed to OUT as it comes.
 set -uo pipefail
-stage=${1:?stage: kernels, kernels-check, encoder, mlp, fidelity, table, passes or restart}
+stage=${1:?stage: kernels, kernels-check, encoder, mlp, fidelity, table, passes, passes-encoder, update-flags or restart}
 out=${2:?output directory}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -31,6 +37,20 @@ kernel_tests() {  # the fp8 kernels and cuDNN packed attention, compiled, agains
 k8_fp8_train() {  # in-scan k8 packed/fp8 alone
   step train 240 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 \
     --out "$out/train.json"
+}
+k8_fp8_variants() {  # k8_fp8_variants NAME ARGS0 ARGS1 ARGS2 [FLAGS0 FLAGS1 FLAGS2]: in-scan k8 packed/fp8 in three
+  # bench_train processes (extra arguments ARGSi, added XLA_FLAGS FLAGSi), compiled together, timed one after another
+  local name=$1 sync t0=$SECONDS; sync=$(mktemp -d)
+  local -a extra=("$2" "$3" "$4") flags=("${5:-}" "${6:-}" "${7:-}")
+  for rank in 0 1 2; do
+    XLA_FLAGS="${XLA_FLAGS:-} ${flags[$rank]}" timeout 570 python3 scripts/bench_train.py --only inscan-128-k8 \
+      --llm-variants packed/fp8 --updates 6 ${extra[$rank]} --profile "/tmp/${name}_trace_$rank" --sync-dir "$sync" \
+      --sync-rank $rank --sync-world 3 --out "$out/${name}_$rank.json" > "$out/${name}_$rank.log" 2>&1 &
+    echo "rank $rank: ${extra[$rank]:-(no extra arguments)} XLA_FLAGS+=${flags[$rank]:-(none)}"
+  done
+  while [ -n "$(jobs -r)" ]; do sleep 20; echo "--- $((SECONDS - t0)) s"; tail -qn 1 "$out/${name}"_*.log; done
+  wait
+  grep -h "update without" "$out/${name}"_*.log; tail -n 3 "$out/${name}"_*.log
 }
 case $stage in
   encoder)
@@ -57,17 +77,22 @@ case $stage in
     step fidelity 200 python3 scripts/fp8_fidelity.py --model qwen3-4b --out "$out/fidelity.json"
     bash "$0" restart "$out"
     ;;
-  passes)  # three bench_train processes (--sync-dir): compile together, then time one after another
-    sync=$(mktemp -d)
-    t0=$SECONDS
-    for rank in 0 1 2; do
-      extra=$([ $rank = 1 ] && echo --halving-passes)
-      timeout 570 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 $extra \
-        --sync-dir "$sync" --sync-rank $rank --sync-world 3 --out "$out/passes_$rank.json" > "$out/passes_$rank.log" 2>&1 &
+  passes)  # the 1.5x sizes, halvings only, the 1.5x sizes again
+    k8_fp8_variants passes "" --halving-passes ""
+    ;;
+  update-flags)
+    k8_fp8_variants flags "" "" "" "" \
+      "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE" \
+      "--xla_gpu_enable_command_buffer="
+    ;;
+  passes-encoder)
+    for b in 128 132; do
+      step "encoder_$b" 200 python3 scripts/bench_encoder.py --ragged --batch $b --methods packed packed-halvings \
+        --dtypes fp8 --iters 5 --no-hf --no-gemm-ceiling --profile "/tmp/encoder_trace_$b" --out "$out/encoder_$b.json"
     done
-    while [ -n "$(jobs -r)" ]; do sleep 20; echo "--- $((SECONDS - t0)) s"; tail -qn 1 "$out"/passes_*.log; done
-    wait
-    tail -n 6 "$out"/passes_*.log
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" step encoder_128_no_command_buffers 150 \
+      python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed packed-halvings --dtypes fp8 --iters 5 \
+      --no-hf --no-gemm-ceiling --out "$out/encoder_128_no_command_buffers.json"
     ;;
   table)
     step table 585 python3 scripts/bench_train.py --table --out "$out/table.json"

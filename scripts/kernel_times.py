@@ -51,6 +51,7 @@ def summarise(trace_dir: str | Path, top: int = 25) -> dict[str, Any]:
             ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
             lines[f"{plane.name} / {line.name}"] = {
                 "total_ms": sum(ms for ms, _ in by_name.values()),
+                "events": sum(calls for _, calls in by_name.values()),
                 "by_kind_ms": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
                 "top": [{"kernel": name[:160], "ms": ms, "calls": calls} for name, (ms, calls) in ranked]}
     return lines
@@ -69,6 +70,6 @@ def print_summary(summary: dict[str, Any], title: str = "") -> None:
     """The summary as text: per line its total, kinds and top kernels."""
     for line, s in summary.items():
         kinds = ", ".join(f"{k} {v:.1f}" for k, v in s["by_kind_ms"].items())
-        print(f"--- {title} {line}: {s['total_ms']:.1f} ms ({kinds})")
+        print(f"--- {title} {line}: {s['total_ms']:.1f} ms in {s.get('events', '?')} events ({kinds})")
         for row in s["top"]:
             print(f"    {row['ms']:9.2f} ms {row['calls']:6d}x  {row['kernel']}")
