@@ -39,14 +39,20 @@ k8_fp8_train() {  # in-scan k8 packed/fp8 alone
     --out "$out/train.json"
 }
 k8_fp8_variants() {  # k8_fp8_variants NAME ARGS0 ARGS1 ARGS2 [FLAGS0 FLAGS1 FLAGS2]: in-scan k8 packed/fp8 in three
-  # bench_train processes (extra arguments ARGSi, added XLA_FLAGS FLAGSi), compiled together, timed one after another
+  # bench_train processes (extra arguments ARGSi, XLA_FLAGS plus FLAGSi), compiled together, timed one after another
   local name=$1 sync t0=$SECONDS; sync=$(mktemp -d)
   local -a extra=("$2" "$3" "$4") flags=("${5:-}" "${6:-}" "${7:-}")
   for rank in 0 1 2; do
-    XLA_FLAGS="${XLA_FLAGS:-} ${flags[$rank]}" timeout 570 python3 scripts/bench_train.py --only inscan-128-k8 \
-      --llm-variants packed/fp8 --updates 6 ${extra[$rank]} --profile "/tmp/${name}_trace_$rank" --sync-dir "$sync" \
-      --sync-rank $rank --sync-world 3 --out "$out/${name}_$rank.json" > "$out/${name}_$rank.log" 2>&1 &
-    echo "rank $rank: ${extra[$rank]:-(no extra arguments)} XLA_FLAGS+=${flags[$rank]:-(none)}"
+    echo "rank $rank: ${extra[$rank]:-(no extra arguments)}, XLA_FLAGS += ${flags[$rank]:-(nothing)}"
+    (
+      xla_flags=$(echo "${XLA_FLAGS:-} ${flags[$rank]}" | xargs)  # never blank: XLA reads a blank value as a file name
+      if [ -n "$xla_flags" ]; then export XLA_FLAGS="$xla_flags"; else unset XLA_FLAGS; fi
+      timeout 570 python3 scripts/bench_train.py --only inscan-128-k8 --llm-variants packed/fp8 --updates 6 \
+        ${extra[$rank]} --profile "/tmp/${name}_trace_$rank" --sync-dir "$sync" --sync-rank $rank --sync-world 3 \
+        --out "$out/${name}_$rank.json" > "$out/${name}_$rank.log" 2>&1
+      echo "rank $rank: exit $? after $((SECONDS - t0)) s"
+      touch "$sync/ready.$rank" "$sync/done.$rank"  # a process that crashed must not hold the others up
+    ) &
   done
   while [ -n "$(jobs -r)" ]; do sleep 20; echo "--- $((SECONDS - t0)) s"; tail -qn 1 "$out/${name}"_*.log; done
   wait
