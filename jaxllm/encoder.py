@@ -166,9 +166,9 @@ def pass_capacities(capacity: int, max_len: int, levels: int = 4, *, fine: bool 
     The sizes are `capacity` and up to levels-1 halvings of it that still hold one longest prompt; with `fine`
     (the default) also 1.5x each halving below capacity / 2, so that below capacity / 2 consecutive sizes differ
     by at most 1.5x and a last pass computes at most a third of its row as padding (halvings alone: half). At
-    capacity 32,768 that is 4,096, 6,144, 8,192, 12,288, 16,384 and 32,768: a window of 136 Craftax prompts
-    (~37,200 tokens) then computes 3% fewer tokens on average than with halvings only. Each size is one more
-    compiled forward pass (a `lax.switch` branch).
+    capacity 32,768 that is 4,096, 6,144, 8,192, 12,288, 16,384 and 32,768: a trainer window of 136 Craftax
+    prompts (~36,800 real tokens) then computes 1.9% fewer tokens on average than with halvings only
+    (docs/BENCHMARKS.md). Each size is one more compiled forward pass (a `lax.switch` branch).
     """
     halvings = [int(capacity)]
     while len(halvings) < levels and halvings[-1] // 2 >= max_len:

@@ -4,6 +4,7 @@
     python scripts/bench_train.py --only none-1024 inscan-128-k8         # a subset
     python scripts/bench_train.py --smoke                                # CPU check at tiny shapes
     python scripts/bench_train.py --table --out table.json               # GPU: issue 23's table in one call
+    python scripts/bench_train.py --only inscan-128-k8 --profile DIR     # + GPU vs wall time of an update's env part
 
 `--table` runs the table of issue 23 (none-128, inscan-128-k8/k32 in bucketed/bf16, packed/bf16 and packed/fp8,
 and the layer-16 row) as worker processes of at most two rows each: each loads its LLM once and compiles its rows

@@ -17,11 +17,23 @@ def test_bench_train_smoke(tmp_path):
     import bench_train
 
     out = tmp_path / "train.json"
-    bench_train.main(["--smoke", "--only", "none-128", "inscan-128-k8", "--updates", "1", "--out", str(out)])
+    bench_train.main(["--smoke", "--only", "none-128", "inscan-128-k8", "--updates", "1", "--out", str(out),
+                      "--profile", str(tmp_path / "traces")])
     rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"none-128", "inscan-128-k8"}
     assert all(r["sps"] > 0 and r["devices"] == 1 for r in rows.values())
     assert rows["inscan-128-k8"]["llm_prompts_per_s"] > 0 and "ratio_to_bound" in rows["inscan-128-k8"]
+    assert all(r["no_window_update_s"] > 0 for r in rows.values())  # the traced update (no GPU plane on a CPU)
+
+
+def test_bench_encoder_counts_the_passes_the_encoder_plans():
+    import bench_encoder
+
+    # 282-token prompts behind Craftax's max_len 1,138: 116 fill the 32,768-token pass, the rest goes to a last pass
+    assert bench_encoder.packed_passes([282] * 128, 32768, 1138) == [32768, 4096]  # 3,384 left
+    assert bench_encoder.packed_passes([282] * 132, 32768, 1138) == [32768, 6144]  # 4,512 left
+    assert bench_encoder.packed_passes([282] * 132, 32768, 1138, fine=False) == [32768, 8192]
+    assert bench_encoder.packed_passes([0, 5, 0], 24, 12) == [12]
 
 
 def test_bench_template_smoke(tmp_path):
