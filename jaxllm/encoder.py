@@ -159,21 +159,26 @@ def default_capacity(batch: int, max_len: int) -> int:
     return _round_up(max(max_len, min(padded, DEFAULT_CAPACITY)), 128)
 
 
+FINE_PASS_MIN = 2048  # tokens: the smallest halving that `pass_capacities` follows with a 1.5x size
+
+
 def pass_capacities(capacity: int, max_len: int, levels: int = 4, *, fine: bool = True) -> tuple[int, ...]:
     """The static pass sizes of a packed encode, ascending. Full passes use the largest; the last pass the smallest
     that holds what is left.
 
     The sizes are `capacity` and up to levels-1 halvings of it that still hold one longest prompt; with `fine`
-    (the default) also 1.5x each halving below capacity / 2, so that below capacity / 2 consecutive sizes differ
-    by at most 1.5x and a last pass computes at most a third of its row as padding (halvings alone: half). At
+    (the default) also 1.5x each halving below capacity / 2 of at least FINE_PASS_MIN tokens, so that there
+    consecutive sizes differ by at most 1.5x and a last pass computes at most a third of its row as padding
+    (halvings alone: half). Smaller passes cost little either way, and each size is one more compiled forward
+    pass (a `lax.switch` branch), so small capacities (CPU runs, tests) keep the halvings. At
     capacity 32,768 that is 4,096, 6,144, 8,192, 12,288, 16,384 and 32,768: a trainer window of 136 Craftax
     prompts (~36,800 real tokens) then computes 1.9% fewer tokens on average than with halvings only
-    (docs/BENCHMARKS.md). Each size is one more compiled forward pass (a `lax.switch` branch).
+    (docs/BENCHMARKS.md).
     """
     halvings = [int(capacity)]
     while len(halvings) < levels and halvings[-1] // 2 >= max_len:
         halvings.append(_round_up(halvings[-1] // 2, 64) if halvings[-1] // 2 >= 64 else halvings[-1] // 2)
-    between = [_round_up(3 * h // 2, 64) if h >= 64 else 3 * h // 2 for h in halvings[2:]] if fine else []
+    between = [_round_up(3 * h // 2, 64) for h in halvings[2:] if h >= FINE_PASS_MIN] if fine else []
     return tuple(sorted(set(halvings + between)))
 
 
@@ -254,7 +259,7 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
     (`lax.while_loop`). `capacity` is the largest row (tokens per pass; None: `default_capacity`); while more
     tokens remain than it holds, passes use it, and the last pass uses the smallest of `pass_capacities` that holds
     the rest (`lax.switch`), so the padding computed is at most about a third of that last row (half above
-    capacity / 2). Any capacity >= ids.shape[1] gives the same vectors. Rows of length 0 give `encode`'s fallback
+    capacity / 2 and below FINE_PASS_MIN tokens). Any capacity >= ids.shape[1] gives the same vectors. Rows of length 0 give `encode`'s fallback
     vector.
     """
     if pooling not in POOLINGS:

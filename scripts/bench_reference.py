@@ -157,7 +157,7 @@ def main(argv=None) -> int:
         ppo = import_reference(args.reference_dir)
     # bench_train.prepare's arguments (plain PPO: no LLM)
     bt_args = argparse.Namespace(env=args.env, model="tiny", llm_dtype="float32", devices=1, per_device=False,
-                                 smoke=args.smoke, updates=args.updates)
+                                 smoke=args.smoke, updates=args.updates, profile=None)
     rows = []
 
     def write():

@@ -181,21 +181,23 @@ def test_cudnn_bookkeeping_equals_windowed_with_an_emulated_cudnn(model, monkeyp
 
 
 def test_pass_sizes_step_by_at_most_one_and_a_half_below_half_the_capacity():
-    # the trainer's setting (Craftax compact, max_len 1,138) and the test prompts' (6T = 72 slots, unrounded)
+    # the trainer's setting (Craftax compact, max_len 1,138); halvings under 2,048 tokens get no 1.5x size
     assert pass_capacities(32768, 1138) == (4096, 6144, 8192, 12288, 16384, 32768)
     assert pass_capacities(32768, 1138, fine=False) == (4096, 8192, 16384, 32768)
-    assert pass_capacities(6 * T, T) == (18, 27, 36, 72)
+    assert pass_capacities(8192, T) == (1024, 2048, 3072, 4096, 8192)
+    assert pass_capacities(6 * T, T) == (18, 36, 72)
     assert pass_capacities(T, T) == (T,)
 
 
 def test_last_pass_of_a_one_and_a_half_size_equals_padded(model):
-    # 25 tokens in 72 slots: the smallest size that holds them is 27, one of the 1.5x sizes
+    # 256 prompts of 9-11 tokens (2,560 in all) in passes of up to 8,192 slots: one pass of 3,072, a 1.5x size
     params, cache = model
-    ids, _ = ragged_batch(4)
-    lengths = jnp.asarray([5, 0, 7, 11, 2, 0], jnp.int32)
-    assert int(lengths.sum()) == 25 and 27 in pass_capacities(6 * T, T)
+    rng = np.random.default_rng(5)
+    ids = jnp.asarray(rng.integers(0, 256, size=(256, T)), jnp.int32)
+    lengths = jnp.asarray(np.resize([9, 10, 11], 256), jnp.int32)
+    assert 2048 < int(lengths.sum()) <= 3072 and 3072 in pass_capacities(8192, T)
     want = _encode(params, CONFIG, ids, lengths, layer=-1, pooling="last", prefix=cache)
-    got = _encode_packed(params, CONFIG, ids, lengths, layer=-1, pooling="last", prefix=cache, capacity=6 * T)
+    got = _encode_packed(params, CONFIG, ids, lengths, layer=-1, pooling="last", prefix=cache, capacity=8192)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
