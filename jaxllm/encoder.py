@@ -259,8 +259,8 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
     (`lax.while_loop`). `capacity` is the largest row (tokens per pass; None: `default_capacity`); while more
     tokens remain than it holds, passes use it, and the last pass uses the smallest of `pass_capacities` that holds
     the rest (`lax.switch`), so the padding computed is at most about a third of that last row (half above
-    capacity / 2 and below FINE_PASS_MIN tokens). Any capacity >= ids.shape[1] gives the same vectors. Rows of length 0 give `encode`'s fallback
-    vector.
+    capacity / 2 and below FINE_PASS_MIN tokens). Any capacity >= ids.shape[1] gives the same vectors. Rows of
+    length 0 give `encode`'s fallback vector.
     """
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
