@@ -28,6 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rl.config import TrainConfig, load_config, save_config
+from rl.files import atomic_write
 from rl.sharding import agree_with_main_process, is_main_process
 
 
@@ -98,9 +99,7 @@ def open_run_dir(cfg: TrainConfig, run_dir: Path, *, resume: bool) -> Path:
                           "--run-dir") from None
     check_writable(run_dir)
     if not cfg_path.exists():
-        tmp = cfg_path.with_suffix(".json.tmp")
-        save_config(cfg, tmp)
-        os.replace(tmp, cfg_path)
+        atomic_write(cfg_path, lambda tmp: save_config(cfg, tmp))
     return run_dir
 
 
@@ -150,9 +149,7 @@ class MetricsLog:
         if not self.writable or not self.path.exists():
             return
         kept = [line for line in self.read() if line["update"] <= update]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def append(self, record: dict[str, Any]) -> None:
         if not self.writable:

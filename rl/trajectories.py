@@ -21,7 +21,6 @@ sees a half-written file under a final name.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
 import threading
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
+
+from rl.files import atomic_write
 
 ARRAYS = ("obs", "next_obs", "action", "reward", "done", "log_prob")
 RECORDING_KEY = "recording"
@@ -73,24 +74,13 @@ def read_meta(npz, key: str) -> dict | None:
     return value
 
 
-def temporary_name(path: Path, tag: str = "tmp") -> Path:
-    """A name beside `path` for a file being written (never matched by '*.npz')."""
-    return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
-
-
 def save_npz_atomic(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     """Write `arrays` as an uncompressed .npz at `path`: to a temporary name beside it, fsync, then rename."""
-    path = Path(path)
-    tmp = temporary_name(path)
-    try:
+    def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+    atomic_write(path, write, sync=True)
 
 
 def load_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, dict]]:

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rl.files import npz_headers
 from rl.offline.targets import hold_source, returns_to_go, truncated_mask
 from rl.trajectories import LABELLING_KEY, RECORDING_KEY, TrajectoryError, trajectory_env
 
@@ -52,17 +53,7 @@ class FileInfo:
 
 def _headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """{key: (shape, dtype)} of every array in an .npz, read from the .npy headers only."""
-    out = {}
-    with zipfile.ZipFile(path) as z:
-        for name in z.namelist():
-            if not name.endswith(".npy"):
-                continue
-            with z.open(name) as f:
-                major, _ = np.lib.format.read_magic(f)
-                read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-                shape, _, dtype = read(f)
-            out[name[:-4]] = (tuple(shape), np.dtype(dtype))
-    return out
+    return npz_headers(path)
 
 
 def _read_json(path: Path, key: str) -> dict | None:

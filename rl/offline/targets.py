@@ -8,41 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def returns_to_go(reward, done, gamma: float, valid=None) -> np.ndarray:
-    """Discounted return-to-go float32 [T, B] of rewards [T, B]: G_t = r_t + gamma * G_{t+1} * (1 - done_t).
-
-    `done` [T, B] ends a return (the step that ended an episode keeps its own reward, nothing after it). An
-    invalid position (`valid` False) is a hole in the stream: it contributes nothing and cuts the return before
-    it (that return is truncated). After the last step the return is truncated as well."""
-    reward = np.asarray(reward, np.float32)
-    done = np.asarray(done, bool)
-    if reward.shape != done.shape or reward.ndim != 2:
-        raise ValueError(f"reward and done must both be [T, B]; got {reward.shape} and {done.shape}")
-    if valid is not None:
-        valid = np.asarray(valid, bool)
-        reward = np.where(valid, reward, np.float32(0))
-        done = done | ~valid
-    keep = np.float32(gamma) * (~done).astype(np.float32)
-    out = np.empty_like(reward)
-    carry = np.zeros(reward.shape[1], np.float32)
-    for t in range(reward.shape[0] - 1, -1, -1):
-        carry = reward[t] + keep[t] * carry
-        out[t] = carry
-    return out
-
-
-def truncated_mask(done, valid=None) -> np.ndarray:
-    """bool [T, B]: valid positions whose return is cut short, i.e. no episode end follows them in their env's
-    stream before a hole or the stream's end."""
-    done = np.asarray(done, bool)
-    valid = np.ones_like(done) if valid is None else np.asarray(valid, bool)
-    out = np.zeros_like(done)
-    ended = np.zeros(done.shape[1], bool)  # an episode end lies ahead (before any hole)
-    for t in range(done.shape[0] - 1, -1, -1):
-        ended = np.where(valid[t], ended | done[t], False)
-        out[t] = valid[t] & ~ended
-    return out
+from rl.returns import returns_to_go, truncated_mask  # noqa: F401 - the one definition (rl.returns)
 
 
 def hold_source(done, hidden_skip_n: int, valid=None) -> np.ndarray:

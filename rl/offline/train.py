@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rl.files import atomic_write
 from rl.offline import data as D
 from rl.offline.config import KIND, RESUME_MUTABLE, OfflineConfig, config_of, read_run_config
 from rl.offline.networks import AWRNetwork
@@ -86,9 +86,7 @@ def prepare(cfg: OfflineConfig, say: Callable[[str], None] = _stderr) -> Prepare
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def run_config(cfg: OfflineConfig, prep: Prepared, num_actions: int) -> dict[str, Any]:

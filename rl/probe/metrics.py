@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
+from rl.returns import stream_returns
+
 STAT_KEYS = ("n", "mean_dv", "median_dv", "p10_dv", "p90_dv", "sign_correct", "kl")
 
 
@@ -62,22 +64,8 @@ def load_trajectories(directory: Path, env: str) -> dict[str, Any]:
 def returns_to_go(reward: np.ndarray, done: np.ndarray, num_envs: int, gamma: float):
     """(rtg [N], valid bool [N]) of a time-major sample stream (sample i = step i // num_envs of env
     i % num_envs): the discounted return from each sample to its episode's end; samples of an episode that does
-    not end in the stream are not valid (their return is unknown)."""
-    n = len(reward)
-    steps = -(-n // num_envs)
-    pad = steps * num_envs - n
-    r = np.concatenate([np.asarray(reward, np.float64), np.zeros(pad)]).reshape(steps, num_envs)
-    d = np.concatenate([np.asarray(done, bool), np.zeros(pad, bool)]).reshape(steps, num_envs)
-    rtg = np.zeros_like(r)
-    valid = np.zeros_like(d)
-    acc = np.zeros(num_envs)
-    ended = np.zeros(num_envs, bool)
-    for t in range(steps - 1, -1, -1):
-        acc = np.where(d[t], 0.0, acc)
-        ended |= d[t]
-        acc = r[t] + gamma * acc
-        rtg[t], valid[t] = acc, ended
-    return rtg.reshape(-1)[:n], valid.reshape(-1)[:n]
+    not end in the stream are not valid (their return is unknown). `rl.returns.stream_returns`."""
+    return stream_returns(reward, done, num_envs, gamma)
 
 
 def value_diagnostics(value, next_value, reward, done, rtg, valid, gamma: float, bins: int = 10) -> dict[str, Any]:
