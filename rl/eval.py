@@ -2,79 +2,47 @@
 
 Every env plays one episode from a fresh world and only that first episode counts (so short episodes are
 not over-counted); it runs the trainer's own window scan, so the policy acts exactly as in training. For policies that read an LLM
-hidden state, the same episodes (same seeds) are also played with ablated hidden states:
-    real    the hidden states the policy was trained with (refreshed every skip_n steps)
-    zeros   all-zero vectors
-    noise   Gaussian noise with the per-feature mean and std of the real vectors of the same states
-    shuffled  real vectors, but of another env's state (rolled by one over the batch)
-    other_prompt  the real model on the same states, behind another system prompt (a second compile)
-If the returns with `zeros`/`noise` match `real`, the policy does not use the LLM. A `vllm` run is
+hidden state, the same episodes (same seeds) are also played with ablated hidden states (the one table of modes,
+`rl.modes`; other_prompt is a second compile):
+{modes}
+If the returns with `zero`/`noise` match `real`, the policy does not use the LLM. A `vllm` run is
 evaluated with the in-scan encoder of the same `--model` (it must be loadable locally).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxllm.compile import jit as jit_with_options
-from rl.encoders import LLMArgs, load_llm, make_llm_encoder
-from rl.envs import StepInfo
+from rl.llm import LLMArgs, compile_program, make_llm_encoder
+from rl.modes import MODES, OTHER_PROMPT, ablate, describe
+from rl.play import Episodes, episode_results, first_episodes, no_episodes, play_windows, summarise
 from rl.runs import restore_policy
 from rl.trainer import RolloutCarry
 from rl.trajectories import RecordedRollout
 
-MODES = ("real", "zeros", "noise", "shuffled", "other_prompt")
-OTHER_PROMPT = "You are a helpful assistant. Describe what you see."
+__doc__ = __doc__.replace("{modes}", describe())
 
-
-def ablate(h: jax.Array, mode: jax.Array, key: jax.Array) -> jax.Array:
-    """Hidden states [B, D] for ablation `mode` (traced int: index into MODES; other_prompt acts as real)."""
-    noise = h.mean(0, keepdims=True) + h.std(0, keepdims=True) * jax.random.normal(key, h.shape, h.dtype)
-    options = jnp.stack([h, jnp.zeros_like(h), noise, jnp.roll(h, 1, axis=0), h])
-    return options[mode]
-
-
-class Episodes(NamedTuple):
-    """Each env's first episode: its return, length and achievements once `finished`."""
-
-    finished: jax.Array  # bool [B]
-    returns: jax.Array  # float32 [B]
-    lengths: jax.Array  # int32 [B]
-    achievements: jax.Array  # bool [B, A]
-
-
-def first_episodes(seen: Episodes, info: StepInfo) -> Episodes:
-    """`seen` with the episodes that ended in a window's StepInfo [T, B] added, for envs that had none yet."""
-    ended = info.episode_length > 0
-    first = jnp.argmax(ended, axis=0)  # each env's first step that ended an episode
-    at_first = lambda x: x[first, jnp.arange(x.shape[1])]
-    new = ended.any(0) & ~seen.finished
-    pick = lambda x, old: jnp.where(new.reshape(new.shape + (1,) * (old.ndim - 1)), at_first(x), old)
-    return Episodes(seen.finished | new, pick(info.episode_return, seen.returns),
-                    pick(info.episode_length, seen.lengths), pick(info.achievements, seen.achievements))
-
-
-def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0):
-    """Episode player: play(params, seed, max_steps, mode, llm_args) -> numpy results.
+def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=None):
+    """Episode player: play(params, seed, max_steps, mode, llm_args) -> numpy results (`rl.play`).
 
     Every env plays one episode, in windows of the trainer's own scan (`Trainer.run_window`: the trainer's
     envs, policy sampling and hidden-state handling); `encode` (llm_params, cache, raw_states) -> h refreshes
-    the hidden state at the start of every `skip_n`-step window (0: once, at the start), and `mode` picks the
-    ablation applied to it (one compile for all modes). An env's first finished episode is its result (what it plays after the restart is
+    the hidden state at the start of every `skip_n`-step window (0: once, at the start), and `mode` (an index
+    into `rl.modes.MODES`) picks the ablation applied to it (one compile for all modes; `zero`: the policy's zero
+    vector, None = raw zeros). An env's first finished episode is its result (what it plays after the restart is
     not counted); an env still playing after `max_steps` reports its episode so far.
     """
     env, n = trainer.env, num_episodes
-    reset = jax.jit(lambda key: env.reset(key, jnp.arange(n)))
+    reset = compile_program(lambda key: env.reset(key, jnp.arange(n)), runs_llm=False)
 
     def run_window(carry: RolloutCarry, seen: Episodes, params, mode, llm_params, cache, window, keep=False):
         if encode is not None:
             key, k = jax.random.split(carry.key)
-            hidden = ablate(encode(llm_params, cache, carry.env_state.env_state), mode, k)
+            hidden = ablate(encode(llm_params, cache, carry.env_state.env_state), mode, k, zero)
             carry = carry._replace(hidden=hidden, key=key)
         carry, steps = trainer.run_window(params, carry, window)
         out = carry._replace(hidden=None), first_episodes(seen, steps.info)
@@ -92,33 +60,14 @@ def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0):
         window = (skip_n or max_steps) if encode is not None else min(64, max_steps)  # skip_n 0: encode once
         k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
         obs, state = reset(k_reset)
-        carry = RolloutCarry(state, obs, None, key)
-        seen = Episodes(jnp.zeros(n, bool), jnp.zeros(n), jnp.zeros(n, jnp.int32),
-                        jnp.zeros((n, len(env.achievement_names)), bool))
-        steps = 0
-        while steps < max_steps and not bool(seen.finished.all()):
-            out = run_window(carry, seen, params, jnp.int32(mode), *llm_args, window=window,
-                             keep=on_window is not None)
-            carry, seen = out[:2]
-            if on_window is not None:
-                on_window(out[2])
-            steps += window
-            if on_progress is not None:
-                on_progress(steps, int(seen.finished.sum()))
-        seen, running = jax.device_get((seen, carry.env_state))
-        return dict(returns=np.where(seen.finished, seen.returns, running.episode_return),
-                    lengths=np.where(seen.finished, seen.lengths, running.episode_length),
-                    achievements=seen.achievements, unfinished=int((~seen.finished).sum()))
+        keep = on_window is not None
+        step = lambda carry, seen, length: run_window(carry, seen, params, jnp.int32(mode), *llm_args, window=length,
+                                                      keep=keep)
+        carry, seen = play_windows(step, RolloutCarry(state, obs, None, key), no_episodes(n, len(env.achievement_names)),
+                                   max_steps, window, on_window=on_window, on_progress=on_progress)
+        return episode_results(seen, carry.env_state)
 
     return play
-
-
-def summarise(result: dict, names) -> dict[str, Any]:
-    r = result["returns"]
-    return {"episodes": len(r), "return_mean": float(r.mean()),
-            "return_stderr": float(r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else 0.0,
-            "length_mean": float(result["lengths"].mean()), "unfinished": result["unfinished"],
-            "achievements": {n: float(x) for n, x in zip(names, result["achievements"].mean(0))}}
 
 
 def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps: int = 10_000,
@@ -161,7 +110,7 @@ def _play_modes(policy, num_episodes, seed, max_steps, modes, on_window, say, st
         return {"real": summarise(play(runner.params, seed, max_steps, on_window=on_window,
                                        on_progress=progress("real")), names)}
     results = {}
-    for setup in (llm, load_llm(cfg, system_prompt=OTHER_PROMPT) if "other_prompt" in modes else None):
+    for setup in (llm, llm.with_prompt(OTHER_PROMPT) if "other_prompt" in modes else None):
         if setup is None:
             continue
         enc = policy.encode if setup is llm else make_llm_encoder(cfg.llm, setup)

@@ -2,17 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-MODE_MEANING = {
-    "real": "the hidden states the policy was trained with",
-    "zeros": "all-zero hidden states",
-    "noise": "Gaussian noise with the real states' mean and std",
-    "shuffled": "another env's real hidden state",
-    "other_prompt": "the real model behind another system prompt",
-}
+from rl.files import atomic_write
+from rl.modes import MEANINGS as MODE_MEANING  # the one table of modes (rl.modes)
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
@@ -56,14 +50,10 @@ def plot_ablations(results: dict[str, dict[str, Any]], out: Path, title: str) ->
     ax.axhline(0, color="black", linewidth=0.5)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.replace(tmp, out)  # a chart is never seen half written
+        atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))  # never seen half written
     finally:
         plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
     return out
 
 
@@ -107,9 +97,7 @@ def save_results(run_dir: Path, results: dict[str, dict[str, Any]]) -> tuple[lis
         if not isinstance(old, dict) or not all(isinstance(r, dict) for r in old.values()):
             old = {}
     merged, note = merge_results(old, results)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(merged, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(merged, indent=2) + "\n")
     written = [path]
     chart = run_dir / CHART_FILE
     if len(merged) > 1:

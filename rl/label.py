@@ -1,7 +1,7 @@
 """`python -m rl.label IN_DIR_OR_GLOB --out OUT_DIR --model ...`: label trajectory files with LLM hidden states.
 
 Every `obs` of every file goes through the jitted observation template (`render.build_template(...,
-source="obs")`) and the LLM call the trainer runs in-scan (`rl.encoders.make_ids_encoder`), in chunks of
+source="obs")`) and the LLM call the trainer runs in-scan (`rl.llm.make_ids_encoder`), in chunks of
 `--batch` observations split over all visible devices (a `jax.shard_map` over a 1-D mesh); the result is
 `OUT_DIR/<same name>.npz`: the input's arrays plus `hidden_state` float16 [N, D] and the labelling settings
 (`labelling`: model, layer, pooling, format, prompt hash, ...). A reader thread loads the next files and a writer
@@ -25,21 +25,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
-import hashlib
 import json
-import os
 import queue
 import sys
 import threading
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from rl.config import LLM_DTYPES, LLM_ENCODES, OBS_FORMATS, POOLINGS, LLMConfig, Sectioned
+from rl.files import atomic_write, npz_headers
+from rl.llm import comparable
 from rl.trajectories import (HIDDEN_KEY, LABELLING_KEY, TrajectoryError, load_arrays, meta_array,
                              read_meta, save_npz_atomic, trajectory_env)
 
@@ -79,11 +78,8 @@ def input_files(spec: str) -> list[Path]:
 def sample_count(path: Path) -> int:
     """N of a file's `obs`, read from the .npy header only (0 if that fails: the reader reports why)."""
     try:
-        with zipfile.ZipFile(path) as z, z.open("obs.npy") as f:
-            major, _ = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            shape, _, _ = read_header(f)
-            return int(shape[0]) if shape else 0
+        shape = npz_headers(path, ("obs",))["obs"][0]
+        return int(shape[0]) if shape else 0
     except Exception:
         return 0
 
@@ -136,7 +132,9 @@ class Labeller:
         import jax
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-        from jaxllm import load_model, load_tokenizer
+        from jaxllm import load_tokenizer
+
+        from rl.llm import load_model
 
         self.cfg = cfg
         devices = jax.devices()
@@ -146,7 +144,7 @@ class Labeller:
         self.mesh = Mesh(np.array(devices[:n]), (DATA_AXIS,))
         self.batch = -(-cfg.batch // n) * n  # a multiple of the device count
         self.tokenizer = load_tokenizer(cfg.model)
-        self.model = load_model(cfg.model, dtype=None if cfg.llm_dtype == "auto" else cfg.llm_dtype)
+        self.model = load_model(cfg.llm)
         self.hidden_size = int(self.model.config.hidden_size)
         self._replicated = NamedSharding(self.mesh, P())
         self._rows = NamedSharding(self.mesh, P(DATA_AXIS))
@@ -155,13 +153,10 @@ class Labeller:
         self._lock = threading.Lock()  # the reader thread asks for settings while the main thread encodes
 
     def settings(self, env: str) -> dict:
-        """The `labelling` entry of a file of `env` (what makes two labellings comparable)."""
-        tpl = self.template(env)
-        prompt = hashlib.sha256((tpl.head + "\x00" + tpl.tail).encode()).hexdigest()
-        c = self.cfg
-        return {"model": c.model, "llm_layer": c.llm_layer, "pooling": c.pooling, "obs_format": c.obs_format,
-                "prompt_sha256": prompt, "llm_dtype": c.llm_dtype, "llm_encode": c.llm_encode,
-                "hidden_size": self.hidden_size, "env": env}
+        """The `labelling` entry of a file of `env` (what makes two labellings comparable; `rl.llm`)."""
+        from rl.llm import labelling_settings
+
+        return labelling_settings(self.cfg.llm, self.template(env), self.hidden_size, env)
 
     def template(self, env: str):
         return self._setup(env)[0]
@@ -175,22 +170,15 @@ class Labeller:
             import jax
             from jax.sharding import PartitionSpec as P
 
-            from jaxllm import prefill
-            from jaxllm.compile import compiler_options, jit as jit_with_options
-            from render import build_template
-            from rl.encoders import make_ids_encoder
+            from rl.llm import compile_llm, label_observations, make_ids_encoder, make_template, prefix_cache
 
             c = self.cfg
-            tpl = build_template(self.tokenizer, env, fmt=c.obs_format, system_prompt=c.system_prompt,
-                                 source="obs")
-            cache = jax.jit(prefill, static_argnums=1)(self.params, self.model.config,
-                                                       np.asarray(tpl.prefix_ids, np.int32))
-            cache = jax.device_put(cache, self._replicated)
+            tpl = make_template(self.tokenizer, c.llm, env, source="obs")
+            cache = jax.device_put(prefix_cache(self.model, tpl), self._replicated)
             encode_ids = make_ids_encoder(self.model.config, **c.llm.encode_options())
-            fn = jit_with_options(jax.shard_map(label_observations(tpl, encode_ids), mesh=self.mesh,
-                                                in_specs=(P(), P(), P(DATA_AXIS), P(DATA_AXIS)),
-                                                out_specs=P(DATA_AXIS), check_vma=False),
-                                  compiler_options=compiler_options())
+            fn = compile_llm(jax.shard_map(label_observations(tpl, encode_ids), mesh=self.mesh,
+                                           in_specs=(P(), P(), P(DATA_AXIS), P(DATA_AXIS)),
+                                           out_specs=P(DATA_AXIS), check_vma=False))
             self._per_env[env] = (tpl, cache, fn)
         return self._per_env[env]
 
@@ -206,22 +194,6 @@ class Labeller:
         out = fn(self.params, cache, jax.device_put(padded, self._rows), jax.device_put(valid, self._rows))
         out.copy_to_host_async()
         return out
-
-
-def label_observations(tpl, encode_ids) -> Callable:
-    """The labels' function: (llm params, prefix cache, obs [b, O], valid bool [b]) -> float16 [b, D], the
-    template `tpl` rendering each observation and `encode_ids` (`rl.encoders.make_ids_encoder`) encoding it; rows
-    with valid False get length 0 (the LLM skips them) and come back meaningless. The labeller runs it per
-    device; offline evaluation (`rl.offline.evaluate`) runs it to label what its policy sees the same way."""
-    import jax
-    import jax.numpy as jnp
-
-    def chunk(params, cache, obs, valid):
-        ids, lengths = jax.vmap(tpl)(obs)
-        lengths = jnp.where(valid, lengths, 0)
-        return encode_ids(params, cache, ids, lengths).astype(jnp.float16)
-
-    return chunk
 
 
 # ------------------------------------------------------------------------------------------------ preparing a file
@@ -242,7 +214,7 @@ def prepare(src: Path, out_dir: Path, labeller: Labeller) -> Job | Bad | Skipped
         settings = labeller.settings(env)
         if out.exists():
             done = _labelled_settings(out)
-            if done == settings:
+            if comparable(done) == comparable(settings):
                 _remove_partial(out)
                 return Skipped(src)
             raise TrajectoryError(f"{out} exists, labelled with other settings ({_settings_diff(done, settings)}); "
@@ -297,10 +269,7 @@ def _state(job: Job, batch: int, rows_done: int) -> dict:
 
 
 def _write_state(job: Job, batch: int, rows_done: int) -> None:
-    _, state_path = _partial_paths(job.out)
-    tmp = state_path.with_name(state_path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_state(job, batch, rows_done)))
-    os.replace(tmp, state_path)
+    atomic_write(_partial_paths(job.out)[1], json.dumps(_state(job, batch, rows_done)))
 
 
 def _remove_partial(out: Path) -> None:

@@ -1,7 +1,7 @@
 """A trained run's policy, restored from its run directory for playing (rl.eval, rl.video, probes, offline eval).
 
 The one place that knows how an `rl.train` run is read back: `play_settings` (config.json as a policy plays it),
-`read_checkpoint` (the newest checkpoint), and from them `restore_params` (settings + the policy's params: no
+`read_checkpoint` (the newest checkpoint that restores), and from them `restore_params` (settings + the policy's params: no
 trainer, no LLM, nothing compiled) and `restore_policy` (also the trainer that plays it and its LLM).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rl.config import TrainConfig, load_config
-from rl.encoders import LLMArgs, LLMSetup
+from rl.llm import LLMArgs, LLMSetup
 
 
 @dataclass(frozen=True)
@@ -54,17 +54,22 @@ def play_settings(run_dir: str | Path) -> TrainConfig:
 
 def read_checkpoint(run_dir: str | Path, target: Callable[[], Any] | None = None, *,
                     purpose: str = "use") -> tuple[int, Any]:
-    """(update count, state) of RUN_DIR's newest checkpoint, restored into the structure and shardings of the state
-    `target()` returns (None: as saved, host arrays; `target` is called only once a checkpoint is found).
-    FileNotFoundError (one line: "has no checkpoint to {purpose}") when there is none."""
-    from rl.rundir import Checkpoints
+    """(update count, state) of RUN_DIR's newest checkpoint that restores (the one restore policy of every tool:
+    `rl.rundir.Checkpoints.restore_newest`, which falls back to the previous good one and sets a damaged one
+    aside), restored into the structure and shardings of the state `target()` returns (None: as saved, host
+    arrays; `target` is called only once a checkpoint is found). FileNotFoundError (one line: "has no checkpoint
+    to {purpose}") when there is none; ValueError (one line) when none restores."""
+    from rl.rundir import CheckpointError, Checkpoints
 
     ckpt = Checkpoints(Path(run_dir))
     try:
-        step = ckpt.latest_step()
-        if step is None:
+        if ckpt.latest_step() is None:
             raise FileNotFoundError(f"{run_dir} has no checkpoint to {purpose}")
-        return int(step), ckpt.restore(None if target is None else target(), step)
+        try:
+            step, state = ckpt.restore_newest(None if target is None else target())
+        except CheckpointError as e:
+            raise ValueError(str(e)) from None
+        return int(step), state
     finally:
         ckpt.close()
 
@@ -88,7 +93,7 @@ def restore_policy(run_dir: str | Path, *, purpose: str = "use") -> RunPolicy:
     checkpoint, and what `load_config` raises for a missing or damaged config.json.
     """
     from rl.encoder_kinds import InScanEncoder
-    from rl.encoders import load_llm
+    from rl.llm import load_llm
     from rl.trainer import Trainer
 
     cfg = play_settings(run_dir)

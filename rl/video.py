@@ -9,6 +9,7 @@ reading along. GIF needs only Pillow; MP4 needs imageio's ffmpeg plugin (`pip in
 from __future__ import annotations
 
 import textwrap
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxllm.compile import jit as jit_with_options
+from rl.llm import compile_llm, compile_program
 
 PANEL_WIDTH = 560  # pixels of the text panel
 FRAME_HEIGHT = 480  # pixels of the game view after scaling
@@ -34,7 +35,8 @@ def _pixel_renderer(env_name: str):
     block_pixels = importlib.import_module(env.constants).BLOCK_PIXEL_SIZE_IMG
     options = {"do_night_noise": False} if env.night_noise else {}
     render = importlib.import_module(env.renderer).make_craftax_pixel_renderer(block_pixels, **options)
-    return jax.jit(lambda states: jnp.clip(jax.vmap(render)(states), 0, 255).astype(jnp.uint8))
+    return compile_program(lambda states: jnp.clip(jax.vmap(render)(states), 0, 255).astype(jnp.uint8),
+                           runs_llm=False)
 
 
 def _font():
@@ -120,17 +122,16 @@ def record_video(run_dir: Path, out: Path, *, episodes: int = 1, seed: int = 123
                                                  policy.llm_args)
     env, n = trainer.env, episodes
     window = cfg.skip_n if llm is not None else 16
-    encode = (jit_with_options(policy.encode, compiler_options=trainer.compiler_options)
-              if policy.encode is not None else None)
+    encode = compile_llm(policy.encode) if policy.encode is not None else None
 
-    @jax.jit
+    @partial(compile_program, runs_llm=False)
     def play_window(carry):
         return trainer.run_window(runner.params, carry, window, keep_states=True)
 
     render = _pixel_renderer(cfg.env)
     obs_text = _observation_text(cfg, llm)
     k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
-    obs, state = jax.jit(lambda k: env.reset(k, jnp.arange(n)))(k_reset)
+    obs, state = compile_program(lambda k: env.reset(k, jnp.arange(n)), runs_llm=False)(k_reset)
     carry = RolloutCarry(state, obs, None, key)
     font = _font()
     per_env: list[list[np.ndarray]] = [[] for _ in range(n)]

@@ -133,6 +133,7 @@ def bench_jax(args: argparse.Namespace, matmul_tflops: float) -> list[dict[str, 
     import numpy as np
 
     from jaxllm import encode, init_params, prefill
+    from jaxllm.compile import compiler_options, jit
 
     config = model_config(args)
     dtype = jnp.float32 if args.smoke else jnp.bfloat16
@@ -141,8 +142,10 @@ def bench_jax(args: argparse.Namespace, matmul_tflops: float) -> list[dict[str, 
     cache = None
     if args.prefix:
         prefix_ids = jnp.asarray(rng.integers(0, config.vocab_size, args.prefix), jnp.int32)
-        cache = jax.block_until_ready(jax.jit(prefill, static_argnums=1)(params, config, prefix_ids))
-    encode_jit = jax.jit(encode, static_argnames=("config", "layer", "pooling", "attention_impl"))
+        cache = jax.block_until_ready(jit(prefill, compiler_options=compiler_options(), static_argnums=1)(
+            params, config, prefix_ids))
+    encode_jit = jit(encode, compiler_options=compiler_options(),
+                     static_argnames=("config", "layer", "pooling", "attention_impl"))
     rows = []
     for t in args.seq:
         ids = jnp.asarray(rng.integers(0, config.vocab_size, (args.batch, t)), jnp.int32)
@@ -255,7 +258,8 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         fp8.swiglu_quantize = fp8.swiglu_quantize_reference if dtype == "fp8-xla-swiglu" else swiglu_quantize
         layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
         params = base if not dtype.startswith("fp8") else jax.block_until_ready(quantize_params(base))
-        cache = jax.block_until_ready(jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(prefix_ids)))
+        cache = jax.block_until_ready(jit(prefill, compiler_options=compiler_options(), static_argnums=1)(
+            params, config, jnp.asarray(prefix_ids)))
         opts = compiler_options() | args.xla_option  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)
         calls = {
             "rect": jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c), compiler_options=opts),

@@ -166,8 +166,8 @@ def test_readme_main_command_with_test_preset(full_run):
     assert all(np.isfinite(r["total_loss"]) and 0 <= r["hidden_zero_frac"] <= 1 for r in rows)
     assert rows[0]["llm_time_share"] is None and 0 < rows[1]["llm_time_share"] <= 1
 
-    results = evaluate(full_run, num_episodes=4, max_steps=8, modes=("real", "zeros", "noise", "shuffled"))
-    assert set(results) == {"real", "zeros", "noise", "shuffled"}
+    results = evaluate(full_run, num_episodes=4, max_steps=8, modes=("real", "zero", "noise", "shuffled"))
+    assert set(results) == {"real", "zero", "noise", "shuffled"}
     for r in results.values():
         assert r["episodes"] == 4 and np.isfinite(r["return_mean"])
 

@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory written by rl.offline train")
     e.add_argument("--episodes", type=int, default=128, metavar="N", help="episodes per mode (one per env)")
     e.add_argument("--modes", nargs="+", default=None, metavar="MODE",
-                   help="hidden-state ablations: real zeros shuffled (default: all three for --hidden real, the "
-                        "training mode otherwise)")
+                   help="hidden-state ablations (rl.modes: real zero noise shuffled other_prompt; default: real "
+                        "zero shuffled for --hidden real, the training mode otherwise)")
     e.add_argument("--seed", type=int, default=1234, help="seed of the evaluation worlds (the same for every mode)")
     e.add_argument("--max-steps", type=int, default=10_000, dest="max_steps", metavar="N",
                    help="stop an episode after this many steps (reported as unfinished)")

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rl.llm import compile_program
 from rl.offline.data import Layout, decode_obs
 from rl.offline.networks import normalise
 
@@ -66,8 +67,8 @@ def make_train_chunk(apply: Callable, optimizer: optax.GradientTransformation, l
         params = optax.apply_updates(params, updates)
         return (params, opt_state, shard, rows, stats), metrics
 
-    # no LLM in this program: XLA's default options (jaxllm.compile)
-    @partial(jax.jit, static_argnames="length", donate_argnums=(0, 1))
+    # no LLM in this program: XLA's default options (jaxllm.compile, through rl.llm.compile_program)
+    @partial(compile_program, runs_llm=False, static_argnames="length", donate_argnums=(0, 1))
     def chunk(params, opt_state, shard, rows, stats, start, length: int):
         us = start + jnp.arange(length, dtype=jnp.int32)
         (params, opt_state, *_), metrics = jax.lax.scan(one, (params, opt_state, shard, rows, stats), us)
@@ -90,7 +91,7 @@ def make_validation(apply: Callable, layout: Layout, *, mode: str, seed: int, ba
                 "accuracy": ((dist.logits.argmax(-1) == action) * v).sum()}
         return sums, v.sum()
 
-    @jax.jit
+    @partial(compile_program, runs_llm=False)
     def val(params, shard, stats):
         n = shard["rtg"].shape[0]
         idx = jnp.arange(n).reshape(-1, batch)

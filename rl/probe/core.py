@@ -3,6 +3,7 @@ prompt-only edits, the texts of the first pairs, and value diagnostics on trajec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl.llm import compile_llm, compile_program
 from rl.probe import pairs as pairs_mod
 from rl.probe import prompts
 from rl.probe.forward import make_forward, make_prepare, modes_for, pad_ids
@@ -72,8 +74,9 @@ class Prober:
         """Jitted (states [N], key) -> (low, high, ok) of `kind` on this env; None where it does not exist."""
         if kind.name not in self._builders:
             edit = kind.builder(self.policy.env)
-            self._builders[kind.name] = None if edit is None else jax.jit(
-                lambda states, key: jax.vmap(edit)(jax.random.split(key, states.player_position.shape[0]), states))
+            self._builders[kind.name] = None if edit is None else compile_program(
+                lambda states, key: jax.vmap(edit)(jax.random.split(key, states.player_position.shape[0]), states),
+                runs_llm=False)
         return self._builders[kind.name]
 
     def evaluate(self, low, high, key, prompt_only: bool = False, inject: np.ndarray | None = None):
@@ -134,7 +137,8 @@ def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int 
             ids = np.asarray(policy.llm.tokenizer([inj.text], add_special_tokens=False)["input_ids"][0], np.int32)
             ok = np.ones(n, bool)
             if inj.needs_no_adjacent_zombie:
-                ok = ~np.asarray(jax.jit(jax.vmap(lambda s: prompts.zombie_adjacent(policy.env, s)))(states))
+                ok = ~np.asarray(compile_program(jax.vmap(lambda s: prompts.zombie_adjacent(policy.env, s)),
+                                                  runs_llm=False)(states))
             values, logp = prober.evaluate(states, states, k_mode, inject=ids)
             low_texts = _texts(policy, _take(states, np.flatnonzero(ok)[:show])) if show else []
             texts = [(t, t + inj.text) for t in low_texts]
@@ -179,7 +183,7 @@ def trajectory_values(policy: ProbePolicy, directory: Path, batch: int = 512) ->
         obs_template = build_template(llm.tokenizer, policy.env, fmt=llm.obs_format,
                                       system_prompt=llm.system_prompt, source="obs")
 
-    @jax.jit
+    @partial(compile_llm if llm is not None else partial(compile_program, runs_llm=False))
     def values(params, llm_args, obs):
         hidden = None
         if obs_template is not None:

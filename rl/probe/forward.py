@@ -1,11 +1,11 @@
 """The policy on a batch of pairs under every hidden-state mode: one jitted call per kind.
 
-Hidden-state modes (as rl.eval's ablations, applied to pairs):
+Hidden-state modes (the one table, `rl.modes`, applied to pairs):
     real          the in-scan encoder on the prompt of each side, exactly as the run computes it
-    zero          all-zero vectors on both sides
+    zero          the policy's zero on both sides (raw zeros online; an offline policy's dataset mean)
     noise         per-feature mean and std of the batch's real vectors, the SAME draw on both sides of a pair
     shuffled      each side reads the real vector of the same side of another pair (rolled by one)
-    other_prompt  the real model on the same ids behind rl.eval's OTHER_PROMPT system prompt
+    other_prompt  the real model on the same ids behind rl.modes.OTHER_PROMPT
 zero/noise isolate what the observation alone does; noise and shuffled depend on the batch (the others are
 per pair: a batch gives what one pair at a time gives).
 """
@@ -16,9 +16,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from rl.llm import compile_llm, compile_program
+from rl.modes import MODES, shuffled
 from rl.probe.policy import ProbePolicy
-
-MODES = ("real", "zero", "noise", "shuffled", "other_prompt")
 
 
 def modes_for(policy: ProbePolicy) -> tuple[str, ...]:
@@ -34,7 +34,7 @@ def make_prepare(policy: ProbePolicy):
     raw_env, _ = make_raw_env(policy.env)
     template = policy.llm.template if policy.uses_hidden else None
 
-    @jax.jit
+    @partial(compile_program, runs_llm=False)
     def prepare(low, high):
         obs = [jax.vmap(raw_env.get_obs)(s).astype(jnp.float32) for s in (low, high)]
         if template is None:
@@ -49,12 +49,12 @@ def make_forward(policy: ProbePolicy, modes: tuple[str, ...]):
     """Jitted f(params, llm_args, other_args, obs_low, obs_high, ids_low, ids_high, len_low, len_high, key) ->
     (values f32 [M, 2, N], log-probs f32 [M, 2, N, A]) for the M `modes` (side 0 low, 1 high). ids of both
     sides share one width; llm/ids arguments are None for a policy without hidden state."""
-    llm = policy.llm
+    llm, zero = policy.llm, policy.zero
     bad = [m for m in modes if m not in MODES or (llm is None and m != "real")]
     if bad:
         raise ValueError(f"hidden-state modes {bad} do not apply; this policy takes {modes_for(policy)}")
 
-    @partial(jax.jit)
+    @partial(compile_llm if llm is not None else partial(compile_program, runs_llm=False))
     def forward(params, llm_args, other_args, obs_low, obs_high, ids_low, ids_high, len_low, len_high, key):
         n = obs_low.shape[0]
         obs = jnp.concatenate([obs_low, obs_high])
@@ -69,12 +69,12 @@ def make_forward(policy: ProbePolicy, modes: tuple[str, ...]):
             if mode == "real":
                 h = real
             elif mode == "zero":
-                h = jnp.zeros_like(real)
+                h = jnp.zeros_like(real) if zero is None else jnp.broadcast_to(zero, real.shape).astype(real.dtype)
             elif mode == "noise":
                 draw = jax.random.normal(key, (n, real.shape[1]), real.dtype)
                 h = jnp.tile(real.mean(0) + real.std(0) * draw, (2, 1))
             elif mode == "shuffled":
-                h = jnp.concatenate([jnp.roll(real[:n], 1, axis=0), jnp.roll(real[n:], 1, axis=0)])
+                h = jnp.concatenate([shuffled(real[:n]), shuffled(real[n:])])
             else:  # other_prompt
                 h = llm.encode_ids(*other_args, ids, lengths).astype(jnp.float32)
             hidden.append(h)

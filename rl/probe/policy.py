@@ -15,7 +15,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from rl.encoders import LLMArgs
+from rl.llm import LLMArgs
+from rl.modes import OTHER_PROMPT
 
 
 @dataclass(frozen=True)
@@ -42,27 +43,27 @@ class ProbePolicy:
     llm: ProbeLLM | None  # None: the policy reads no hidden state
     skip_n: int  # the hidden state is refreshed every skip_n steps while playing (0: once)
     gamma: float  # discount of the return-to-go in the value diagnostics
+    zero: Any = None  # the policy's zero hidden state (rl.modes): None = raw zeros; an offline policy's dataset mean
 
     @property
     def uses_hidden(self) -> bool:
         return self.llm is not None
 
 
-def _llm_parts(cfg, model, tokenizer, template, prefix_cache) -> ProbeLLM:
-    """ProbeLLM of a TrainConfig-like `cfg` from a loaded model (the other prompt's prefix computed here)."""
-    from jaxllm import prefill
-    from render import build_template
+def _llm_parts(cfg, model, tokenizer, template, prefix_cache, *, labels: bool = False) -> ProbeLLM:
+    """ProbeLLM of LLM settings `cfg` from a loaded model (the other prompt's prefix computed here). `labels`: the
+    policy was trained on `rl.label`'s float16 labels, so its hidden states are rounded to float16 as they were."""
+    from rl.llm import LLMSetup, make_ids_encoder
 
-    from rl.encoders import make_ids_encoder
-    from rl.eval import OTHER_PROMPT
+    setup = LLMSetup(model, tokenizer, template, prefix_cache, int(model.config.hidden_size))
+    other = setup.with_prompt(OTHER_PROMPT)
+    encode_ids = make_ids_encoder(model.config, **cfg.encode_options())
+    if labels:
+        import jax.numpy as jnp
 
-    other = build_template(tokenizer, cfg.env, fmt=cfg.obs_format, system_prompt=OTHER_PROMPT,
-                           assembly=cfg.template_assembly)
-    other_cache = jax.jit(prefill, static_argnums=1)(model.params, model.config,
-                                                     np.asarray(other.prefix_ids, np.int32))
-    encode_ids = make_ids_encoder(model.config, layer=cfg.llm_layer, pooling=cfg.pooling, method=cfg.llm_encode,
-                                  capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
-    return ProbeLLM(template, encode_ids, LLMArgs(model.params, prefix_cache), LLMArgs(model.params, other_cache),
+        raw = encode_ids
+        encode_ids = lambda *a: raw(*a).astype(jnp.float16).astype(jnp.float32)  # noqa: E731
+    return ProbeLLM(template, encode_ids, LLMArgs(model.params, prefix_cache), other.jit_args,
                     tokenizer, cfg.obs_format, cfg.system_prompt)
 
 
@@ -93,8 +94,8 @@ def _load_online(run_dir: Path) -> ProbePolicy:
     """An rl.train run: its settings and newest params (`rl.runs.restore_params`: no trainer, nothing compiled), its
     LLM (vllm runs get the in-scan encoder of the same model, as in rl.eval), the params checked against the network
     the config builds."""
-    from rl.encoders import load_llm
     from rl.envs import BatchedEnv
+    from rl.llm import load_llm
     from rl.networks import make_network
     from rl.runs import restore_params
 
@@ -130,29 +131,15 @@ def _load_offline(run_dir: Path, raw: dict) -> ProbePolicy:
     parts = None
     if pol.uses_hidden:
         parts = _offline_llm(pol.env, pol.labelling or {})
+    zero = None if pol.stats is None else pol.stats["mean"]
     return ProbePolicy(str(run_dir), pol.env, pol.params, pol.apply, parts, int(pol.hidden_skip_n),
-                       float(raw.get("gamma", 0.99)))
+                       float(raw.get("gamma", 0.99)), zero)
 
 
 def _offline_llm(env: str, labelling: dict) -> ProbeLLM:
-    """The in-scan LLM of an offline run's `labelling` metadata (rl.label's keys: model, llm_layer, pooling,
-    obs_format, llm_dtype, llm_encode, system_prompt)."""
-    from jaxllm import load_model, load_tokenizer, prefill
-    from render import build_template
+    """The in-scan LLM of an offline run's `labelling` metadata, rebuilt as its labels were (`rl.llm`: the stored
+    prompt text, the prompt hash checked, float16 like the labels), on the state template of the same format."""
+    from rl.llm import load_labelled_llm
 
-    from rl.config import TrainConfig
-
-    if "model" not in labelling:
-        raise ValueError("the offline run's labelling metadata names no model; cannot rebuild its LLM")
-    get = lambda *names, default=None: next((labelling[n] for n in names if n in labelling), default)
-    cfg = TrainConfig(env=env, encoder="inscan", model=labelling["model"], llm_layer=int(get("llm_layer", "layer",
-                      default=-1)), pooling=get("pooling", default="last"),
-                      obs_format=get("obs_format", "format", default="compact"),
-                      llm_dtype=get("llm_dtype", "dtype", default="auto"),
-                      llm_encode=get("llm_encode", default="bucketed"),
-                      system_prompt=get("system_prompt", default=None))
-    tokenizer = load_tokenizer(cfg.model)
-    template = build_template(tokenizer, env, fmt=cfg.obs_format, system_prompt=cfg.system_prompt)
-    model = load_model(cfg.model, dtype=None if cfg.llm_dtype == "auto" else cfg.llm_dtype)
-    cache = jax.jit(prefill, static_argnums=1)(model.params, model.config, np.asarray(template.prefix_ids, np.int32))
-    return _llm_parts(cfg, model, tokenizer, template, cache)
+    cfg, llm = load_labelled_llm(labelling, env, source="state")
+    return _llm_parts(cfg, llm.model, llm.tokenizer, llm.template, llm.prefix_cache, labels=True)

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-MODE_MEANING = {
-    "real": "the in-scan hidden state of each side's prompt",
-    "zero": "zeros on both sides (the observation alone)",
-    "noise": "one Gaussian draw with the real vectors' mean and std, the same on both sides",
-    "shuffled": "each side reads another pair's real vector",
-    "other_prompt": "the real model behind another system prompt",
-}
+from rl.files import atomic_write
+from rl.modes import MEANINGS  # the one table of modes (rl.modes)
+
+# what each mode means for a PAIR (both sides); the mode itself is rl.modes' (noise: one draw for both sides)
+MODE_MEANING = dict(MEANINGS, noise=MEANINGS["noise"] + ", one draw shared by both sides of a pair",
+                    shuffled="each side reads the real vector of the same side of another pair (rolled by one)")
 
 
 def _fmt(x, spec: str) -> str:
@@ -50,10 +48,7 @@ def format_table(run: str, probe: dict[str, Any]) -> str:
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, text)
 
 
 def contract_json(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -104,11 +99,10 @@ def plot(runs: list[tuple[str, dict[str, Any]]], out: Path) -> Path:
         ax.set_title(Path(run).name, fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, out)
-    return out
+    try:
+        return atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def side_by_side(low: str, high: str, width: int = 64) -> str:

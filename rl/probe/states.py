@@ -8,10 +8,13 @@ template), as the run computes it.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
 from rl.envs import BatchedEnv
+from rl.llm import compile_llm, compile_program
 from rl.probe.policy import ProbePolicy
 
 
@@ -36,7 +39,7 @@ def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024):
 def _advance(policy: ProbePolicy, env: BatchedEnv, window: int):
     llm = policy.llm
 
-    @jax.jit
+    @partial(compile_llm if llm is not None else partial(compile_program, runs_llm=False))
     def advance(params, llm_args, state, obs, kept, take, key):
         hidden = None
         if llm is not None:
