@@ -11,7 +11,6 @@ from typing import Any
 from jaxllm.encoder import POOLINGS
 from render.envs import ENV_NAMES, FORMATS
 from render.template import ASSEMBLIES
-from rl.encoders import ENCODE_METHODS
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
 from rl.sharding import resolve_device_count
@@ -37,7 +36,7 @@ ENCODERS = tuple(ENCODER_FACTS)
 OBS_FORMATS = FORMATS  # render.build_template's `fmt`
 TEMPLATE_ASSEMBLIES = ASSEMBLIES  # render.build_template's `assembly` (same ids, different kernels)
 LLM_DTYPES = ("auto", "float32", "bfloat16", "fp8")  # fp8: W8A8 matmuls (jaxllm.fp8), bf16 elsewhere
-LLM_ENCODES = ENCODE_METHODS  # how a batch of prompts meets the LLM (rl.encoders.make_ids_encoder)
+LLM_ENCODES = ("bucketed", "packed")  # how a batch of prompts meets the LLM (rl.llm.make_ids_encoder)
 RESET_HIDDEN = ("auto", "pool", "zero")
 
 # Flags that `--resume` accepts (they do not change results: the server's address, which kernels build the ids,

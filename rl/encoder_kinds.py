@@ -28,7 +28,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxllm.compile import compiler_options
 from rl.config import HiddenConfig, LLMConfig
-from rl.encoders import LLMArgs, LLMSetup, VLLMEncoder, load_llm, make_llm_encoder, make_token_fn
+from rl.encoders import VLLMEncoder, make_token_fn
+from rl.llm import LLMArgs, LLMSetup, load_llm, make_llm_encoder
 from rl.sharding import ENV_AXIS, from_process_local_rows, process_local_rows
 from rl.trajectories import RecordedRollout
 

@@ -14,10 +14,6 @@ from typing import Callable
 import jax
 import numpy as np
 
-# the one LLM path (rl.llm); re-exported here for the trainer's encoder kinds and older callers
-from rl.llm import (ENCODE_METHODS, LLMArgs, LLMSetup, load_llm, make_ids_encoder,  # noqa: F401
-                    make_inscan_encoder, make_llm_encoder)
-
 
 def make_token_fn(template) -> Callable:
     """Jitted raw_states [B] -> (ids int32 [B, T], lengths int32 [B]) (the host path's first half)."""

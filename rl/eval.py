@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxllm.compile import jit as jit_with_options
-from rl.llm import LLMArgs, compile_program, make_llm_encoder
+from rl.jit import compile_program
+from rl.llm import LLMArgs, make_llm_encoder
 from rl.modes import MODES, OTHER_PROMPT, ablate, describe
 from rl.play import Episodes, episode_results, first_episodes, no_episodes, play_windows, summarise
 from rl.runs import restore_policy

@@ -170,7 +170,8 @@ class Labeller:
             import jax
             from jax.sharding import PartitionSpec as P
 
-            from rl.llm import compile_llm, label_observations, make_ids_encoder, make_template, prefix_cache
+            from rl.jit import compile_llm
+            from rl.llm import label_observations, make_ids_encoder, make_template, prefix_cache
 
             c = self.cfg
             tpl = make_template(self.tokenizer, c.llm, env, source="obs")

@@ -23,6 +23,9 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
+from rl.config import LLM_ENCODES, LLMConfig
+from rl.jit import compile_llm, compile_program  # noqa: F401 - the LLM path's compile (rl.jit)
+
 
 class LLMArgs(NamedTuple):
     """The LLM arrays a jitted program takes as explicit arguments (both None without an LLM)."""
@@ -59,20 +62,6 @@ class LLMSetup:
                                   assembly=tpl.assembly, source=tpl.source)
         cache = None if self.model is None else prefix_cache(self.model, template)
         return LLMSetup(self.model, self.tokenizer, template, cache, self.hidden_size)
-
-
-def compile_program(fn: Callable, *, runs_llm: bool = True, **jit_kwargs) -> Callable:
-    """`fn` jitted through `jaxllm.compile.jit` with `jaxllm.compile.compiler_options(runs_llm=...)`: the one way
-    rl compiles an outermost program (tests/test_compile_rule.py). A program that runs the LLM gets the LLM's XLA
-    options (on a GPU: Triton GEMMs off; issue 23); one that does not gets XLA's defaults (= `jax.jit`)."""
-    from jaxllm.compile import compiler_options, jit
-
-    return jit(fn, compiler_options=compiler_options(runs_llm=runs_llm), **jit_kwargs)
-
-
-def compile_llm(fn: Callable, **jit_kwargs) -> Callable:
-    """`compile_program(fn, runs_llm=True)`: how every program that runs the LLM is compiled. Outermost jits only."""
-    return compile_program(fn, runs_llm=True, **jit_kwargs)
 
 
 def prompt_sha256(template) -> str:
@@ -150,8 +139,6 @@ def comparable(settings: dict | None) -> dict | None:
 def labelled_llm_config(labelling: dict, system_prompt: Any = None):
     """The `LLMConfig` of a `labelling` entry (rl.label's keys; a few older spellings too). `system_prompt`
     overrides the stored text (only needed for files labelled before the text was stored)."""
-    from rl.config import LLMConfig
-
     if "model" not in labelling:
         raise ValueError("the labelling metadata names no model; cannot rebuild its LLM")
     get = lambda *names, default=None: next((labelling[n] for n in names if n in labelling), default)
@@ -188,7 +175,7 @@ def load_labelled_llm(labelling: dict, env: str, system_prompt: Any = None, *, s
 
 # ------------------------------------------------------------------------------------------------ encode functions
 
-ENCODE_METHODS = ("bucketed", "packed")  # how make_ids_encoder lays a batch of prompts out for the LLM
+ENCODE_METHODS = LLM_ENCODES  # how make_ids_encoder lays a batch of prompts out for the LLM (rl.config)
 
 
 def make_ids_encoder(llm_config, *, layer: int, pooling: str, method: str = "bucketed", capacity: int = 0,

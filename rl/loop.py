@@ -139,7 +139,7 @@ class RunOutputs:
 
 def _curves_png(run_dir: Path) -> Path | None:
     """The run's learning curves drawn into run_dir/curves.png (for the trackers); None when drawing fails."""
-    from rl.plot import plot_runs
+    from rl.curves import plot_runs
 
     try:
         return plot_runs([run_dir], run_dir / "curves.png")

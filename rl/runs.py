@@ -10,17 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rl.config import TrainConfig, load_config
+from rl.config import TrainConfig
 from rl.llm import LLMArgs, LLMSetup
-
-
-@dataclass(frozen=True)
-class RunParams:
-    """What `restore_params` returns: a run's settings and its newest checkpoint's policy params."""
-
-    cfg: TrainConfig  # `play_settings` of the run
-    params: Any  # the policy network's params (as restored: host arrays, no target structure)
-    step: int  # that checkpoint's update count
+from rl.readrun import RunParams, play_settings, read_checkpoint, restore_params  # noqa: F401 - the light reader
 
 
 @dataclass(frozen=True)
@@ -42,44 +34,6 @@ class RunPolicy:
     def llm_args(self) -> LLMArgs:
         """The arguments `encode` (and the trainer's jitted functions) take for the LLM."""
         return self.llm.jit_args if self.llm is not None else LLMArgs()
-
-
-def play_settings(run_dir: str | Path) -> TrainConfig:
-    """RUN_DIR/config.json (any version rl.train wrote: `rl.config.load_config`) as a policy plays it: on one device
-    whatever the run trained on, nothing recorded, and an HTTP-encoder run with the in-scan encoder of the same model
-    (which computes the same hidden states)."""
-    cfg = load_config(Path(run_dir) / "config.json").replace(devices=1, save_trajectories=None)
-    return cfg.replace(encoder="inscan") if cfg.uses_llm else cfg
-
-
-def read_checkpoint(run_dir: str | Path, target: Callable[[], Any] | None = None, *,
-                    purpose: str = "use") -> tuple[int, Any]:
-    """(update count, state) of RUN_DIR's newest checkpoint that restores (the one restore policy of every tool:
-    `rl.rundir.Checkpoints.restore_newest`, which falls back to the previous good one and sets a damaged one
-    aside), restored into the structure and shardings of the state `target()` returns (None: as saved, host
-    arrays; `target` is called only once a checkpoint is found). FileNotFoundError (one line: "has no checkpoint
-    to {purpose}") when there is none; ValueError (one line) when none restores."""
-    from rl.rundir import CheckpointError, Checkpoints
-
-    ckpt = Checkpoints(Path(run_dir))
-    try:
-        if ckpt.latest_step() is None:
-            raise FileNotFoundError(f"{run_dir} has no checkpoint to {purpose}")
-        try:
-            step, state = ckpt.restore_newest(None if target is None else target())
-        except CheckpointError as e:
-            raise ValueError(str(e)) from None
-        return int(step), state
-    finally:
-        ckpt.close()
-
-
-def restore_params(run_dir: str | Path, *, purpose: str = "use") -> RunParams:
-    """The light restore: a run's `play_settings` and its newest checkpoint's policy params, without building a
-    trainer, loading an LLM or compiling anything (the probe checks them against the network it builds)."""
-    cfg = play_settings(run_dir)
-    step, state = read_checkpoint(run_dir, None, purpose=purpose)
-    return RunParams(cfg, state["params"], step)
 
 
 def restore_policy(run_dir: str | Path, *, purpose: str = "use") -> RunPolicy:

@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxllm.compile import jit as jit_with_options
 from rl.config import EnvConfig, PPOConfig, TrainConfig, resolve_devices
 from rl.encoder_kinds import Encoder, LLMWindow, make_encoder, recorded_rollout
-from rl.encoders import LLMArgs
+from rl.llm import LLMArgs
 from rl.envs import BatchedEnv, EnvBatchState, StepInfo
 from rl.networks import make_network
 from rl.ppo import PPOHyper, Transition, make_optimizer, ppo_update

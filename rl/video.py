@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.llm import compile_llm, compile_program
+from rl.jit import compile_llm, compile_program
 
 PANEL_WIDTH = 560  # pixels of the text panel
 FRAME_HEIGHT = 480  # pixels of the game view after scaling

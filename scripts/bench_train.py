@@ -78,7 +78,7 @@ _LLM_CACHE: dict = {}
 def _llm_for(cfg: TrainConfig):
     """The in-scan LLM of `cfg`, loaded once per (model, dtype, env, format, prompt) in this process (the layer and the
     pooling are the encoder's, not the loaded model's: rows that differ only there share one copy)."""
-    from rl.encoders import load_llm
+    from rl.llm import load_llm
 
     key = (cfg.model, cfg.llm_dtype, cfg.env, cfg.obs_format, cfg.system_prompt)
     if key not in _LLM_CACHE:

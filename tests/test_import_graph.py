@@ -93,3 +93,48 @@ def test_the_layer_check_sees_an_import_of_tests(tmp_path):
 def test_the_checker_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b", "x"}, "b": set()}) is None
+
+
+# The tools (issue 34): each imports the shared layers below it, never another tool. A tool is its entry module
+# and the modules only it uses; rl.video is the recorder layer under `rl.eval --video`, rl.offline's config, data,
+# networks, update and policy are the offline layers that rl.offline and rl.probe share.
+TOOLS = {"train": {"rl.train"}, "eval": {"rl.eval"}, "label": {"rl.label"}, "plot": {"rl.plot"},
+         "offline": {"rl.offline.__main__", "rl.offline.train", "rl.offline.evaluate"},
+         "probe": {"rl.probe.__main__", "rl.probe.core", "rl.probe.forward", "rl.probe.states", "rl.probe.policy",
+                   "rl.probe.parts"}}
+MAX_FLOORS = 9  # rl's import layers (longest chain of rl modules, each on top of what it imports); 12 before issue 34
+
+
+def _tool_of(module: str) -> str | None:
+    return next((tool for tool, modules in TOOLS.items() if module in modules), None)
+
+
+def test_no_tool_imports_another_tool():
+    graph = _graph()
+    assert set().union(*TOOLS.values()) <= set(graph)
+    bad = sorted((m, d) for m, deps in graph.items() for d in deps
+                 if _tool_of(m) and _tool_of(d) and _tool_of(m) != _tool_of(d))
+    assert not bad, f"a tool imports another tool (move what they share into a layer below both): {bad}"
+
+
+def rl_floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """module -> its floor: 1 + the highest floor among the rl modules it imports (1 for none)."""
+    rl = {m: {d for d in deps if d in graph and d.split(".")[0] == "rl"} for m, deps in graph.items()
+          if m.split(".")[0] == "rl"}
+    floors: dict[str, int] = {}
+
+    def floor(m):
+        if m not in floors:
+            floors[m] = 1 + max((floor(d) for d in rl[m]), default=0)
+        return floors[m]
+
+    for m in rl:
+        floor(m)
+    return floors
+
+
+def test_rl_stands_on_few_floors():
+    floors = rl_floors(_graph())
+    top = max(floors.values())
+    assert top <= MAX_FLOORS, f"rl now stands on {top} floors (at most {MAX_FLOORS}): " + ", ".join(
+        sorted(m for m, f in floors.items() if f == top))

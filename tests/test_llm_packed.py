@@ -268,7 +268,7 @@ def test_cudnn_packed_probe_falls_back_with_one_warning(monkeypatch):
 
 
 def test_trainer_refuses_a_capacity_below_the_templates_max_len(templates):
-    from rl.encoders import make_inscan_encoder
+    from rl.llm import make_inscan_encoder
 
     tpl = templates[("Craftax-Classic-Symbolic-v1", "compact")]
     with pytest.raises(ValueError, match=rf"--llm-capacity 100 .*max_len {tpl.max_len}"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rl.config import PRESETS, TrainConfig
-from rl.encoders import load_llm
+from rl.llm import load_llm
 from rl.trainer import RolloutCarry, Trainer
 
 ENV = "Craftax-Classic-Symbolic-v1"

@@ -184,7 +184,7 @@ def _ids_of(labeller, obs):
 def test_vectors_equal_the_inscan_encoder_on_the_same_ids(dataset, reference, labeller):
     """The labeller's vectors are `rl.encoders.make_ids_encoder`'s (the trainer's LLM call) on the obs template's
     ids of the same chunk of observations."""
-    from rl.encoders import make_ids_encoder
+    from rl.llm import make_ids_encoder
 
     name = "traj-000000000160.npz"  # 32 samples: 4 full chunks
     obs, hidden = _load(dataset / name)["obs"], _load(reference / name)[HIDDEN_KEY]

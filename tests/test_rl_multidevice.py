@@ -191,7 +191,7 @@ def worker_equality(out: Path) -> None:
     }
     (out / "errors.json").write_text(json.dumps(errors))
 
-    from rl.encoders import load_llm
+    from rl.llm import load_llm
 
     llm = None
     for devices in (1, 2):
@@ -207,7 +207,7 @@ def worker_equality(out: Path) -> None:
 
 
 def _train_vllm(cfg):
-    from rl.encoders import load_llm
+    from rl.llm import load_llm
     from rl.trainer import Trainer
 
     trainer = Trainer.from_config(cfg, load_llm(cfg, with_model=False), _FakeVLLM())

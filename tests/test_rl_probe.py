@@ -165,7 +165,7 @@ def llm_policy():
     """The hand-built critic reading the tiny LLM's hidden state (with weight 0 for its value; a small weight
     on the logits), built like an online run's policy."""
     from rl.config import TrainConfig
-    from rl.encoders import load_llm
+    from rl.llm import load_llm
     from rl.probe.policy import _llm_parts
 
     cfg = TrainConfig(env=CLASSIC, encoder="inscan", model="tiny", llm_dtype="float32")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from rl.config import PRESETS, TrainConfig
-from rl.encoders import VLLMEncoder, load_llm
+from rl.encoders import VLLMEncoder
+from rl.llm import load_llm
 from rl.train import main
 from rl.trainer import Trainer
 

@@ -18,7 +18,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from rl.llm import compile_llm, compile_program, load_labelled_llm, make_obs_encoder
+from rl.jit import compile_llm, compile_program
+from rl.llm import load_labelled_llm, make_obs_encoder
 from rl.modes import MODES, OTHER_PROMPT, ablate, check_modes
 from rl.offline.policy import OfflinePolicy, load_policy
 from rl.play import episode_results, first_episodes, no_episodes, play_windows, summarise

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rl.llm import compile_program
+from rl.jit import compile_program
 from rl.offline.data import Layout, decode_obs
 from rl.offline.networks import normalise
 

@@ -11,12 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.llm import compile_llm, compile_program
+from rl.jit import compile_llm, compile_program
 from rl.probe import pairs as pairs_mod
 from rl.probe import prompts
 from rl.probe.forward import make_forward, make_prepare, modes_for, pad_ids
 from rl.probe.metrics import STAT_KEYS, pair_stats
-from rl.probe.policy import ProbePolicy
+from rl.probe.parts import ProbePolicy
 from rl.probe.states import play_states
 
 

@@ -16,9 +16,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from rl.llm import compile_llm, compile_program
+from rl.jit import compile_llm, compile_program
 from rl.modes import MODES, shuffled
-from rl.probe.policy import ProbePolicy
+from rl.probe.parts import ProbePolicy
 
 
 def modes_for(policy: ProbePolicy) -> tuple[str, ...]:

@@ -7,47 +7,15 @@ offline runs (config.json with
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import jax
 import numpy as np
 
 from rl.llm import LLMArgs
+from rl.probe.parts import ProbeLLM, ProbePolicy  # noqa: F401 - ProbePolicy: what load_policy returns
+from rl.readrun import OFFLINE, run_kind
 from rl.modes import OTHER_PROMPT
-
-
-@dataclass(frozen=True)
-class ProbeLLM:
-    """The LLM side of a policy: token template, the batched LLM call and its arrays."""
-
-    template: Any  # render.Template of the run's settings (state -> ids)
-    encode_ids: Callable  # (llm_params, prefix_cache, ids [B, T], lengths [B]) -> raw hidden f32 [B, D]
-    args: LLMArgs  # params + prefix cache of the run's system prompt
-    other_args: LLMArgs  # the same params + the prefix cache of rl.eval's OTHER_PROMPT
-    tokenizer: Any
-    obs_format: str
-    system_prompt: Any  # what build_template took (None = the template's default)
-
-
-@dataclass(frozen=True)
-class ProbePolicy:
-    """A trained policy as the probe uses it (online and offline runs alike)."""
-
-    run: str
-    env: str
-    params: Any
-    apply: Callable  # (params, obs f32 [B, O], raw hidden f32 [B, D] | None) -> (distrax.Categorical, value [B])
-    llm: ProbeLLM | None  # None: the policy reads no hidden state
-    skip_n: int  # the hidden state is refreshed every skip_n steps while playing (0: once)
-    gamma: float  # discount of the return-to-go in the value diagnostics
-    zero: Any = None  # the policy's zero hidden state (rl.modes): None = raw zeros; an offline policy's dataset mean
-
-    @property
-    def uses_hidden(self) -> bool:
-        return self.llm is not None
 
 
 def _llm_parts(cfg, model, tokenizer, template, prefix_cache, *, labels: bool = False) -> ProbeLLM:
@@ -57,7 +25,8 @@ def _llm_parts(cfg, model, tokenizer, template, prefix_cache, *, labels: bool = 
 
     setup = LLMSetup(model, tokenizer, template, prefix_cache, int(model.config.hidden_size))
     other = setup.with_prompt(OTHER_PROMPT)
-    encode_ids = make_ids_encoder(model.config, **cfg.encode_options())
+    encode_ids = make_ids_encoder(model.config, layer=cfg.llm_layer, pooling=cfg.pooling, method=cfg.llm_encode,
+                                  capacity=cfg.llm_capacity, chunk=cfg.llm_chunk)
     if labels:
         import jax.numpy as jnp
 
@@ -69,23 +38,16 @@ def _llm_parts(cfg, model, tokenizer, template, prefix_cache, *, labels: bool = 
 
 def check_run_dir(run_dir: Path) -> Path:
     """`run_dir`'s config.json; FileNotFoundError (one line) if there is none."""
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json); pass a directory written by "
-                                f"rl.train or rl.offline train")
-    return path
+    run_kind(run_dir)
+    return Path(run_dir) / "config.json"
 
 
 def load_policy(run_dir: Path) -> ProbePolicy:
     """The newest checkpoint of `run_dir` as a ProbePolicy. ValueError / FileNotFoundError (one line) for a
-    directory that is not a run."""
+    directory that is not a run (`rl.readrun.run_kind`: the one reader of a run directory)."""
     run_dir = Path(run_dir)
-    path = check_run_dir(run_dir)
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); pass a run directory written by rl.train") from None
-    if isinstance(raw, dict) and raw.get("kind") == "offline-awr":
+    kind, raw = run_kind(run_dir)
+    if kind == OFFLINE:
         return _load_offline(run_dir, raw)
     return _load_online(run_dir)
 
@@ -97,7 +59,7 @@ def _load_online(run_dir: Path) -> ProbePolicy:
     from rl.envs import BatchedEnv
     from rl.llm import load_llm
     from rl.networks import make_network
-    from rl.runs import restore_params
+    from rl.readrun import restore_params
 
     run = restore_params(run_dir, purpose="probe")
     cfg, params = run.cfg, run.params

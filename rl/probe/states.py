@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from rl.envs import BatchedEnv
-from rl.llm import compile_llm, compile_program
-from rl.probe.policy import ProbePolicy
+from rl.jit import compile_llm, compile_program
+from rl.probe.parts import ProbePolicy
 
 
 def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024):
