@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from render.envs import ENV_NAMES, FORMATS
 from render.template import ASSEMBLIES
 from rl.networks import FUSIONS
 from rl.ppo import SHUFFLES
+from rl.settings import check_at_least_one, check_known, option, resume_differences
 from rl.sharding import resolve_device_count
 
 
@@ -54,10 +55,12 @@ GROUPS = (ENV, PPO, LLM, HTTP, DEVICES, RUN, RECORD)
 
 
 def _opt(default: Any, group: str, help: str, applies: str | None = None, metavar: str | None = None) -> Any:
-    """A TrainConfig field with its --help line. `applies`: "llm" = has an effect only with an LLM encoder,
-    "vllm" = only with --encoder vllm (an explicit flag outside that is refused: `inapplicable_flags`)."""
-    meta = {"group": group, "help": help, "applies": applies} | ({"metavar": metavar} if metavar else {})
-    return field(default=default, metadata=meta)
+    """A TrainConfig field with its --help line (`rl.settings.option`). `applies`: "llm" = has an effect only with
+    an LLM encoder, "vllm" = only with --encoder vllm (an explicit flag outside that is refused:
+    `inapplicable_flags`); None: always."""
+    f = option(default, group, help, applies, metavar)
+    f.metadata = {**f.metadata, "applies": applies}
+    return f
 
 
 @dataclass(frozen=True)
@@ -272,11 +275,9 @@ class TrainConfig(Sectioned):
                              f"{self.llm_capacity}")
         _choice("fusion", self.fusion, FUSIONS)
         _choice("shuffle", self.shuffle, SHUFFLES)
-        for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
-                     "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk",
-                     "samples_per_file"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        check_at_least_one(self, ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
+                                  "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk",
+                                  "samples_per_file"))
         if self.devices < 0:
             raise ValueError(f"--devices must be >= 0 (0 = all visible devices), got {self.devices}")
         if self.num_updates < 1:
@@ -333,15 +334,12 @@ class TrainConfig(Sectioned):
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
-        unknown = sorted(set(d) - set(SECTION_OF))
-        if unknown:
-            raise ValueError(f"{source}: unknown config fields {unknown}; was it written by another version?")
+        check_known(d, SECTION_OF, f"{source}: unknown config fields {{unknown}}; was it written by another version?")
         return cls(**d)
 
     def differences(self, other: "TrainConfig") -> dict[str, tuple[Any, Any]]:
         """Fields (apart from RESUME_MUTABLE) whose values differ: {name: (self, other)}."""
-        a, b = self.to_json(), other.to_json()
-        return {k: (a[k], b[k]) for k in a if k not in RESUME_MUTABLE and a[k] != b[k]}
+        return resume_differences(self.to_json(), other.to_json(), RESUME_MUTABLE)
 
 
 SECTION_OF = flat_owners(TrainConfig)  # every setting by its flat name (flag, config.json key) -> its section

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rl.settings import check_at_least_one, check_known, option
 
 HIDDEN_MODES = ("real", "zero", "shuffle", "none")
 RESIDENT = ("auto", "on", "off")
@@ -16,7 +18,7 @@ GROUPS = (DATA, AWR, LOOP, RUN)
 
 
 def _opt(default: Any, group: str, help: str, metavar: str | None = None) -> Any:
-    return field(default=default, metadata={"group": group, "help": help} | ({"metavar": metavar} if metavar else {}))
+    return option(default, group, help, metavar=metavar)
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,9 @@ class OfflineConfig:
             raise ValueError(f"--hidden {self.hidden!r} is not one of: {', '.join(HIDDEN_MODES)}")
         if self.resident not in RESIDENT:
             raise ValueError(f"--resident {self.resident!r} is not one of: {', '.join(RESIDENT)}")
-        for name in ("hidden_skip_n", "file_envs", "shard_samples", "steps", "batch_size", "width",
-                     "updates_per_dispatch", "log_every", "val_samples", "checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        check_at_least_one(self, ("hidden_skip_n", "file_envs", "shard_samples", "steps", "batch_size", "width",
+                                  "updates_per_dispatch", "log_every", "val_samples", "checkpoint_every",
+                                  "keep_checkpoints"))
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
         if self.beta <= 0 or self.weight_clip <= 0:
@@ -84,10 +85,8 @@ class OfflineConfig:
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str = "config") -> "OfflineConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"{source}: unknown settings {unknown} (python -m rl.offline train --help lists them)")
+        check_known(d, {f.name for f in dataclasses.fields(cls)},
+                    f"{source}: unknown settings {{unknown}} (python -m rl.offline train --help lists them)")
         return cls(**d)
 
 

@@ -27,6 +27,7 @@ from rl.offline.networks import AWRNetwork
 from rl.offline.shards import ResidentShards, StreamedShards, device_limit_bytes, pad_rows
 from rl.offline.update import init_state, make_train_chunk, make_validation
 from rl.rundir import Checkpoints, MetricsLog
+from rl.settings import resume_differences
 from rl.trajectories import TrajectoryError
 
 VAL_BATCH = 1024
@@ -127,8 +128,7 @@ def train(cfg: OfflineConfig, *, resume: bool = False, stop_after: int | None = 
     if resume:
         stored = read_run_config(run_dir)
         old = config_of(stored)
-        diff = {k: (getattr(old, k), getattr(cfg, k)) for k in cfg.to_json()
-                if k not in RESUME_MUTABLE and getattr(old, k) != getattr(cfg, k)}
+        diff = resume_differences(old.to_json(), cfg.to_json(), RESUME_MUTABLE)
         if diff:
             raise ValueError(f"--resume {run_dir}: these settings differ from the run's config.json: " + ", ".join(
                 f"{k} {a!r} -> {b!r}" for k, (a, b) in diff.items()) + "; start a new run to change them")
