@@ -75,6 +75,31 @@ def input_files(spec: str) -> list[Path]:
     return files
 
 
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """`--shard K/N` -> (K, N) with 1 <= K <= N; None for None. ValueError (one line naming the fix) otherwise."""
+    if text is None:
+        return None
+    k, sep, n = str(text).partition("/")
+    try:
+        k, n = int(k), int(n)
+    except ValueError:
+        k = n = None
+    if not sep or k is None or n < 1 or not 1 <= k <= n:
+        raise ValueError(f"--shard {text}: give K/N with whole numbers 1 <= K <= N (this job's share K of N "
+                         f"shards, e.g. --shard 1/3, --shard 2/3, --shard 3/3)")
+    return k, n
+
+
+def shard_files(files: Sequence[Path], shard: tuple[int, int] | None) -> list[Path]:
+    """Shard K of N of `files` (sorted by name): every N-th file from the K-th. The N shards are disjoint and
+    together hold every file once, so N jobs label one dataset into one --out and never write the same file."""
+    files = sorted(files, key=lambda p: (p.name, str(p)))
+    if shard is None:
+        return files
+    k, n = shard
+    return files[k - 1::n]
+
+
 def sample_count(path: Path) -> int:
     """N of a file's `obs`, read from the .npy header only (0 if that fails: the reader reports why)."""
     try:
@@ -476,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, default=0, metavar="N", help="devices to use (0: all visible)")
     p.add_argument("--env", choices=ENV_NAMES, default=None,
                    help="env of every file (default: the file's recorded env, else told by the observation size)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="label only shard K of N of the files (every N-th file from the K-th, by name): N jobs or "
+                        "hosts label one dataset into one --out together (docs/OFFLINE.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_compile_cache_option(p)
     return p
@@ -489,16 +517,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch < 1:
         print("error: --batch must be >= 1", file=sys.stderr)
         return 2
+    try:
+        shard = parse_shard(args.shard)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     cfg = LabelConfig(model=args.model, llm_layer=args.llm_layer, pooling=args.pooling, obs_format=args.obs_format,
                       llm_dtype=args.llm_dtype, llm_encode=args.llm_encode, llm_capacity=args.llm_capacity,
                       llm_chunk=args.llm_chunk,
                       system_prompt=args.system_prompt, batch=args.batch, devices=args.devices, env=args.env)
     try:
-        files = input_files(args.inputs)
+        files = shard_files(input_files(args.inputs), shard)
+        if not files:
+            print(f"shard {args.shard}: no files in this shard (fewer files than shards); nothing to do")
+            return 0
         if not args.quiet:
             many = "s" if len(files) > 1 else ""
-            print(f"loading the LLM ({cfg.model}) and its tokenizer for {len(files)} file{many} ...", file=sys.stderr,
-                  flush=True)
+            part = f" (shard {args.shard})" if shard else ""
+            print(f"loading the LLM ({cfg.model}) and its tokenizer for {len(files)} file{many}{part} ...",
+                  file=sys.stderr, flush=True)
         summary = label_files(files, args.out, cfg, quiet=args.quiet)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

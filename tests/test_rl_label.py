@@ -258,3 +258,44 @@ def test_eval_records_the_policy_play(dataset, tmp_path):
     stream = _stream(out)
     assert stream["obs"].shape == (64, 1345) and np.all(stream["log_prob"] <= 0)
     np.testing.assert_array_equal(stream["next_obs"].reshape(16, 4, -1)[:-1], stream["obs"].reshape(16, 4, -1)[1:])
+
+
+def test_three_shards_as_three_processes_equal_one_unsharded_run(dataset, reference, tmp_path):
+    """`--shard K/3` run as three processes at once into one --out: disjoint files, and their union is the
+    uninterrupted unsharded run bit for bit."""
+    out = tmp_path / "out"
+    procs = [subprocess.Popen([sys.executable, "-m", "rl.label", str(dataset), "--out", str(out), "--model", "tiny",
+                               "--llm-dtype", "float32", "--batch", str(BATCH), "--quiet", "--shard", f"{k}/3"],
+                              cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in (1, 2, 3)]
+    lines = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=900)
+        assert p.returncode == 0, stderr[-3000:]
+        lines.append(stdout)
+    assert [int(line.split("labelled ")[1].split(" files")[0]) for line in lines] == [2, 2, 1]  # 5 files over 3
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
+    for ref in sorted(reference.glob("*.npz")):
+        assert (out / ref.name).read_bytes() == ref.read_bytes(), ref.name
+
+
+def test_shard_files_split_the_files_once():
+    from rl.label import parse_shard, shard_files
+
+    files = [Path(f"d/f{i}.npz") for i in (3, 0, 4, 1, 2)]
+    parts = [shard_files(files, (k, 3)) for k in (1, 2, 3)]
+    assert [[p.name for p in part] for part in parts] == [["f0.npz", "f3.npz"], ["f1.npz", "f4.npz"], ["f2.npz"]]
+    assert shard_files(files, None) == sorted(files)
+    assert parse_shard("2/3") == (2, 3) and parse_shard(None) is None
+    for bad in ("0/3", "4/3", "a/b", "3", "1/0", "-1/3"):
+        with pytest.raises(ValueError, match=r"--shard .*K/N .*1 <= K <= N"):
+            parse_shard(bad)
+
+
+@pytest.mark.parametrize("shard", ["0/3", "4/3", "a/b"])
+def test_a_malformed_shard_is_one_line_and_writes_nothing(dataset, tmp_path, capsys, shard):
+    out = tmp_path / "out"
+    rc = main([str(dataset), "--out", str(out), "--model", "tiny", "--quiet", "--shard", shard])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: --shard {shard}:") and "--shard 1/3" in err[0]
+    assert not out.exists()
