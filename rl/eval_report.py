@@ -5,26 +5,56 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rl.files import atomic_write
 from rl.modes import MEANINGS as MODE_MEANING  # the one table of modes (rl.modes)
+from rl.verdict import RELIES, THRESHOLD, add_verdicts
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
-    """The results of `rl.eval.evaluate` as an aligned table, with what its columns and rows mean."""
+    """The results of `rl.eval.evaluate` as an aligned table, with what its columns and rows mean. Entries with
+    per-episode data get their 95% intervals and, beside `real`, the paired difference and verdict
+    (`rl.verdict.add_verdicts`)."""
+    results = add_verdicts(results)
+    cis = any("return_ci95" in r for r in results.values())
     width = max(len("hidden state"), *(len(m) for m in results))
-    head = f"{'hidden state':<{width}}  {'episodes':>8}  {'return':>15}  {'length':>8}  top achievements"
+    head = f"{'hidden state':<{width}}  {'episodes':>8}  {'return':>15}  {'length':>8}  "
+    if cis:
+        head += f"{'95% interval':>17}  {'ach. rate':>9}  {'vs real: return diff [95%]':<34}  {'verdict':<20}  "
+    head += "top achievements"
     lines = [head, "-" * len(head)]
     for mode, r in results.items():
         top = sorted(r["achievements"].items(), key=lambda kv: -kv[1])[:4]
         ach = ", ".join(f"{k} {v:.0%}" for k, v in top if v > 0) or "none"
         ret = f"{r['return_mean']:.2f} ± {r['return_stderr']:.2f}"
         extra = f"  ({r['unfinished']} unfinished)" if r["unfinished"] else ""
-        lines.append(f"{mode:<{width}}  {r['episodes']:>8d}  {ret:>15}  {r['length_mean']:>8.1f}  {ach}{extra}")
+        row = f"{mode:<{width}}  {r['episodes']:>8d}  {ret:>15}  {r['length_mean']:>8.1f}  "
+        if cis:
+            lo, hi = r.get("return_ci95", (float("nan"),) * 2)
+            vs = r.get("vs_real")
+            diff = (f"{vs['return_diff']:+.2f} [{vs['return_diff_ci95'][0]:+.2f}, {vs['return_diff_ci95'][1]:+.2f}]"
+                    if vs else "-")
+            row += (f"{f'[{lo:.2f}, {hi:.2f}]':>17}  {r.get('achievement_rate', float('nan')):>9.1%}  {diff:<34}  "
+                    f"{(vs['return_verdict'] if vs else '-'):<20}  ")
+        lines.append(f"{row}{ach}{extra}")
     lines.append("return: mean episode return ± its standard error (std / sqrt(episodes)); every mode plays the "
                  "same worlds (same seeds).")
+    if cis:
+        lines.append("95% interval: percentile bootstrap over episodes; ach. rate: mean share of achievements "
+                     "unlocked per episode; vs real: paired difference (mode - real) on the same worlds.")
+        lines.append(THRESHOLD + "; the same rule for achievement rates:")
+        for mode, r in results.items():
+            vs = r.get("vs_real")
+            if vs:
+                lo, hi = vs["achievement_rate_diff_ci95"]
+                lost = [n for n, a in vs.get("achievements", {}).items() if a["verdict"] == RELIES]
+                lines.append(f"  {mode:<{width}}  achievement rate {vs['achievement_rate_diff']:+.1%} [{lo:+.1%}, "
+                             f"{hi:+.1%}]: {vs['achievement_rate_verdict']}"
+                             + (f" (fewer: {', '.join(lost)})" if lost else ""))
     if len(results) > 1:
         lines += ["rows (what the policy read as its LLM input):"] + [
-            f"  {m:<{width}}  {MODE_MEANING.get(m, m)}" for m in results]
+            f"  {m:<{width}}  {r.get('variant_text_note') or MODE_MEANING.get(m, m)}" for m, r in results.items()]
         lines.append("An ablation within about two standard errors of `real` means the policy does not rely on "
                      "that part of the LLM's hidden state; far below `real` means it does.")
     return "\n".join(lines)
@@ -37,13 +67,24 @@ def plot_ablations(results: dict[str, dict[str, Any]], out: Path, title: str) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    results = add_verdicts(results)
     modes = list(results)
-    means = [results[m]["return_mean"] for m in modes]
-    errors = [results[m]["return_stderr"] for m in modes]
+    means = np.array([results[m]["return_mean"] for m in modes])
+    cis = all("return_ci95" in results[m] for m in modes)
+    if cis:  # asymmetric bars: the 95% bootstrap interval
+        lo = np.array([results[m]["return_ci95"][0] for m in modes])
+        hi = np.array([results[m]["return_ci95"][1] for m in modes])
+        errors = np.stack([np.maximum(means - lo, 0), np.maximum(hi - means, 0)])
+    else:
+        errors = np.array([results[m]["return_stderr"] for m in modes])
     fig, ax = plt.subplots(figsize=(1.4 * len(modes) + 2.5, 4))
-    colors = ["tab:blue" if m == "real" else "tab:gray" for m in modes]
+    colors = ["tab:blue" if m == "real" else
+              "tab:red" if results[m].get("vs_real", {}).get("return_verdict") == RELIES else "tab:gray"
+              for m in modes]
     ax.bar(modes, means, yerr=errors, capsize=5, color=colors)
-    ax.set_ylabel("mean episode return (± standard error)")
+    ax.set_ylabel("mean episode return (95% interval)" if cis else "mean episode return (± standard error)")
+    if cis:
+        ax.tick_params(axis="x", labelrotation=20)
     ax.set_xlabel("hidden state fed to the policy")
     episodes = results[modes[0]]["episodes"]
     ax.set_title(f"{title}: {episodes} episodes per mode", fontsize=10)
@@ -97,6 +138,7 @@ def save_results(run_dir: Path, results: dict[str, dict[str, Any]]) -> tuple[lis
         if not isinstance(old, dict) or not all(isinstance(r, dict) for r in old.values()):
             old = {}
     merged, note = merge_results(old, results)
+    merged = add_verdicts(merged)
     atomic_write(path, json.dumps(merged, indent=2) + "\n")
     written = [path]
     chart = run_dir / CHART_FILE

@@ -74,4 +74,7 @@ def summarise(result: dict, names) -> dict[str, Any]:
     return {"episodes": len(r), "return_mean": float(r.mean()),
             "return_stderr": float(r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else 0.0,
             "length_mean": float(result["lengths"].mean()), "unfinished": result["unfinished"],
-            "achievements": {n: float(x) for n, x in zip(names, result["achievements"].mean(0))}}
+            "achievements": {n: float(x) for n, x in zip(names, result["achievements"].mean(0))},
+            # per episode, in env order (env i plays the same world in every mode): the paired verdict's data
+            "episode_returns": [float(x) for x in r],
+            "episode_achievements": np.asarray(result["achievements"], np.int8).tolist()}
