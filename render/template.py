@@ -234,6 +234,7 @@ class Template:
     _sections: tuple = field(repr=False)  # per section: (Section, tuple of compiled columns)
     assembly: str = "auto"  # see ASSEMBLIES
     source: str = "state"  # see render.sources.SOURCES
+    dropped: tuple = ()  # names of sections whose tokens are left out of the ids (rl's prompt variants; XLA assembly)
 
     @functools.cached_property
     def _pallas_assemble(self):
@@ -245,7 +246,7 @@ class Template:
         """ids int32 [max_len] (right-padded with pad_id) and length int32 for ONE unbatched state (or
         observation vector, for `source="obs"`)."""
         values = self._values(state)
-        if self.assembly == "jnp":
+        if self.assembly == "jnp" or self.dropped:
             return self._jnp_assemble(values)
         if self.assembly == "pallas":
             return self._pallas_assemble(values)
@@ -294,6 +295,8 @@ class Template:
                 ids, rel, ln = col(vals[:, c])
                 if present is not None:
                     ln = jnp.where(present, ln, 0)
+                if section.name in self.dropped:
+                    ln = jnp.zeros_like(ln)
                 per_col.append((ids, rel, ln))
                 sec_lens.append(ln)
             lens.append(jnp.stack(sec_lens, axis=1).reshape(-1))  # [rows * cols], row-major = text order

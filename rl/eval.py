@@ -27,7 +27,7 @@ from rl.trajectories import RecordedRollout
 
 __doc__ = __doc__.replace("{modes}", describe())
 
-def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=None):
+def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=None, keyed: bool = False):
     """Episode player: play(params, seed, max_steps, mode, llm_args) -> numpy results (`rl.play`).
 
     Every env plays one episode, in windows of the trainer's own scan (`Trainer.run_window`: the trainer's
@@ -35,7 +35,8 @@ def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=N
     the hidden state at the start of every `skip_n`-step window (0: once, at the start), and `mode` (an index
     into `rl.modes.MODES`) picks the ablation applied to it (one compile for all modes; `zero`: the policy's zero
     vector, None = raw zeros). An env's first finished episode is its result (what it plays after the restart is
-    not counted); an env still playing after `max_steps` reports its episode so far.
+    not counted); an env still playing after `max_steps` reports its episode so far. `keyed`: `encode` also takes
+    the window's ablation key (a prompt variant's random tokens, `rl.variants`).
     """
     env, n = trainer.env, num_episodes
     reset = compile_program(lambda key: env.reset(key, jnp.arange(n)), runs_llm=False)
@@ -43,7 +44,8 @@ def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=N
     def run_window(carry: RolloutCarry, seen: Episodes, params, mode, llm_params, cache, window, keep=False):
         if encode is not None:
             key, k = jax.random.split(carry.key)
-            hidden = ablate(encode(llm_params, cache, carry.env_state.env_state), mode, k, zero)
+            extra = (k,) if keyed else ()
+            hidden = ablate(encode(llm_params, cache, carry.env_state.env_state, *extra), mode, k, zero)
             carry = carry._replace(hidden=hidden, key=key)
         carry, steps = trainer.run_window(params, carry, window)
         out = carry._replace(hidden=None), first_episodes(seen, steps.info)
@@ -73,11 +75,21 @@ def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=N
 
 def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps: int = 10_000,
              modes=MODES, save_trajectories: Path | None = None, samples_per_file: int = 8192,
-             say=lambda text: None, status=lambda text: None) -> dict[str, dict]:
+             say=lambda text: None, status=lambda text: None, variants=()) -> dict[str, dict]:
     """Evaluate the latest checkpoint of `run_dir` (all ablation modes for LLM policies). With `save_trajectories`
     every step of the `real` play (the trained policy, sampling, as in training) is recorded there as trajectory
     files (docs/OFFLINE.md). `say` gets a line before each mode is played, `status` one while it plays (steps and
-    episodes finished so far). Each mode's entry also names its `checkpoint`, `seed` and `max_steps`."""
+    episodes finished so far). Each mode's entry also names its `checkpoint`, `seed` and `max_steps`. `variants`
+    (`rl.variants.Variant`): prompt variants, each played like `real` on the same worlds under its own name."""
+    if variants:
+        from rl.readrun import play_settings
+        from rl.variants import check_sections
+
+        settings = play_settings(run_dir)
+        if not settings.uses_llm:
+            raise ValueError(f"{run_dir} is a run without an LLM (--encoder none): --prompt/--prompts apply to runs "
+                             f"whose policy reads an LLM hidden state")
+        check_sections(variants, settings.obs_format)
     policy = restore_policy(run_dir, purpose="evaluate")
     cfg, step = policy.cfg, policy.step
     writer = None
@@ -90,6 +102,7 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
     try:
         results = _play_modes(policy, num_episodes, seed, max_steps, modes,
                               writer.add_rollout if writer else None, say, status)
+        results.update(_play_variants(policy, num_episodes, seed, max_steps, variants, say, status))
         return {m: dict(r, checkpoint=int(step), seed=seed, max_steps=max_steps) for m, r in results.items()}
     finally:
         if writer is not None:
@@ -126,6 +139,28 @@ def _play_modes(policy, num_episodes, seed, max_steps, modes, on_window, say, st
     return {m: results[m] for m in modes}
 
 
+def _play_variants(policy, num_episodes, seed, max_steps, variants, say, status):
+    """The results of every prompt variant: played as `real` (same worlds and seeds), the LLM reading the variant's
+    ids behind the variant's prefix cache (`rl.variants`); each entry names its `variant` (what the LLM read)."""
+    from rl.llm import make_ids_encoder
+    from rl.variants import make_variant_encoder, setup_for
+
+    cfg, trainer, llm, runner, step = policy.cfg, policy.trainer, policy.llm, policy.runner, policy.step
+    names = trainer.env.achievement_names
+    results = {}
+    for i, v in enumerate(variants):
+        setup = setup_for(v, llm)
+        encode = make_variant_encoder(v, setup, make_ids_encoder(setup.model.config, **cfg.llm.encode_options()))
+        play = make_player(trainer, num_episodes, encode, cfg.skip_n, keyed=True)
+        say(f"[variant {i + 1}/{len(variants)}] {v.name}: {num_episodes} episodes of update {step}'s policy "
+            f"(compiles first) ...")
+        progress = lambda steps, done, n=v.name: status(f"  {n}: {steps:,} steps played (at most {max_steps:,}), "  # noqa: E731
+                                                         f"{done}/{num_episodes} episodes finished")
+        entry = summarise(play(runner.params, seed, max_steps, 0, setup.jit_args, on_progress=progress), names)
+        results[v.name] = dict(entry, variant=dict(v.describe(), note=v.note()))
+    return results
+
+
 def main(argv=None) -> int:
     from rl.cli import Parser, add_compile_cache_option, apply_compile_cache
     from rl.progress import StatusLine
@@ -140,6 +175,13 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",
                    help=f"hidden-state ablations to play ({', '.join(MODES)}; LLM runs only); eval.json keeps the "
                         f"other modes played with the same checkpoint, seed, --episodes and --max-steps")
+    p.add_argument("--prompt", action="append", default=[], metavar="NAME=TEXT|NAME=@FILE",
+                   help="also play a prompt variant NAME: the system prompt replaced by TEXT or by FILE's text (may "
+                        "repeat); each is a column of the table, a bar of the chart, its text kept in eval.json")
+    p.add_argument("--prompts", type=Path, default=None, metavar="FILE",
+                   help="prompt variants from a YAML or JSON file: NAME -> TEXT, {system: TEXT}, {system_file: "
+                        "PATH}, {drop: inventory|map|status}, {game_text: TEXT}, {random_tokens: true}, "
+                        "{empty: true} (docs/TRAINING.md)")
     p.add_argument("--save-trajectories", type=Path, default=None, dest="save_trajectories", metavar="DIR",
                    help="record every step of the real-hidden-state play there as trajectory files (docs/OFFLINE.md)")
     p.add_argument("--samples-per-file", type=int, default=8192, dest="samples_per_file", metavar="N",
@@ -151,6 +193,13 @@ def main(argv=None) -> int:
     p.add_argument("--video-fps", type=float, default=6.0, metavar="X", help="frames (env steps) per second")
     add_compile_cache_option(p)
     args = p.parse_args(argv)
+    from rl.variants import gather
+
+    try:
+        variants = gather(args.prompt, args.prompts)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     apply_compile_cache(args)
     line = StatusLine(sys.stderr)
     say = line.say
@@ -163,7 +212,8 @@ def main(argv=None) -> int:
             p.error(str(e))
     try:
         results = evaluate(args.run_dir, args.episodes, args.seed, args.max_steps, args.modes,
-                           args.save_trajectories, args.samples_per_file, say=say, status=line.update)
+                           args.save_trajectories, args.samples_per_file, say=say, status=line.update,
+                           variants=variants)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -54,7 +54,8 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
                              + (f" (fewer: {', '.join(lost)})" if lost else ""))
     if len(results) > 1:
         lines += ["rows (what the policy read as its LLM input):"] + [
-            f"  {m:<{width}}  {r.get('variant_text_note') or MODE_MEANING.get(m, m)}" for m, r in results.items()]
+            f"  {m:<{width}}  {(r.get('variant') or {}).get('note') or MODE_MEANING.get(m, m)}"
+            for m, r in results.items()]
         lines.append("An ablation within about two standard errors of `real` means the policy does not rely on "
                      "that part of the LLM's hidden state; far below `real` means it does.")
     return "\n".join(lines)

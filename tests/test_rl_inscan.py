@@ -1,5 +1,6 @@
 """In-scan LLM hidden states: equal to the encoder called outside the scan; reset envs never keep a stale one."""
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -170,6 +171,36 @@ def test_readme_main_command_with_test_preset(full_run):
     assert set(results) == {"real", "zero", "noise", "shuffled"}
     for r in results.values():
         assert r["episodes"] == 4 and np.isfinite(r["return_mean"])
+
+
+def test_eval_prompt_variants_play_the_same_worlds(full_run, tmp_path, capsys):
+    """`rl.eval --prompt/--prompts` (issue 36): each variant is a column beside `real` on the same worlds; a
+    variant that repeats the run's own system prompt plays exactly `real`; eval.json names what the LLM read and
+    carries the verdict."""
+    from render.chat import default_system_prompt
+    from rl.eval import main as eval_main
+
+    run = tmp_path / "run"
+    shutil.copytree(full_run, run)
+    spec = tmp_path / "variants.yaml"
+    spec.write_text("fixed: {game_text: Nothing to see.}\nno_inventory: {drop: inventory}\n")
+    same = tmp_path / "same.txt"
+    same.write_text(default_system_prompt(ENV, "compact"))
+    rc = eval_main([str(run), "--episodes", "4", "--max-steps", "8", "--modes", "real", "--prompt", f"same=@{same}",
+                    "--prompts", str(spec)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "relies on the LLM' when the 95% paired-bootstrap interval" in out
+    results = json.loads((run / "eval.json").read_text())
+    assert list(results) == ["real", "same", "fixed", "no_inventory"]
+    assert results["same"]["variant"]["system_prompt"] == same.read_text()
+    assert results["fixed"]["variant"]["game_text"] == "Nothing to see."
+    assert results["no_inventory"]["variant"]["dropped"] == ["inventory"]
+    assert results["same"]["episode_returns"] == results["real"]["episode_returns"]
+    assert results["same"]["vs_real"]["return_diff"] == 0.0 and "return_ci95" in results["real"]
+    assert (run / "eval_ablations.png").exists()
+    rc = eval_main([str(run), "--episodes", "4", "--prompt", "x=@/no/such/prompt.txt"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no such file" in err[0]
 
 
 def test_resume_restores_window_clock_and_hidden_exactly(full_run, tmp_path):

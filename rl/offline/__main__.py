@@ -42,7 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-steps", type=int, default=10_000, dest="max_steps", metavar="N",
                    help="stop an episode after this many steps (reported as unfinished)")
     e.add_argument("--system-prompt", default=None, dest="system_prompt", metavar="TEXT_OR_FILE",
-                   help="the system prompt given to rl.label, if not its default")
+                   help="the system prompt given to rl.label, for files labelled before the labelling metadata kept "
+                        "its text")
+    e.add_argument("--prompt", action="append", default=[], metavar="NAME=TEXT|NAME=@FILE",
+                   help="also play a prompt variant NAME: the system prompt replaced by TEXT or FILE's text (may "
+                        "repeat); a column of the table, a bar of the chart, its text kept in eval.json")
+    e.add_argument("--prompts", type=Path, default=None, metavar="FILE",
+                   help="prompt variants from a YAML or JSON file (rl.variants: system text, drop a section, "
+                        "fixed game text, random tokens, empty)")
     return p
 
 
@@ -89,15 +96,17 @@ def _read_settings(path: Path) -> dict:
 
 def _eval(args: argparse.Namespace) -> int:
     from rl.eval_report import format_table, plot_ablations
+    from rl.files import atomic_write
     from rl.offline.evaluate import evaluate
+    from rl.variants import gather
+    from rl.verdict import add_verdicts
 
+    variants = gather(args.prompt, args.prompts)  # bad input: one line, before anything is loaded or written
     say = lambda text: print(text, file=sys.stderr, flush=True)
-    results = evaluate(args.run_dir, args.episodes, args.modes, args.seed, args.max_steps, args.system_prompt, say)
+    results = add_verdicts(evaluate(args.run_dir, args.episodes, args.modes, args.seed, args.max_steps,
+                                    args.system_prompt, say, variants=variants))
     print(format_table(results))
-    out = args.run_dir / "eval.json"
-    tmp = out.with_name(".eval.json.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    tmp.replace(out)
+    out = atomic_write(args.run_dir / "eval.json", json.dumps(results, indent=2) + "\n")
     written = [out]
     if len(results) > 1:
         written.append(plot_ablations(results, args.run_dir / "eval_ablations.png", args.run_dir.name))

@@ -34,12 +34,14 @@ def build_encoder(labelling: dict, env: str, system_prompt: str | None = None):
     `system_prompt` only for files labelled before it was stored); rows with `need` False are left out of the LLM
     call and come back meaningless. ValueError (one line) when the prompt hash differs from the labels'."""
     cfg, llm = load_labelled_llm(labelling, env, system_prompt)
-    return make_obs_encoder(cfg, llm), llm.model.params, llm.prefix_cache, llm
+    return make_obs_encoder(cfg, llm), llm.model.params, llm.prefix_cache, llm, cfg
 
 
-def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, window: int = 64):
+def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, window: int = 64,
+                keyed: bool = False):
     """play(seed, max_steps, mode, llm_params, cache) -> numpy results of `num_envs` first episodes (`rl.play`);
-    `mode` indexes `rl.modes.MODES` (zero: the dataset's mean hidden state, zero after z-scoring)."""
+    `mode` indexes `rl.modes.MODES` (zero: the dataset's mean hidden state, zero after z-scoring). `keyed`: `encode`
+    also takes a key (a prompt variant's random tokens)."""
     from rl.envs import BatchedEnv
 
     env = BatchedEnv(policy.env, num_envs)
@@ -52,8 +54,10 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
         h_in = None
         if encode is not None:
             need = clock <= 0
-            hidden = jax.lax.cond(need.any(), lambda: jnp.where(need[:, None], encode(llm_params, cache, obs, need),
-                                                                hidden), lambda: hidden)
+            extra = (k_mix,) if keyed else ()
+            hidden = jax.lax.cond(need.any(), lambda: jnp.where(need[:, None],
+                                                                encode(llm_params, cache, obs, need, *extra), hidden),
+                                  lambda: hidden)
             clock = jnp.where(need, n_skip, clock)
             h_in = ablate(hidden, mode, k_mix, zero=mean)
         dist, _ = policy.apply(params, obs, h_in)
@@ -87,10 +91,18 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
 
 
 def evaluate(run_dir: str | Path, episodes: int = 128, modes=None, seed: int = 1234, max_steps: int = 10_000,
-             system_prompt: str | None = None, say: Callable[[str], None] = lambda text: None) -> dict[str, dict]:
-    """{mode: rl.play.summarise(...)} of the newest checkpoint of an offline run, one episode per env."""
+             system_prompt: str | None = None, say: Callable[[str], None] = lambda text: None,
+             variants=()) -> dict[str, dict]:
+    """{mode: rl.play.summarise(...)} of the newest checkpoint of an offline run, one episode per env; then every
+    prompt variant (`rl.variants`) played like `real` on the same worlds, under its own name."""
     policy = load_policy(run_dir)
     modes = check_modes(modes or DEFAULT_MODES[policy.hidden_mode], uses_hidden=policy.uses_hidden)
+    if variants and not policy.uses_hidden:
+        raise ValueError("this policy reads no hidden state (--hidden none): --prompt/--prompts do not apply")
+    if variants:
+        from rl.variants import check_sections
+
+        check_sections(variants, (policy.labelling or {}).get("obs_format", "compact"))
     encode = llm_params = cache = None
     if policy.uses_hidden:
         if not policy.labelling:
@@ -98,7 +110,7 @@ def evaluate(run_dir: str | Path, episodes: int = 128, modes=None, seed: int = 1
                              f"hidden states cannot be rebuilt in the game")
         say(f"loading {policy.labelling['model']} (layer {policy.labelling['llm_layer']}, "
             f"{policy.labelling['pooling']} pooling) as the files were labelled ...")
-        encode, llm_params, cache, llm = build_encoder(policy.labelling, policy.env, system_prompt)
+        encode, llm_params, cache, llm, llm_cfg = build_encoder(policy.labelling, policy.env, system_prompt)
     # other_prompt: the same observation ids behind OTHER_PROMPT's prefix cache (the prompt head holds the system text)
     caches = {m: cache for m in modes}
     if "other_prompt" in modes:
@@ -110,4 +122,13 @@ def evaluate(run_dir: str | Path, episodes: int = 128, modes=None, seed: int = 1
             + (" (compiles first)" if i == 0 else "") + " ...")
         results[mode] = summarise(play(policy.params, seed, max_steps, MODES.index(mode), llm_params,
                                        caches.get(mode)), names)
+    if variants:
+        from rl.variants import make_variant_obs_encoder, setup_for
+
+        for i, v in enumerate(variants):
+            setup = setup_for(v, llm)
+            say(f"[variant {i + 1}/{len(variants)}] {v.name}: {episodes} episodes (compiles first) ...")
+            vplay, _ = make_player(policy, episodes, make_variant_obs_encoder(v, setup, llm_cfg), keyed=True)
+            entry = summarise(vplay(policy.params, seed, max_steps, 0, llm_params, setup.prefix_cache), names)
+            results[v.name] = dict(entry, variant=dict(v.describe(), note=v.note()))
     return results
