@@ -61,6 +61,28 @@ def test_train_then_eval_end_to_end(run, capsys):
     assert "hidden state" in capsys.readouterr().out
 
 
+def test_eval_prompt_variants_and_other_prompt(run, tmp_path, capsys):
+    """`rl.offline eval --prompt/--prompts` (issue 36) and the table's other modes: a variant repeating the labels'
+    own system prompt plays exactly `real`; a missing --prompts file is one line and writes nothing."""
+    from render.chat import default_system_prompt
+
+    before = (run / "eval.json").read_bytes() if (run / "eval.json").exists() else None
+    assert main(["eval", str(run), "--episodes", "2", "--max-steps", "16", "--prompts", str(tmp_path / "no.yaml")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--prompts" in err[0] and "no such file" in err[0]
+    assert ((run / "eval.json").read_bytes() if (run / "eval.json").exists() else None) == before
+    spec = tmp_path / "v.json"
+    spec.write_text(json.dumps({"garbage": {"random_tokens": True}, "nothing": {"empty": True}}))
+    same = default_system_prompt("Craftax-Classic-Symbolic-v1", "compact")
+    assert main(["eval", str(run), "--episodes", "2", "--max-steps", "16", "--modes", "real", "other_prompt",
+                 "--prompt", f"same={same}", "--prompts", str(spec)]) == 0
+    results = json.loads((run / "eval.json").read_text())
+    assert list(results) == ["real", "other_prompt", "same", "garbage", "nothing"]
+    assert results["same"]["episode_returns"] == results["real"]["episode_returns"]
+    assert results["garbage"]["variant"]["kind"] == "random" and results["same"]["variant"]["system_prompt"] == same
+    assert "vs_real" in results["nothing"] and "return_ci95" in results["real"]
+
+
 def test_statistics_restored_with_the_checkpoint(run, labelled):
     pol = load_policy(run)
     assert pol.uses_hidden and pol.hidden_skip_n == 2 and pol.step == 300 and pol.env.startswith("Craftax-Classic")
