@@ -135,8 +135,8 @@ class LLMConfig:
     model: str = _opt("tiny", LLM, "LLM: checkpoint directory, Hugging Face hub id (downloaded once) or preset "
                                    "(tiny = random 2-layer Qwen3, qwen3-4b = random init of the 4B shape)",
                       applies="llm", metavar="NAME")
-    llm_layer: int = _opt(-1, LLM, "hidden-state index fed to the policy (HF numbering; -1 = final layer)",
-                          applies="llm")
+    llm_layer: int = _opt(-1, LLM, "the ONE hidden-state index fed to the policy (HF numbering; -1 = final layer); "
+                                    "one layer only", applies="llm")
     pooling: str = _opt("last", LLM, "how the prompt's token states become one vector: last token or mean",
                         applies="llm")
     obs_format: str = _opt("compact", LLM, "text rendering of the game state: compact or full (docs/RENDER.md)",
