@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .config import Qwen3Config
-from .model import Params, forward, normalize_layer_index
+from .model import Params, embed, forward, normalize_layer_index
 from .packed_attention import Segments, default_packed_attention_impl
 
 Pooling = Literal["last", "mean"]
@@ -60,7 +60,8 @@ def encode(params: Params, config: Qwen3Config, ids: jax.Array, lengths: jax.Arr
     """One float32 vector [B, D] per right-padded prompt.
 
     ids: int [B, T] (right-padded; pads never influence real tokens), lengths: int [B] real tokens per row.
-    layer: HF `hidden_states` index (negatives allowed; -1 = final post-norm state; only the layers it needs run).
+    layer: HF `hidden_states` index (negatives allowed; -1 = final post-norm state; only the layers it needs run),
+        or a tuple of indices: then [B, K, D], every index from one pass to the deepest.
     pooling: "last" = state of the last real token; "mean" = mean over all real tokens (prefix included).
     prefix: a PrefixCache; then ids/lengths are the rest of each prompt and positions continue at prefix.length.
     Rows with length 0 give the prefix's last / mean state with a prefix, and zeros without one.
@@ -69,13 +70,30 @@ def encode(params: Params, config: Qwen3Config, ids: jax.Array, lengths: jax.Arr
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     if ids.ndim != 2:
         raise ValueError(f"ids must be int [B, T] (right-padded token ids), got shape {ids.shape}")
-    k_idx = normalize_layer_index(layer, config)
     lengths = jnp.asarray(lengths, jnp.int32)
     offset = 0 if prefix is None else prefix.length
     pk, pv = (None, None) if prefix is None else (prefix.keys, prefix.values)
+    if isinstance(layer, tuple):  # several layers from one pass: [B, K, D]
+        idx = tuple(normalize_layer_index(k, config) for k in layer)
+        states = _states_at(params, config, ids.astype(jnp.int32), idx, prefix_k=pk, prefix_v=pv,
+                            position_offset=offset, attention_impl=attention_impl)
+        return jnp.stack([_pool(h, lengths, pooling, prefix, k) for h, k in zip(states, idx)], axis=1)
+    k_idx = normalize_layer_index(layer, config)
     h, _ = forward(params, config, ids.astype(jnp.int32), layer=k_idx, prefix_k=pk, prefix_v=pv,
                    position_offset=offset, attention_impl=attention_impl)
-    t = ids.shape[1]
+    return _pool(h, lengths, pooling, prefix, k_idx)
+
+
+def _states_at(params: Params, config: Qwen3Config, ids: jax.Array, idx: tuple[int, ...], **kw) -> list:
+    """The hidden states [B, T, D] at each HF index in `idx` (0..L) from ONE forward pass to the deepest."""
+    top = max(idx)
+    h, (per_layer, _) = forward(params, config, ids, layer=top, collect=top > 0, **kw)
+    return [h if i == top else embed(params, ids) if i == 0 else per_layer[i - 1] for i in idx]
+
+
+def _pool(h: jax.Array, lengths: jax.Array, pooling: Pooling, prefix: PrefixCache | None, k_idx: int) -> jax.Array:
+    """One vector [B, D] per prompt of the hidden states h [B, T, D] at HF index k_idx (see `encode`)."""
+    t = h.shape[1]
     if pooling == "last":
         last = jnp.clip(lengths - 1, 0, t - 1)
         vec = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
@@ -138,7 +156,8 @@ def encode_bucketed(params: Params, config: Qwen3Config, ids: jax.Array, lengths
         which = jnp.searchsorted(jnp.asarray(buckets), jnp.max(chunk_lengths))
         return lax.switch(jnp.minimum(which, len(buckets) - 1), branches, chunk_ids, chunk_lengths)
 
-    vectors = lax.map(encode_chunk, (sorted_ids, sorted_lengths)).reshape(batch, -1)
+    vectors = lax.map(encode_chunk, (sorted_ids, sorted_lengths))
+    vectors = vectors.reshape((batch,) + vectors.shape[2:])
     return vectors[jnp.argsort(order)]
 
 
@@ -260,7 +279,7 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
     tokens remain than it holds, passes use it, and the last pass uses the smallest of `pass_capacities` that holds
     the rest (`lax.switch`), so the padding computed is at most about a third of that last row (half above
     capacity / 2 and below FINE_PASS_MIN tokens). Any capacity >= ids.shape[1] gives the same vectors. Rows of
-    length 0 give `encode`'s fallback vector.
+    length 0 give `encode`'s fallback vector. `layer` a tuple: [B, K, D], every index from one pass.
     """
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
@@ -271,16 +290,21 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
     if capacity < t:
         raise ValueError(f"capacity {capacity} tokens cannot hold one prompt of max_len {t} (ids.shape[1]); "
                          f"use a capacity >= {t}")
-    k_idx = normalize_layer_index(layer, config)
+    multi = isinstance(layer, tuple)  # several layers from one pass: [B, K, D]
+    idx = tuple(normalize_layer_index(k, config) for k in (layer if multi else (layer,)))
+    k_idx = idx[0]
     lengths = jnp.asarray(lengths, jnp.int32)
     offset = 0 if prefix is None else prefix.length
     pk, pv = (None, None) if prefix is None else (prefix.keys, prefix.values)
     dim = config.hidden_size
-    if pooling == "last":
-        fallback = jnp.zeros((dim,), jnp.float32) if prefix is None else prefix.last_hidden[k_idx]
-    else:
-        fallback = jnp.zeros((dim,), jnp.float32) if prefix is None else prefix.hidden_sums[k_idx] / prefix.length
-    vectors = jnp.broadcast_to(fallback, (batch, dim))
+
+    def fallback_of(k):
+        if pooling == "last":
+            return jnp.zeros((dim,), jnp.float32) if prefix is None else prefix.last_hidden[k]
+        return jnp.zeros((dim,), jnp.float32) if prefix is None else prefix.hidden_sums[k] / prefix.length
+
+    fallback = jnp.stack([fallback_of(k) for k in idx]) if multi else fallback_of(k_idx)
+    vectors = jnp.broadcast_to(fallback, (batch,) + fallback.shape)
     sizes = pass_capacities(capacity, t)
     impl = (attention_impl or default_packed_attention_impl(params["embed_tokens"].dtype)).removesuffix("_split")
 
@@ -289,21 +313,27 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
         grid = segment_grid(size, t, batch) if impl == "cudnn" else (1, min(batch, size))
         taken, start, end = _plan_pass(lengths, remaining, size, grid)
         row, segments = _pack(ids.astype(jnp.int32), lengths, taken, start, end, size, grid)
-        h, _ = forward(params, config, row, layer=k_idx, prefix_k=pk, prefix_v=pv, position_offset=offset,
-                       attention_impl=impl, segments=segments)
-        h = h[0].astype(jnp.float32)  # [capacity, D]
-        if pooling == "last":
-            vec = h[jnp.clip(end - 1, 0, size - 1)]
-        else:
+
+        def pool(h, k):
+            h = h[0].astype(jnp.float32)  # [capacity, D]
+            if pooling == "last":
+                return h[jnp.clip(end - 1, 0, size - 1)]
             real = jnp.where(segments.valid[:, None], h, 0.0)  # empty slots may hold anything: select, not multiply
             # a one-hot product rather than segment_sum: a GPU scatter-add sums in no fixed order
             owner = (segments.segment[None, :] == jnp.arange(batch)[:, None]).astype(jnp.float32)
             total = jnp.matmul(owner, real, precision=lax.Precision.HIGHEST)
             count = lengths.astype(jnp.float32)
             if prefix is not None:
-                total, count = total + prefix.hidden_sums[k_idx][None], count + prefix.length
-            vec = total / jnp.maximum(count, 1.0)[:, None]
-        return jnp.where(taken[:, None], vec, vectors), remaining & ~taken
+                total, count = total + prefix.hidden_sums[k][None], count + prefix.length
+            return total / jnp.maximum(count, 1.0)[:, None]
+
+        kw = dict(prefix_k=pk, prefix_v=pv, position_offset=offset, attention_impl=impl, segments=segments)
+        if multi:
+            vec = jnp.stack([pool(h, k) for h, k in zip(_states_at(params, config, row, idx, **kw), idx)], axis=1)
+        else:
+            vec = pool(forward(params, config, row, layer=k_idx, **kw)[0], k_idx)
+        keep = taken.reshape((batch,) + (1,) * (vec.ndim - 1))
+        return jnp.where(keep, vec, vectors), remaining & ~taken
 
     def one_pass(state):
         left = jnp.sum(jnp.where(state[1], lengths, 0))
