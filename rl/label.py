@@ -52,6 +52,7 @@ class LabelConfig(Sectioned):
     they also go by their flat names, e.g. `LabelConfig(model="tiny", batch=64)`, `cfg.llm_layer`."""
 
     llm: LLMConfig = LLMConfig()
+    more_layers: tuple = ()  # hidden-state indices labelled after `llm_layer` in the same pass (--llm-layer A,B,..)
     batch: int = 1024  # observations per chunk (all devices together): the unit of resuming
     devices: int = 0  # 0: all visible devices
     env: str | None = None  # override the env of every file
@@ -171,6 +172,12 @@ class Labeller:
         self.tokenizer = load_tokenizer(cfg.model)
         self.model = load_model(cfg.llm)
         self.hidden_size = int(self.model.config.hidden_size)
+        depth = int(self.model.config.num_hidden_layers)
+        layers = (cfg.llm_layer,) + tuple(cfg.more_layers)
+        self.layers = tuple(k % (depth + 1) for k in layers)  # normalised: 0..L
+        self.multi = len(layers) > 1
+        self.depth = depth
+        self.row_shape = (len(layers), self.hidden_size) if self.multi else (self.hidden_size,)
         self._replicated = NamedSharding(self.mesh, P())
         self._rows = NamedSharding(self.mesh, P(DATA_AXIS))
         self.params = jax.device_put(self.model.params, self._replicated)
@@ -181,7 +188,10 @@ class Labeller:
         """The `labelling` entry of a file of `env` (what makes two labellings comparable; `rl.llm`)."""
         from rl.llm import labelling_settings
 
-        return labelling_settings(self.cfg.llm, self.template(env), self.hidden_size, env)
+        out = labelling_settings(self.cfg.llm, self.template(env), self.hidden_size, env)
+        if self.multi:  # every layer of one pass: `hidden_state` the first, the others under rl.llm.layer_key
+            out.update(llm_layers=list(self.layers), model_layers=self.depth)
+        return out
 
     def template(self, env: str):
         return self._setup(env)[0]
@@ -201,7 +211,10 @@ class Labeller:
             c = self.cfg
             tpl = make_template(self.tokenizer, c.llm, env, source="obs")
             cache = jax.device_put(prefix_cache(self.model, tpl), self._replicated)
-            encode_ids = make_ids_encoder(self.model.config, **c.llm.encode_options())
+            opts = c.llm.encode_options()
+            if self.multi:
+                opts["layer"] = self.layers  # one pass to the deepest: [b, K, D]
+            encode_ids = make_ids_encoder(self.model.config, **opts)
             fn = compile_llm(jax.shard_map(label_observations(tpl, encode_ids), mesh=self.mesh,
                                            in_specs=(P(), P(), P(DATA_AXIS), P(DATA_AXIS)),
                                            out_specs=P(DATA_AXIS), check_vma=False))
@@ -231,8 +244,8 @@ def prepare(src: Path, out_dir: Path, labeller: Labeller) -> Job | Bad | Skipped
         if out.resolve() == src.resolve():
             raise TrajectoryError("its output would overwrite it; choose another --out")
         arrays, meta = load_arrays(src)
-        if HIDDEN_KEY in arrays:
-            arrays.pop(HIDDEN_KEY)  # relabelling a labelled file: the new labels replace the old
+        for key in [k for k in arrays if k == HIDDEN_KEY or k.startswith(HIDDEN_KEY + "_L")]:
+            arrays.pop(key)  # relabelling a labelled file: the new labels replace the old
             meta.pop(LABELLING_KEY, None)
         env = trajectory_env(arrays, meta, labeller.cfg.env)
         if arrays["obs"].shape[0] == 0:
@@ -270,7 +283,7 @@ def _settings_diff(old: dict | None, new: dict) -> str:
 def _open_partial(job: Job, labeller: Labeller) -> None:
     """The memmap of the job's rows; continues a partial run with the same settings and input, else starts anew."""
     rows_path, state_path = _partial_paths(job.out)
-    shape = (job.n, labeller.hidden_size)
+    shape = (job.n,) + labeller.row_shape
     start = 0
     if rows_path.exists() and state_path.exists():
         try:
@@ -307,7 +320,15 @@ def _remove_partial(out: Path) -> None:
 def _finish(job: Job) -> None:
     """Write the labelled file (atomically) and drop the partial result."""
     arrays = dict(job.arrays)
-    arrays[HIDDEN_KEY] = np.asarray(job.rows)
+    rows = np.asarray(job.rows)
+    if rows.ndim == 3:  # several layers: the first is `hidden_state` (today's readers), the others by index
+        from rl.llm import layer_key
+
+        arrays[HIDDEN_KEY] = np.ascontiguousarray(rows[:, 0])
+        for j, k in enumerate(job.settings["llm_layers"][1:], start=1):
+            arrays[layer_key(k)] = np.ascontiguousarray(rows[:, j])
+    else:
+        arrays[HIDDEN_KEY] = rows
     for key, value in job.meta.items():
         if key != LABELLING_KEY and value is not None:
             arrays[key] = meta_array(value)
@@ -399,7 +420,7 @@ def label_files(files: Sequence[Path], out_dir: Path, cfg: LabelConfig, *, quiet
                 continue
             bar.update(item.start_row)
             if item.start_row >= item.n:  # every row was done before a stop: only the output is missing
-                results.put((item, item.n, np.zeros((0, labeller.hidden_size), np.float16)))
+                results.put((item, item.n, np.zeros((0,) + labeller.row_shape, np.float16)))
             for start in range(item.start_row, item.n, labeller.batch):
                 if errors:
                     break
@@ -479,8 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=LLMConfig.model, metavar="TEXT",
                    help="checkpoint directory, hub id or preset (tiny, qwen3-4b)")
     d = LabelConfig()
-    p.add_argument("--llm-layer", type=int, default=d.llm_layer, dest="llm_layer", metavar="N",
-                   help="hidden state index (HF numbering: 0 embeddings, k after k layers; -1 final, normed)")
+    p.add_argument("--llm-layer", default=str(d.llm_layer), dest="llm_layer", metavar="N[,N...]",
+                   help="hidden state index (HF numbering: 0 embeddings, k after k layers; -1 final, normed); "
+                        "several (8,16,24,-1) are labelled from one pass: `hidden_state` holds the first, "
+                        "`hidden_state_L<k>` the others")
     p.add_argument("--pooling", choices=POOLINGS, default=d.pooling,
                    help="how the prompt's token states become one vector: last token or mean")
     p.add_argument("--obs-format", choices=OBS_FORMATS, default=d.obs_format, dest="obs_format",
@@ -522,7 +545,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    cfg = LabelConfig(model=args.model, llm_layer=args.llm_layer, pooling=args.pooling, obs_format=args.obs_format,
+    try:
+        from rl.llm import model_depth, parse_layers
+
+        layers = parse_layers(args.llm_layer)
+        layers = parse_layers(args.llm_layer, model_depth(args.model))  # past the depth: before anything is loaded
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cfg = LabelConfig(model=args.model, llm_layer=layers[0], more_layers=layers[1:], pooling=args.pooling,
+                      obs_format=args.obs_format,
                       llm_dtype=args.llm_dtype, llm_encode=args.llm_encode, llm_capacity=args.llm_capacity,
                       llm_chunk=args.llm_chunk,
                       system_prompt=args.system_prompt, batch=args.batch, devices=args.devices, env=args.env)

@@ -299,3 +299,40 @@ def test_a_malformed_shard_is_one_line_and_writes_nothing(dataset, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: --shard {shard}:") and "--shard 1/3" in err[0]
     assert not out.exists()
+
+
+def test_several_layers_from_one_pass_equal_single_layer_runs(dataset, reference, tmp_path):
+    """`--llm-layer 1,0,-1`: `hidden_state` is layer 1 (today's readers), `hidden_state_L0` / `_L2` the others
+    (tiny has 2 layers: -1 is index 2), each equal to a single-layer labelling of that layer, bit for bit; the
+    metadata names the layers."""
+    from dataclasses import replace
+
+    from rl.llm import hidden_key_of
+
+    files = sorted(dataset.glob("*.npz"))[3:]  # 40 + 32 samples
+    multi = label_files(files, tmp_path / "multi", replace(CFG, llm_layer=1, more_layers=(0, -1)), quiet=True)
+    assert multi.files == 2 and not multi.bad
+    singles = {}
+    for layer in (1, 0, -1):
+        out = tmp_path / f"single{layer}"
+        assert label_files(files, out, replace(CFG, llm_layer=layer), quiet=True).files == 2
+        singles[layer] = out
+    for f in files:
+        got = _load(tmp_path / "multi" / f.name)
+        lab = json.loads(str(got[LABELLING_KEY]))
+        assert lab["llm_layers"] == [1, 0, 2] and lab["model_layers"] == 2 and lab["llm_layer"] == 1
+        for layer, key in ((1, "hidden_state"), (0, "hidden_state_L0"), (-1, "hidden_state_L2")):
+            assert hidden_key_of(lab, layer) == key
+            np.testing.assert_array_equal(got[key], _load(singles[layer] / f.name)[HIDDEN_KEY], err_msg=key)
+        with pytest.raises(ValueError, match=r"--hidden-layer 5: the files hold no such layer \(they hold 1, 0, 2\)"):
+            hidden_key_of(lab, 5)
+
+
+@pytest.mark.parametrize("layers,message", [("5", "index 5 is past the model's depth (2 layers: indices -3..2"),
+                                            ("1,x", "give one index or several separated by commas"),
+                                            ("2,-1", "a layer is given twice")])
+def test_bad_layers_are_one_line_and_write_nothing(dataset, tmp_path, capsys, layers, message):
+    out = tmp_path / "out"
+    rc = main([str(dataset), "--out", str(out), "--model", "tiny", "--quiet", "--llm-layer", layers])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0] and not out.exists()
