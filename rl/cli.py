@@ -98,6 +98,8 @@ def add_dataclass_options(parser: argparse.ArgumentParser, fields: type | Sequen
         if f.name in choices:
             kw["choices"] = choices[f.name]
             kw["metavar"] = "{" + ",".join(choices[f.name]) + "}"
+        elif "type" in f.metadata:  # e.g. an optional int (default None)
+            kw["type"], kw["metavar"] = f.metadata["type"], "N"
         elif isinstance(f.default, bool):
             kw["type"], kw["metavar"] = parse_bool, "BOOL"
         elif isinstance(f.default, (int, float)):

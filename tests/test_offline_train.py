@@ -96,6 +96,33 @@ def test_statistics_restored_with_the_checkpoint(run, labelled):
     assert dist.logits.shape == (3, 17) and value.shape == (3,)
 
 
+def test_hidden_layer_chooses_one_of_several_labelled_layers(labelled, tmp_path, capsys):
+    """`rl.offline train --hidden-layer K` on files labelled with `--llm-layer -1,0`: the statistics are those of
+    `hidden_state_L0`, the run's labelling names layer 0 (what eval and the probe rebuild); a layer the files do not
+    hold is one line naming the layers they do, nothing written."""
+    from rl.label import LabelConfig, label_files
+
+    multi = tmp_path / "multi"
+    cfg = LabelConfig(model="tiny", llm_dtype="float32", batch=64, llm_layer=-1, more_layers=(0,))
+    assert label_files(sorted((labelled.parent / "recorded").glob("*.npz")), multi, cfg, quiet=True).files == 5
+    bad = tmp_path / "bad"
+    assert main(["train", "--data", str(multi), "--out", str(bad), "--hidden-layer", "1", "--steps", "100",
+                 "--quiet", *SMALL]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--hidden-layer 1: the files hold no such layer (they hold 2, 0)" in err[0]
+    assert not bad.exists()
+    out = tmp_path / "awr0"
+    assert main(["train", "--data", str(multi), "--out", str(out), "--hidden-layer", "0", "--steps", "100",
+                 "--quiet", *SMALL]) == 0
+    run_cfg = json.loads((out / "config.json").read_text())
+    assert run_cfg["labelling"]["llm_layer"] == 0 and run_cfg["labelling"]["llm_layers"] == [2, 0]
+    files = D.scan(multi, need_hidden=True, hidden_layer=0)
+    assert {f.hidden_key for f in files} == {"hidden_state_L0"}
+    train_idx, _ = D.split_files(files, 0.2)
+    h = np.concatenate([D.load_hidden(files[i].path, "hidden_state_L0").astype(np.float64) for i in train_idx])
+    np.testing.assert_allclose(np.asarray(load_policy(out).stats["mean"]), h.mean(0), rtol=1e-4, atol=1e-5)
+
+
 def test_resume_equals_uninterrupted_bitwise(labelled, tmp_path):
     base = OfflineConfig(data=str(labelled), hidden="shuffle", hidden_skip_n=3, steps=200, width=32, batch_size=32,
                          updates_per_dispatch=50, log_every=100, checkpoint_every=100, val_fraction=0.2,

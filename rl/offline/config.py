@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,10 @@ class OfflineConfig:
                                         "real/zero/shuffle)", metavar="DIR")
     hidden: str = _opt("real", DATA, "LLM hidden state input: real, zero (z-scored zeros), shuffle (another "
                                      "sample's, within the batch) or none (observation-only network)")
+    hidden_layer: int | None = field(default=None, metadata={
+        "group": DATA, "type": int, "metavar": "K",
+        "help": "hidden-state index to train on, of files labelled with several (rl.label --llm-layer 8,16,24,-1); "
+                "default: the first labelled layer (`hidden_state`)"})
     hidden_skip_n: int = _opt(1, DATA, "each env stream holds a hidden state for this many steps (refreshed at "
                                        "every episode start and after every gap)")
     val_fraction: float = _opt(0.05, DATA, "fraction of the files held out for the validation loss (evenly spread)")

@@ -45,6 +45,7 @@ class FileInfo:
     first: int  # stream index of its first sample
     env: str
     labelling: dict | None
+    hidden_key: str = "hidden_state"  # the array of the chosen layer (rl.llm.hidden_key_of; --hidden-layer)
 
     @property
     def hidden_dim(self) -> int | None:
@@ -63,8 +64,9 @@ def _read_json(path: Path, key: str) -> dict | None:
         return read_meta(npz, key)
 
 
-def read_info(path: Path, file_envs: int = 128) -> FileInfo:
-    """The checked headers of one file; TrajectoryError naming the file and the key that is wrong."""
+def read_info(path: Path, file_envs: int = 128, hidden_layer: int | None = None) -> FileInfo:
+    """The checked headers of one file; TrajectoryError naming the file and the key that is wrong. `hidden_layer`:
+    the labelled hidden-state index to read (None: the first, `hidden_state`)."""
     path = Path(path)
 
     def bad(why: str) -> TrajectoryError:
@@ -89,17 +91,25 @@ def read_info(path: Path, file_envs: int = 128) -> FileInfo:
                 raise bad(f"key {key!r} is {d} {list(s)}, expected [{n}] ({'integer' if kinds == 'iu' else 'number'})")
     if "next_obs" in heads and heads["next_obs"][0] != shape:
         raise bad(f"key 'next_obs' is {list(heads['next_obs'][0])}, expected {list(shape)} like 'obs'")
-    hidden = None
-    if "hidden_state" in heads:
-        s, d = heads["hidden_state"]
-        if len(s) not in (2, 3) or s[0] != n or d.kind != "f":
-            raise bad(f"key 'hidden_state' is {d} {list(s)}, expected float [{n}, D] or [{n}, K, H]")
-        hidden = tuple(int(x) for x in s[1:])
     try:
         recording = _read_json(path, RECORDING_KEY)
         labelling = _read_json(path, LABELLING_KEY)
     except TrajectoryError as e:
         raise bad(str(e)) from None
+    key = "hidden_state"
+    if hidden_layer is not None and "hidden_state" in heads:
+        from rl.llm import hidden_key_of
+
+        try:
+            key = hidden_key_of(labelling, hidden_layer)
+        except ValueError as e:
+            raise bad(str(e)) from None
+    hidden = None
+    if key in heads:
+        s, d = heads[key]
+        if len(s) not in (2, 3) or s[0] != n or d.kind != "f":
+            raise bad(f"key {key!r} is {d} {list(s)}, expected float [{n}, D] or [{n}, K, H]")
+        hidden = tuple(int(x) for x in s[1:])
     try:
         env = trajectory_env({"obs": np.empty((0, shape[1]), np.float32)}, {RECORDING_KEY: recording or {}})
     except TrajectoryError as e:
@@ -110,10 +120,11 @@ def read_info(path: Path, file_envs: int = 128) -> FileInfo:
     else:
         stream, num_envs, first = str(path), int(file_envs), 0
     return FileInfo(path, int(n), int(shape[1]), hidden, "return_to_go" in heads, stream, num_envs, first, env,
-                    labelling)
+                    labelling, key)
 
 
-def scan(data: str | Path | Sequence[Path], *, file_envs: int = 128, need_hidden: bool = False) -> list[FileInfo]:
+def scan(data: str | Path | Sequence[Path], *, file_envs: int = 128, need_hidden: bool = False,
+         hidden_layer: int | None = None) -> list[FileInfo]:
     """Every `.npz` of a directory (or the given files), checked and sorted by stream and position.
 
     All files must agree on the env, the observation size and (with `need_hidden`) carry hidden states of one
@@ -127,7 +138,7 @@ def scan(data: str | Path | Sequence[Path], *, file_envs: int = 128, need_hidden
             raise TrajectoryError(f"--data {d}: no .npz files there")
     else:
         paths = [Path(p) for p in data]
-    infos = [read_info(p, file_envs) for p in paths]
+    infos = [read_info(p, file_envs, hidden_layer if need_hidden else None) for p in paths]
     ref = infos[0]
     for f in infos:
         if f.env != ref.env or f.obs_size != ref.obs_size:
@@ -151,9 +162,9 @@ def _load(path: Path, key: str) -> np.ndarray:
         return npz[key]
 
 
-def load_hidden(path: Path) -> np.ndarray:
-    """float16 [N, D] of a file ([N, K, H] is averaged over K first, in float32)."""
-    h = _load(path, "hidden_state")
+def load_hidden(path: Path, key: str = "hidden_state") -> np.ndarray:
+    """float16 [N, D] of a file's `key` ([N, K, H] is averaged over K first, in float32)."""
+    h = _load(path, key)
     if h.ndim == 3:
         h = h.astype(np.float32).mean(1)
     return h.astype(np.float16)
@@ -318,7 +329,7 @@ def scan_values(pl: Plan, train_files: Sequence[int], use_hidden: bool) -> tuple
     for i, f in enumerate(pl.files):
         ls.add(_load(f.path, "obs"))
         if hs is not None and i in train:
-            hs.add(load_hidden(f.path))
+            hs.add(load_hidden(f.path, f.hidden_key))
     return ls.layout(), (hs.result() if hs is not None else None)
 
 
@@ -341,7 +352,7 @@ def build_shard(pl: Plan, layout: Layout, index: Sequence[int], use_hidden: bool
         hidden = np.zeros((len(rows), pl.files[0].hidden_dim), np.float16)
         for i in np.unique(fidx):
             sel = fidx == i
-            hidden[sel] = load_hidden(pl.files[i].path)[src[sel] - pl.offsets[i]]
+            hidden[sel] = load_hidden(pl.files[i].path, pl.files[i].hidden_key)[src[sel] - pl.offsets[i]]
         out["hidden"] = hidden
     return out
 

@@ -52,6 +52,7 @@ class Prepared:
     layout: D.Layout
     stats: dict | None
     digest: str
+    hidden_layer: int | None = None  # --hidden-layer (None: the files' first labelled layer)
 
     @property
     def env(self) -> str:
@@ -63,7 +64,11 @@ class Prepared:
 
     @property
     def labelling(self) -> dict | None:
-        return self.plan.files[0].labelling
+        """The files' labelling; with several labelled layers, `llm_layer` says the one this run reads."""
+        lab = self.plan.files[0].labelling
+        if lab and self.hidden_layer is not None:
+            lab = dict(lab, llm_layer=int(self.hidden_layer))
+        return lab
 
 
 def data_digest(files: list[D.FileInfo]) -> str:
@@ -76,14 +81,14 @@ def data_digest(files: list[D.FileInfo]) -> str:
 
 def prepare(cfg: OfflineConfig, say: Callable[[str], None] = _stderr) -> Prepared:
     """Read and check the files, compute targets, split, scan the values (layout, statistics)."""
-    files = D.scan(cfg.data, file_envs=cfg.file_envs, need_hidden=cfg.uses_hidden)
+    files = D.scan(cfg.data, file_envs=cfg.file_envs, need_hidden=cfg.uses_hidden, hidden_layer=cfg.hidden_layer)
     pl = D.plan(files, cfg.gamma, cfg.hidden_skip_n)
     if pl.truncated:
         say(f"warning: {pl.truncated:,} of {pl.rows:,} samples have a truncated return-to-go (no episode end "
             f"follows them in their env's stream before a gap or the end of the data)")
     train, val = D.split_files(files, cfg.val_fraction)
     layout, stats = D.scan_values(pl, train, cfg.uses_hidden)
-    return Prepared(pl, train, val, layout, stats, data_digest(files))
+    return Prepared(pl, train, val, layout, stats, data_digest(files), cfg.hidden_layer if cfg.uses_hidden else None)
 
 
 def _write_json(path: Path, obj: Any) -> None:
