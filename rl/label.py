@@ -189,7 +189,7 @@ class Labeller:
         from rl.llm import labelling_settings
 
         out = labelling_settings(self.cfg.llm, self.template(env), self.hidden_size, env)
-        if self.multi:  # every layer of one pass: `hidden_state` the first, the others under rl.llm.layer_key
+        if self.multi:  # every layer of one pass: `hidden_state` the first, the others under rl.layers.layer_key
             out.update(llm_layers=list(self.layers), model_layers=self.depth)
         return out
 
@@ -322,7 +322,7 @@ def _finish(job: Job) -> None:
     arrays = dict(job.arrays)
     rows = np.asarray(job.rows)
     if rows.ndim == 3:  # several layers: the first is `hidden_state` (today's readers), the others by index
-        from rl.llm import layer_key
+        from rl.layers import layer_key
 
         arrays[HIDDEN_KEY] = np.ascontiguousarray(rows[:, 0])
         for j, k in enumerate(job.settings["llm_layers"][1:], start=1):
@@ -546,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        from rl.llm import model_depth, parse_layers
+        from rl.layers import model_depth, parse_layers
 
         layers = parse_layers(args.llm_layer)
         layers = parse_layers(args.llm_layer, model_depth(args.model))  # past the depth: before anything is loaded

@@ -307,7 +307,7 @@ def test_several_layers_from_one_pass_equal_single_layer_runs(dataset, reference
     metadata names the layers."""
     from dataclasses import replace
 
-    from rl.llm import hidden_key_of
+    from rl.layers import hidden_key_of
 
     files = sorted(dataset.glob("*.npz"))[3:]  # 40 + 32 samples
     multi = label_files(files, tmp_path / "multi", replace(CFG, llm_layer=1, more_layers=(0, -1)), quiet=True)

@@ -45,7 +45,7 @@ class FileInfo:
     first: int  # stream index of its first sample
     env: str
     labelling: dict | None
-    hidden_key: str = "hidden_state"  # the array of the chosen layer (rl.llm.hidden_key_of; --hidden-layer)
+    hidden_key: str = "hidden_state"  # the array of the chosen layer (rl.layers.hidden_key_of; --hidden-layer)
 
     @property
     def hidden_dim(self) -> int | None:
@@ -98,7 +98,7 @@ def read_info(path: Path, file_envs: int = 128, hidden_layer: int | None = None)
         raise bad(str(e)) from None
     key = "hidden_state"
     if hidden_layer is not None and "hidden_state" in heads:
-        from rl.llm import hidden_key_of
+        from rl.layers import hidden_key_of
 
         try:
             key = hidden_key_of(labelling, hidden_layer)
