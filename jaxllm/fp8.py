@@ -92,9 +92,11 @@ def _quantize_layers(layers: dict[str, Any]) -> dict[str, Any]:
 
 
 def quantize_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The params pytree with every decoder projection and MLP matrix replaced by an Fp8Matrix (one jitted pass on
-    the device; the unquantised copies can be freed afterwards)."""
-    return {**params, "layers": _quantize_layers(params["layers"])}
+    """The params pytree with every decoder projection and dense MLP matrix replaced by an Fp8Matrix (one jitted
+    pass on the device; the unquantised copies can be freed afterwards). An MoE model's router and experts stay in
+    their dtype (the grouped GEMM multiplies bfloat16), as the official FP8 checkpoints keep the router."""
+    stacks = {name: _quantize_layers(params[name]) for name in ("layers", "dense_mlp") if name in params}
+    return {**params, **stacks}
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,136 @@
+"""Qwen3-MoE's sparse block: routing as transformers computes it, a dropless dispatch, and grouped GEMMs.
+
+For N tokens and k experts per token, the N*k (token, expert) rows are sorted by expert, so each expert's rows are
+one contiguous group; one grouped GEMM computes gate and up for every group at once (weights [E, 2F, D],
+contraction innermost), one more computes down ([E, D, F]), and the k weighted outputs of each token are gathered
+back through the inverse permutation and summed in float32 (a gather, never a scatter-add of floats: the result
+does not depend on thread timing). No token is ever dropped: group sizes are whatever the router chose.
+
+The grouped GEMM's implementation is chosen per backend in one place, `default_grouped_matmul_impl`:
+- "ragged_dot": `jax.lax.ragged_dot_general` (XLA). On a CPU it is a plain loop over groups; on a GPU XLA lowers
+  it to a dense dot over a group-masked copy of the input (E times the work, tens of GiB at Qwen3-30B-A3B's
+  shapes), so it is the GPU's choice only for the small shapes the kernel cannot take.
+- "mgpu": JAX's Hopper grouped GEMM (`jax.experimental.pallas.ops.gpu.ragged_dot_mgpu`, Mosaic GPU: TMA loads
+  and wgmma, a persistent grid), on GPUs with compute capability 9.x.
+docs/BENCHMARKS.md has the candidates measured side by side ("Qwen3-30B-A3B").
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu")
+
+# ragged_dot_mgpu's tiling (measured on an H100 at Qwen3-30B-A3B's expert shapes: docs/BENCHMARKS.md);
+# K (the contraction) must be a multiple of block_k and N of block_n.
+MGPU_TILING = {"block_m": 128, "block_n": 128, "block_k": 64, "max_concurrent_steps": 4, "grid_block_n": 2}
+
+
+@functools.cache
+def _hopper() -> bool:
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return False
+    try:
+        return int(str(device.compute_capability).split(".")[0]) == 9
+    except (AttributeError, ValueError):
+        return False
+
+
+def default_grouped_matmul_impl() -> str:
+    """The grouped GEMM for the default backend: "mgpu" on a Hopper GPU, "ragged_dot" elsewhere."""
+    return "mgpu" if _hopper() else "ragged_dot"
+
+
+def _mgpu_fits(rows: jax.Array, weights: jax.Array, tiling: dict[str, int]) -> bool:
+    n, k = weights.shape[1], weights.shape[2]
+    return rows.dtype == weights.dtype and k % tiling["block_k"] == 0 and n % (
+        tiling["block_n"] * tiling["grid_block_n"]) == 0
+
+
+def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, impl: str | None = None,
+                   tiling: dict[str, int] | None = None) -> jax.Array:
+    """rows [M, K] sorted by group, weights [G, N, K] (contraction innermost), group_sizes int32 [G] summing to M:
+    row r of group g times weights[g].T, in rows' dtype (float32 accumulation). impl: one of
+    `GROUPED_MATMUL_IMPLS`, None = `default_grouped_matmul_impl()`; "mgpu" falls back to "ragged_dot" for shapes
+    its tiling cannot take (small test models). tiling: "mgpu"'s block sizes (default `MGPU_TILING`)."""
+    impl = impl or default_grouped_matmul_impl()
+    if impl not in GROUPED_MATMUL_IMPLS:
+        raise ValueError(f"grouped matmul impl must be one of {GROUPED_MATMUL_IMPLS} or None, got {impl!r}")
+    tiling = dict(MGPU_TILING if tiling is None else tiling)
+    if impl == "mgpu" and _mgpu_fits(rows, weights, tiling):
+        from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+        return ragged_dot_mgpu.ragged_dot(rows, weights, group_sizes=group_sizes.astype(jnp.int32),
+                                          transpose_rhs=True, **tiling)
+    dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((1,), (2,)), ((), ())),
+                                         lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+    return lax.ragged_dot_general(rows, weights, group_sizes.astype(jnp.int32), dims,
+                                  preferred_element_type=jnp.float32).astype(rows.dtype)
+
+
+def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool) -> tuple[jax.Array, jax.Array]:
+    """transformers' Qwen3-MoE router: logits x @ router [D, E] in x's dtype, softmax over all experts in float32,
+    the top_k (ties: the lower expert index first), divided by their sum when `norm_topk_prob`, cast to x's dtype.
+    x [N, D] -> (weights [N, top_k] in x's dtype, experts int32 [N, top_k])."""
+    logits = x @ router
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    weights, experts = lax.top_k(probs, top_k)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights.astype(x.dtype), experts.astype(jnp.int32)
+
+
+class Dispatch(NamedTuple):
+    """How the N*k (token, expert) rows are grouped: `order` [N*k] (sorted row r is flat slot order[r], token
+    order[r] // k), `group_sizes` [E], `inverse` [N*k] (flat slot s sits at sorted row inverse[s])."""
+
+    order: jax.Array
+    group_sizes: jax.Array
+    inverse: jax.Array
+
+
+def dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
+    """Groups the flat (token, expert) slots of experts [N, k] by expert (a stable sort: within an expert, tokens
+    keep their order)."""
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
+    group_sizes = expert_load(experts, num_experts)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
+    return Dispatch(order, group_sizes, inverse)
+
+
+def experts_ffn(rows: jax.Array, gate_up: jax.Array, down: jax.Array, group_sizes: jax.Array,
+                impl: str | None = None) -> jax.Array:
+    """Each group's SwiGLU expert on its rows: down(silu(gate(x)) * up(x)), rows [M, D] sorted by expert,
+    gate_up [E, 2F, D] (gate over up), down [E, D, F]; in rows' dtype, as transformers computes it."""
+    gu = grouped_matmul(rows, gate_up, group_sizes, impl)
+    f = gate_up.shape[1] // 2
+    return grouped_matmul(jax.nn.silu(gu[:, :f]) * gu[:, f:], down, group_sizes, impl)
+
+
+def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
+              impl: str | None = None) -> jax.Array:
+    """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
+    [E, 2F, D] and params["down"] [E, D, F]. Each token's output is the sum over its top_k experts of routing
+    weight x expert output (summed in float32, one rounding to x's dtype); tokens never interact, so padding
+    tokens cost work but never change a real token's result."""
+    lead, d = x.shape[:-1], x.shape[-1]
+    tokens = x.reshape(-1, d)
+    weights, experts = route(tokens, params["router"], top_k, norm_topk_prob)
+    plan = dispatch(experts, params["gate_up"].shape[0])
+    rows = jnp.take(tokens, plan.order // top_k, axis=0)
+    out = experts_ffn(rows, params["gate_up"], params["down"], plan.group_sizes, impl)
+    per_slot = jnp.take(out, plan.inverse, axis=0).reshape(tokens.shape[0], top_k, d)
+    # HF multiplies each expert's output by its weight in the model dtype before summing
+    weighted = (per_slot * weights[..., None]).astype(jnp.float32)
+    return jnp.sum(weighted, axis=1).astype(x.dtype).reshape(*lead, d)
+
+
+def expert_load(experts: jax.Array, num_experts: int) -> jax.Array:
+    """Rows per expert [E] for the routing choices experts [N, k] (max / mean tells how skewed the routing is)."""
+    return jnp.zeros((num_experts,), jnp.int32).at[experts.reshape(-1)].add(1)
