@@ -23,11 +23,28 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .fp8 import out_in_weights
+
 GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu")
 
-# ragged_dot_mgpu's tiling (measured on an H100 at Qwen3-30B-A3B's expert shapes: docs/BENCHMARKS.md);
-# K (the contraction) must be a multiple of block_k and N of block_n.
-MGPU_TILING = {"block_m": 128, "block_n": 128, "block_k": 64, "max_concurrent_steps": 4, "grid_block_n": 2}
+# ragged_dot_mgpu's tilings, by contraction size: the best of a sweep on an H100 at Qwen3-30B-A3B's expert shapes
+# (scripts/bench_moe.py --tune, docs/BENCHMARKS.md): gate+up (K 2048, N 1536) 466 TFLOP/s with 192-wide column
+# blocks, down (K 768, N 2048) 294 with 128-deep k steps. A shape neither divides falls back to "ragged_dot".
+MGPU_TILINGS = (
+    {"block_m": 128, "block_n": 192, "block_k": 64, "max_concurrent_steps": 4, "grid_block_n": 4},
+    {"block_m": 128, "block_n": 128, "block_k": 128, "max_concurrent_steps": 3, "grid_block_n": 4},
+    {"block_m": 128, "block_n": 128, "block_k": 64, "max_concurrent_steps": 4, "grid_block_n": 2},
+)
+
+
+def mgpu_tiling(n: int, k: int) -> dict[str, int] | None:
+    """The tiling for a grouped GEMM with N output columns and contraction K: the measured best for large K
+    (gate+up) first, for small K (down) second, else the first that divides the shape; None if none does."""
+    order = MGPU_TILINGS if k >= 1024 else (MGPU_TILINGS[1], MGPU_TILINGS[0], MGPU_TILINGS[2])
+    for tiling in order:
+        if k % tiling["block_k"] == 0 and n % (tiling["block_n"] * tiling["grid_block_n"]) == 0:
+            return tiling
+    return None
 
 
 @functools.cache
@@ -46,23 +63,17 @@ def default_grouped_matmul_impl() -> str:
     return "mgpu" if _hopper() else "ragged_dot"
 
 
-def _mgpu_fits(rows: jax.Array, weights: jax.Array, tiling: dict[str, int]) -> bool:
-    n, k = weights.shape[1], weights.shape[2]
-    return rows.dtype == weights.dtype and k % tiling["block_k"] == 0 and n % (
-        tiling["block_n"] * tiling["grid_block_n"]) == 0
-
-
 def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, impl: str | None = None,
                    tiling: dict[str, int] | None = None) -> jax.Array:
     """rows [M, K] sorted by group, weights [G, N, K] (contraction innermost), group_sizes int32 [G] summing to M:
     row r of group g times weights[g].T, in rows' dtype (float32 accumulation). impl: one of
     `GROUPED_MATMUL_IMPLS`, None = `default_grouped_matmul_impl()`; "mgpu" falls back to "ragged_dot" for shapes
-    its tiling cannot take (small test models). tiling: "mgpu"'s block sizes (default `MGPU_TILING`)."""
+    its tilings cannot take (small test models). tiling: "mgpu"'s block sizes (default `mgpu_tiling`)."""
     impl = impl or default_grouped_matmul_impl()
     if impl not in GROUPED_MATMUL_IMPLS:
         raise ValueError(f"grouped matmul impl must be one of {GROUPED_MATMUL_IMPLS} or None, got {impl!r}")
-    tiling = dict(MGPU_TILING if tiling is None else tiling)
-    if impl == "mgpu" and _mgpu_fits(rows, weights, tiling):
+    tiling = tiling or mgpu_tiling(weights.shape[1], weights.shape[2])
+    if impl == "mgpu" and tiling is not None and rows.dtype == weights.dtype:
         from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
 
         return ragged_dot_mgpu.ragged_dot(rows, weights, group_sizes=group_sizes.astype(jnp.int32),
@@ -116,7 +127,8 @@ def experts_ffn(rows: jax.Array, gate_up: jax.Array, down: jax.Array, group_size
 def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
               impl: str | None = None) -> jax.Array:
     """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
-    [E, 2F, D] and params["down"] [E, D, F]. Each token's output is the sum over its top_k experts of routing
+    [E, 2F, D] and params["down"] [E, D, F] (or `fp8.Fp8Matrix` of them: dequantised here, multiplied in x's
+    dtype). Each token's output is the sum over its top_k experts of routing
     weight x expert output (summed in float32, one rounding to x's dtype); tokens never interact, so padding
     tokens cost work but never change a real token's result."""
     lead, d = x.shape[:-1], x.shape[-1]
@@ -124,7 +136,8 @@ def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: 
     weights, experts = route(tokens, params["router"], top_k, norm_topk_prob)
     plan = dispatch(experts, params["gate_up"].shape[0])
     rows = jnp.take(tokens, plan.order // top_k, axis=0)
-    out = experts_ffn(rows, params["gate_up"], params["down"], plan.group_sizes, impl)
+    gate_up, down = (out_in_weights(params[name], x.dtype) for name in ("gate_up", "down"))
+    out = experts_ffn(rows, gate_up, down, plan.group_sizes, impl)
     per_slot = jnp.take(out, plan.inverse, axis=0).reshape(tokens.shape[0], top_k, d)
     # HF multiplies each expert's output by its weight in the model dtype before summing
     weighted = (per_slot * weights[..., None]).astype(jnp.float32)

@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 from safetensors import SafetensorError, safe_open
 
+from . import fp8
 from .config import Qwen3Config
 from .model import Params
 from .params import EXPERT_LEAVES, TOP_LEAVES, layer_stacks, leaf_of, layer_leaves
@@ -50,24 +51,42 @@ def param_shapes(config: Qwen3Config, with_lm_head: bool | None = None) -> dict[
     return shapes
 
 
-@partial(jax.jit, static_argnames=("config", "dtype"))
-def init_params(config: Qwen3Config, dtype: Any = jnp.float32, seed: int | jax.Array = 0) -> Params:
+@partial(jax.jit, static_argnames=("config", "dtype", "fp8_experts"))
+def init_params(config: Qwen3Config, dtype: Any = jnp.float32, seed: int | jax.Array = 0,
+                fp8_experts: bool = False) -> Params:
     """Deterministic random params like HF's init: matrices ~ N(0, initializer_range), norm weights = 1.
 
     Values are drawn in float32 then cast, so one seed gives the same model (up to rounding) in every dtype,
-    process and backend. Runs under jit, so the arrays are created directly on the default device.
+    process and backend. Runs under jit, so the arrays are created directly on the default device. An MoE's
+    experts are drawn one layer at a time and, with `fp8_experts`, quantised as they are drawn
+    (`fp8.quantize_out_in`), so neither a float32 nor a second full copy of them ever exists.
     """
     shapes = param_shapes(config)
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
     base = jax.random.key(seed)
     leaves = []
     for index, (path, shape) in enumerate(flat):
-        if leaf_of(tuple(k.key for k in path)).init == "ones":
+        names = tuple(k.key for k in path)
+        if leaf_of(names).init == "ones":
             leaves.append(jnp.ones(shape, dtype))
+        elif names[0] == "experts":
+            # one layer at a time: a float32 draw of a whole expert stack would be 77 GB at Qwen3-30B-A3B's shape
+            key = jax.random.fold_in(base, index)
+            quantize = fp8_experts and names[1] in fp8.EXPERT_QUANTIZED_LEAVES
+            leaves.append(lax.map(lambda i, key=key, shape=shape, quantize=quantize: _expert_transform(quantize)(
+                _normal(jax.random.fold_in(key, i), shape[1:], config.initializer_range, dtype)),
+                jnp.arange(shape[0])))
         else:
-            noise = jax.random.normal(jax.random.fold_in(base, index), shape, jnp.float32)
-            leaves.append((noise * config.initializer_range).astype(dtype))
+            leaves.append(_normal(jax.random.fold_in(base, index), shape, config.initializer_range, dtype))
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _expert_transform(quantize: bool) -> Any:
+    return fp8.quantize_out_in if quantize else (lambda w: w)
+
+
+def _normal(key: jax.Array, shape: tuple[int, ...], std: float, dtype: Any) -> jax.Array:
+    return (jax.random.normal(key, shape, jnp.float32) * std).astype(dtype)
 
 
 # One stacked slice of a leaf, read from the checkpoint: a list of (HF key, transpose) whose tensors are
@@ -184,7 +203,7 @@ def _expected_key_shapes(leaf_shape: tuple[int, ...], piece: _Slice, transpose: 
 
 
 def load_params(ckpt_dir: str | Path, config: Qwen3Config, dtype: Any,
-                host_stack_bytes: int = 1 << 30) -> Params:
+                host_stack_bytes: int = 1 << 30, fp8_experts: bool = False) -> Params:
     """Loads a safetensors checkpoint (single file or sharded) into the stacked params pytree on the device.
 
     Accepts Qwen3ForCausalLM / Qwen3MoeForCausalLM (keys under `model.`, `lm_head.weight` required when untied,
@@ -195,7 +214,8 @@ def load_params(ckpt_dir: str | Path, config: Qwen3Config, dtype: Any,
 
     Streamed: a stacked leaf of at most `host_stack_bytes` is assembled on the host and moved in one copy; a larger
     one (the experts of a big MoE) is moved layer by layer into its device buffer, so host memory stays near one
-    layer's slice of it.
+    layer's slice of it. `fp8_experts`: an MoE's experts are quantised layer by layer on the device as they arrive
+    (`fp8.quantize_out_in`), so their 16-bit copy never exists whole.
     """
     ckpt_dir = Path(ckpt_dir)
     key_to_file = _index_files(ckpt_dir)
@@ -246,8 +266,16 @@ def load_params(ckpt_dir: str | Path, config: Qwen3Config, dtype: Any,
         for path, slices in plan.items():
             parts = path.split("/")
             shape = shapes[parts[0]][parts[1]] if len(parts) == 2 else shapes[path]
+            quantize = fp8_experts and parts[0] == "experts" and parts[-1] in fp8.EXPERT_QUANTIZED_LEAVES
             if len(parts) == 1:
                 value = jax.device_put(assemble(slices[0], shape), device)
+            elif quantize:
+                layer_shape = jax.ShapeDtypeStruct(shape[1:], np_dtype)
+                value = jax.tree.map(lambda a: _zeros_on(device, (shape[0],) + a.shape, a.dtype),
+                                     jax.eval_shape(fp8.quantize_out_in, layer_shape))
+                for i, piece in enumerate(slices):
+                    layer = _quantize_on_device(jax.device_put(assemble(piece, shape[1:]), device))
+                    value = jax.tree.map(lambda stacked, new, i=i: _set_layer(stacked, new, i), value, layer)
             elif np.prod(shape) * np_dtype.itemsize <= host_stack_bytes:
                 host = np.empty(shape, np_dtype)
                 for i, piece in enumerate(slices):
@@ -263,6 +291,9 @@ def load_params(ckpt_dir: str | Path, config: Qwen3Config, dtype: Any,
             else:
                 params[path] = value
     return params
+
+
+_quantize_on_device = jax.jit(fp8.quantize_out_in)
 
 
 def _zeros_on(device: Any, shape: tuple[int, ...], dtype: Any) -> jax.Array:

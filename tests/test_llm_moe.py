@@ -3,7 +3,6 @@ random checkpoints written with save_pretrained (per-expert keys, as the hub pub
 
 Error metric and bound as tests/test_llm_parity.py: max |ours - hf| / max |hf| per tensor, 1e-4 in float32.
 """
-import json
 
 import jax
 import jax.numpy as jnp
@@ -243,19 +242,57 @@ def test_tiny_moe_preset_encodes_real_template_prompts():
 
 
 def test_fp8_moe_quantizes_attention_and_stays_close():
-    """fp8 (W8A8) on an MoE model: attention and dense-MLP matrices in e4m3, router and experts in their dtype; the
-    vectors stay near float32's (tiny-moe at its init scale; routing near-ties may flip an expert, docs/PARITY.md)."""
-    from jaxllm.fp8 import Fp8Matrix
+    """fp8 on an MoE model: attention matrices W8A8, experts stored in e4m3 (weight-only: dequantised per layer for
+    the bfloat16 grouped GEMM), the router 16-bit; the vectors stay near float32's (tiny-moe at its init scale;
+    routing near-ties may flip an expert, docs/PARITY.md)."""
+    from jaxllm.fp8 import Fp8Matrix, quantize_out_in
 
     f32, q = load_model("tiny-moe", dtype="float32"), load_model("tiny-moe", dtype="fp8")
     assert isinstance(q.params["layers"]["q_proj"], Fp8Matrix)
-    assert not isinstance(q.params["experts"]["gate_up"], Fp8Matrix)  # the grouped GEMM multiplies bf16
+    assert isinstance(q.params["experts"]["gate_up"], Fp8Matrix) and q.params["experts"]["gate_up"].weight.shape == (
+        2, 8, 128, 64)
     assert not isinstance(q.params["experts"]["router"], Fp8Matrix)
+    # drawn and quantised one layer at a time = the whole bfloat16 stack quantised at once
+    bf16 = load_model("tiny-moe", dtype="bfloat16").params["experts"]["down"]
+    np.testing.assert_array_equal(np.asarray(quantize_out_in(bf16).weight, np.float32),
+                                  np.asarray(q.params["experts"]["down"].weight, np.float32))
     ids = np.random.default_rng(6).integers(0, 150000, (4, 24))
     a = np.asarray(f32.encode(ids, np.full(4, 24)))
     b = np.asarray(q.encode(ids, np.full(4, 24)))
     cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
     assert cos.min() > 0.99, cos
+
+
+def test_fp8_checkpoint_load_quantizes_experts_layer_by_layer(ckpts):
+    from jaxllm.fp8 import Fp8Matrix, quantize_out_in
+
+    path, _ = ckpts["topk2_norm_dense_layer"]
+    q = load_model(path, dtype="fp8").params["experts"]["gate_up"]
+    want = quantize_out_in(load_model(path, dtype="bfloat16").params["experts"]["gate_up"])
+    assert isinstance(q, Fp8Matrix)
+    np.testing.assert_array_equal(np.asarray(q.weight, np.float32), np.asarray(want.weight, np.float32))
+    np.testing.assert_allclose(np.asarray(q.scale), np.asarray(want.scale), rtol=1e-6)
+
+
+def test_a_model_too_large_for_the_device_fails_before_loading():
+    """The estimate (config x dtype) against the device's memory: one line with the ways out, nothing loaded."""
+    from jaxllm.memory import ModelTooLargeError, check_fits, weight_bytes
+
+    class H100:
+        platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+        def memory_stats(self):
+            return {"bytes_limit": 79 << 30}
+
+    config = PRESETS["qwen3-30b-a3b"]
+    assert 56 << 30 < weight_bytes(config, jnp.bfloat16) < 58 << 30  # the published 61.1 GB
+    assert weight_bytes(config, "fp8") < 30 << 30
+    check_fits(config, jnp.bfloat16, H100())  # fits, with ~16 GiB to spare
+    check_fits(config, "fp8", H100())
+    with pytest.raises(ModelTooLargeError) as info:
+        check_fits(config, jnp.float32, H100())
+    message = str(info.value)
+    assert "\n" not in message and "fp8" in message and "79.0 GiB" in message
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the Hopper grouped GEMM needs a GPU")
