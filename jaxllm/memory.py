@@ -4,6 +4,7 @@ out-of-memory traceback after minutes of loading.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -13,6 +14,8 @@ from .config import Qwen3Config
 from .params import layer_stacks
 
 GIB = 1 << 30
+MEM_FRACTION_VAR = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+DEFAULT_MEM_FRACTION = 0.75  # JAX's default share of a GPU's memory for its allocator
 # Left free for activations, the prefix cache and XLA's workspace when checking that the weights fit: the packed
 # encoder's largest pass at 128 envs (Qwen3-30B-A3B: ~3 GiB of token-expert rows and their products) with margin.
 DEFAULT_RESERVE_BYTES = 6 * GIB
@@ -80,6 +83,11 @@ def check_fits(config: Qwen3Config, dtype: Any, device: Any = None,
     device = device or jax.devices()[0]
     label = dtype if isinstance(dtype, str) else np.dtype(dtype or np.float32).name
     ways = []
+    fraction = float(os.environ.get(MEM_FRACTION_VAR) or DEFAULT_MEM_FRACTION)
+    card = limit / fraction  # JAX's allocator may use `fraction` of the card (default 75%)
+    if fraction < 0.95 and need + reserve_bytes <= 0.95 * card:
+        ways.append(f"{MEM_FRACTION_VAR}=0.95 in the environment (JAX uses {fraction:.0%} of this GPU's "
+                    f"~{card / GIB:.0f} GiB by default)")
     if label != "fp8":
         ways.append(f"--llm-dtype fp8 (load_model(..., dtype='fp8'): {weight_bytes(config, 'fp8') / GIB:.1f} GiB)")
     ways.append("a GPU with more memory (an H200 has 141 GB)")

@@ -139,9 +139,9 @@ def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: 
     gate_up, down = (out_in_weights(params[name], x.dtype) for name in ("gate_up", "down"))
     out = experts_ffn(rows, gate_up, down, plan.group_sizes, impl)
     per_slot = jnp.take(out, plan.inverse, axis=0).reshape(tokens.shape[0], top_k, d)
-    # HF multiplies each expert's output by its weight in the model dtype before summing
-    weighted = (per_slot * weights[..., None]).astype(jnp.float32)
-    return jnp.sum(weighted, axis=1).astype(x.dtype).reshape(*lead, d)
+    # one fusion (gather, multiply, sum): no [N, k, D] float32 intermediate (2 GiB at one 32,768-token pass)
+    combined = jnp.sum(per_slot.astype(jnp.float32) * weights[..., None].astype(jnp.float32), axis=1)
+    return combined.astype(x.dtype).reshape(*lead, d)
 
 
 def expert_load(experts: jax.Array, num_experts: int) -> jax.Array:

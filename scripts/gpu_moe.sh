@@ -9,6 +9,9 @@ out=${2:?output directory}
 mkdir -p "$out"
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
+# Qwen3-30B-A3B's bf16 weights are 57 GiB: JAX's allocator must be allowed more than its default 75% of an H100
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
+python3 -c "import jax; print('allocator limit GiB', jax.devices()[0].memory_stats()['bytes_limit'] / 2**30)" | tee -a "$out/gpu.txt"
 run() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s): $*"; timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; }
 case $stage in
   kernels)
