@@ -2,7 +2,7 @@
 # Qwen3-30B-A3B on one GPU, in stages that each fit one 10-minute device call (docs/BENCHMARKS.md "Qwen3-30B-A3B"):
 #   bash scripts/gpu_moe.sh kernels OUT   # grouped-GEMM candidates vs dense, mgpu tiling sweep, the GPU kernel test
 #   bash scripts/gpu_moe.sh encoder OUT   # packed encoder, 128 Craftax-Symbolic prompts: 30B-A3B vs 4B, bf16 + fp8
-#   bash scripts/gpu_moe.sh train OUT     # in-scan trainer, 128 envs, skip_n 8, 30B-A3B bf16 (first update + SPS)
+#   bash scripts/gpu_moe.sh train OUT     # in-scan trainer, 128 envs, skip_n 8, 30B-A3B bf16 and fp8, cold
 set -uo pipefail
 stage=${1:?stage: kernels | encoder | train}
 out=${2:?output directory}
@@ -25,7 +25,9 @@ case $stage in
     done
     ;;
   train)
-    run train_30b 560 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --skip-n 8 --num-envs 128 \
-      --max-updates 4 --run-dir "$out/run30b"
+    for dtype in bfloat16 fp8; do
+      run "train_30b_$dtype" 285 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype "$dtype" \
+        --skip-n 8 --num-envs 128 --max-updates 5 --compile-cache off --run-dir "$out/run30b-$dtype"
+    done
     ;;
 esac
