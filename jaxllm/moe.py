@@ -108,10 +108,13 @@ class Dispatch(NamedTuple):
 def dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
     """Groups the flat (token, expert) slots of experts [N, k] by expert (a stable sort: within an expert, tokens
     keep their order)."""
-    flat = experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
-    group_sizes = expert_load(experts, num_experts)
-    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
+    flat = experts.reshape(-1).astype(jnp.int32)
+    slots = jnp.arange(flat.shape[0], dtype=jnp.int32)
+    sorted_experts, order = lax.sort((flat, slots), num_keys=1, is_stable=True)
+    # group sizes from the sorted keys' boundaries: a scatter-add of N*k ones into E bins would serialise on atomics
+    bounds = jnp.searchsorted(sorted_experts, jnp.arange(num_experts + 1, dtype=jnp.int32), side="left")
+    group_sizes = jnp.diff(bounds).astype(jnp.int32)
+    inverse = jnp.zeros_like(order).at[order].set(slots)
     return Dispatch(order, group_sizes, inverse)
 
 
