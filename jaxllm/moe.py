@@ -37,6 +37,9 @@ MGPU_TILINGS = (
 )
 
 
+MGPU_ROW_MULTIPLE = 8  # ragged_dot_mgpu's row count must be a multiple of its 8-row TMA tiling
+
+
 def mgpu_tiling(n: int, k: int) -> dict[str, int] | None:
     """The tiling for a grouped GEMM with N output columns and contraction K: the measured best for large K
     (gate+up) first, for small K (down) second, else the first that divides the shape; None if none does."""
@@ -76,8 +79,15 @@ def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, 
     if impl == "mgpu" and tiling is not None and rows.dtype == weights.dtype:
         from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
 
-        return ragged_dot_mgpu.ragged_dot(rows, weights, group_sizes=group_sizes.astype(jnp.int32),
-                                          transpose_rhs=True, **tiling)
+        # its TMA stores need M to be a multiple of 8: zero rows appended to the last group, cut off after
+        m = rows.shape[0]
+        pad = -m % MGPU_ROW_MULTIPLE
+        sizes = group_sizes.astype(jnp.int32)
+        if pad:
+            rows = jnp.pad(rows, ((0, pad), (0, 0)))
+            sizes = sizes.at[-1].add(pad)
+        out = ragged_dot_mgpu.ragged_dot(rows, weights, group_sizes=sizes, transpose_rhs=True, **tiling)
+        return out[:m] if pad else out
     dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((1,), (2,)), ((), ())),
                                          lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
     return lax.ragged_dot_general(rows, weights, group_sizes.astype(jnp.int32), dims,
