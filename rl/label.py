@@ -476,7 +476,7 @@ Example:
 def build_parser() -> argparse.ArgumentParser:
     from render.envs import ENV_NAMES
 
-    from rl.cli import Parser, add_compile_cache_option
+    from rl.cli import PROMPT_METAVAR, Parser, add_compile_cache_option, prompt_text
 
     p = Parser(prog="python -m rl.label", description=DESCRIPTION)
     p.add_argument("inputs", metavar="IN_DIR_OR_GLOB", help="a directory of .npz files, a glob pattern or one file")
@@ -499,8 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per packed pass (0: jaxllm.default_capacity)")
     p.add_argument("--llm-chunk", type=int, default=d.llm_chunk, dest="llm_chunk", metavar="N",
                    help="prompts per bucketed LLM call")
-    p.add_argument("--system-prompt", default=None, dest="system_prompt", metavar="TEXT|FILE",
-                   help="system prompt text or file (default: render's prompt for the env and format)")
+    p.add_argument("--system-prompt", default=None, dest="system_prompt", type=prompt_text, metavar=PROMPT_METAVAR,
+                   help="system prompt: its text, or @FILE to read it from a file (default: render's prompt for the "
+                        "env and format)")
     p.add_argument("--batch", type=int, default=1024, metavar="N",
                    help="observations per chunk, all devices together (a rerun resumes at whole chunks)")
     p.add_argument("--devices", type=int, default=0, metavar="N", help="devices to use (0: all visible)")

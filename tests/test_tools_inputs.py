@@ -1,0 +1,132 @@
+"""Issue 37: every tool checks its input before anything loads or is written, and says what is wrong in one line
+(the value and the fix); the same flag spelling, typo hints and prompt option (`TEXT|@FILE`) in every tool. These
+tests stand on fake run directories (a config.json is all the checks read), so none of them trains or compiles."""
+import json
+
+import pytest
+
+from rl.config import PRESETS, TrainConfig, save_config
+
+
+def _online_run(tmp_path, **settings):
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(TrainConfig(**{**PRESETS["test"], **settings}), run / "config.json")
+    return run
+
+
+def _offline_run(tmp_path):
+    from rl.offline.config import KIND, OfflineConfig
+
+    run = tmp_path / "awr"
+    run.mkdir()
+    cfg = OfflineConfig(data=str(tmp_path / "data"), out=str(run))
+    (run / "config.json").write_text(json.dumps({"kind": KIND, "settings": cfg.to_json(), "env": "x"}))
+    return run
+
+
+def _one_error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--episodes", "0"], "--episodes must be >= 1, got 0"),
+    (["--episodes", "-4"], "--episodes must be >= 1, got -4"),
+    (["--max-steps", "0"], "--max-steps must be >= 1"),
+])
+def test_eval_refuses_episode_counts_below_one_and_keeps_eval_json(argv, says, tmp_path, capsys):
+    """Item 2: `--episodes 0` wrote return_mean NaN over the good entry, `-4` ended in a traceback."""
+    from rl.eval import main
+
+    run = _online_run(tmp_path, encoder="none")
+    good = json.dumps({"real": {"return_mean": 3.0}})
+    (run / "eval.json").write_text(good)
+    with pytest.raises(SystemExit) as e:
+        main([str(run), *argv])
+    assert e.value.code == 2 and says in _one_error_line(capsys)
+    assert (run / "eval.json").read_text() == good
+
+
+def test_eval_refuses_ablations_of_a_run_without_llm(tmp_path, capsys):
+    """Item 5: `rl.eval NO_LLM_RUN --modes zeros` played `real` and exited 0."""
+    from rl.eval import check_run, main
+
+    run = _online_run(tmp_path, encoder="none")
+    assert main([str(run), "--modes", "zeros"]) == 1
+    line = _one_error_line(capsys)
+    assert "--modes zeros" in line and "without an LLM" in line and "--modes real" in line
+    assert check_run(run, None) == ["real"] and check_run(run, ["real"]) == ["real"]
+
+
+def test_eval_of_an_offline_run_names_rl_offline_eval(tmp_path, capsys):
+    """Item 6: an offline run given to rl.eval got `unknown config fields ['data', ...]`."""
+    from rl.eval import main
+
+    run = _offline_run(tmp_path)
+    assert main([str(run)]) == 1
+    line = _one_error_line(capsys)
+    assert "offline AWR run" in line and f"python -m rl.offline eval {run}" in line and "unknown" not in line
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "--stepz", "10"], "did you mean --steps?"),
+    (["eval", "RUN", "--episdes", "4"], "did you mean --episodes?"),
+])
+def test_offline_flag_typos_get_the_nearest_flag(argv, hint, tmp_path, capsys):
+    """Item 8: `rl.offline train --stepz` suggested --help, `eval --episdes` nothing (rl.eval and rl.label did)."""
+    from rl.offline.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path) if a == "RUN" else a for a in argv])
+    line = _one_error_line(capsys)
+    assert e.value.code == 2 and hint in line and "unrecognized arguments" in line
+
+
+def _parse_error(entry, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        entry(argv)
+    assert e.value.code == 2
+    return _one_error_line(capsys)
+
+
+def test_prompt_options_take_text_or_at_file_in_every_tool(tmp_path, capsys):
+    """Item 4: `rl.label --system-prompt /path/missing.txt` labelled behind the literal path. Every prompt option
+    reads `@FILE` as a file and refuses a plain value that looks like a path, before anything loads."""
+    from rl.cli import prompt_text
+    from rl.label import main as label_main
+    from rl.offline.__main__ import main as offline_main
+    from rl.train import build_parser as train_parser
+
+    missing = str(tmp_path / "missing.txt")
+    out = tmp_path / "out"
+    line = _parse_error(label_main, [str(tmp_path), "--out", str(out), "--system-prompt", missing], capsys)
+    assert "--system-prompt" in line and missing in line and f"@{missing}" in line and not out.exists()
+    line = _parse_error(label_main, [str(tmp_path), "--out", str(out), "--system-prompt", "@" + missing], capsys)
+    assert "no such file" in line and not out.exists()
+    assert "looks like a file path" in _parse_error(offline_main, ["eval", str(tmp_path), "--system-prompt",
+                                                                   "prompt.txt"], capsys)
+    assert "looks like a file path" in _parse_error(train_parser().parse_args, ["--system-prompt", missing], capsys)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("You play Craftax.\nBe brief.")
+    assert prompt_text("@" + str(prompt)) == "You play Craftax.\nBe brief."
+    assert train_parser().parse_args(["--system-prompt", f"@{prompt}"]).system_prompt == prompt.read_text()
+    assert prompt_text("You are a helpful assistant. Describe what you see.").startswith("You are")
+    assert prompt_text("Hello.") == "Hello."  # one word, not a path
+
+
+def test_eval_json_records_the_system_prompt_and_merges_on_it(tmp_path):
+    """Item 14: eval.json did not say which system prompt its modes ran behind, and merged across prompts."""
+    from rl.eval_report import save_results
+
+    entry = lambda ret, prompt: {"episodes": 8, "return_mean": ret, "return_stderr": 0.1, "length_mean": 10.0,
+                                 "unfinished": 0, "achievements": {}, "checkpoint": 3, "seed": 1, "max_steps": 50,
+                                 "system_prompt": prompt}
+    save_results(tmp_path, {"real": entry(1.0, "A"), "zeros": entry(0.5, "A")})
+    _, note = save_results(tmp_path, {"real": entry(2.0, "B")})
+    held = json.loads((tmp_path / "eval.json").read_text())
+    assert list(held) == ["real"] and held["real"]["system_prompt"] == "B"
+    assert "dropped zeros" in note and "system prompt" in note
+    _, note = save_results(tmp_path, {"zeros": entry(0.7, "B")})
+    assert list(json.loads((tmp_path / "eval.json").read_text())) == ["real", "zeros"] and "kept real" in note
