@@ -52,13 +52,20 @@ def test_train_then_eval_end_to_end(run, capsys):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in records] == [100, 200, 300]
     assert all(np.isfinite(r["loss"]) and np.isfinite(r["val_nll"]) for r in records)
+    capsys.readouterr()
     assert main(["eval", str(run), "--episodes", "2", "--max-steps", "48"]) == 0
     results = json.loads((run / "eval.json").read_text())
     assert list(results) == ["real", "zeros", "shuffled"]
     assert all(r["episodes"] == 2 and set(r) >= {"return_mean", "length_mean", "achievements"}
                for r in results.values())
+    assert {(r["checkpoint"], r["seed"], r["max_steps"]) for r in results.values()} == {(300, 1234, 48)}
+    assert results["real"]["system_prompt"].startswith("You")  # the prompt the labels were read behind
     assert (run / "eval_ablations.png").exists()
-    assert "hidden state" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "hidden state" in out
+    # issue 37 item 10: a status line while each mode plays, and the legend says what `zeros` is here
+    assert all(f"  {m}: " in err and "steps played (at most 48)" in err for m in results), err
+    assert "the dataset's mean hidden state" in out and "all-zero" not in out
 
 
 def test_statistics_restored_with_the_checkpoint(run, labelled):

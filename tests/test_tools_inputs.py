@@ -130,3 +130,77 @@ def test_eval_json_records_the_system_prompt_and_merges_on_it(tmp_path):
     assert "dropped zeros" in note and "system prompt" in note
     _, note = save_results(tmp_path, {"zeros": entry(0.7, "B")})
     assert list(json.loads((tmp_path / "eval.json").read_text())) == ["real", "zeros"] and "kept real" in note
+
+
+def test_resumed_run_says_how_many_updates_it_ran_and_what_its_sps_is():
+    """Item 12: a resume that ran 24 of 50 updates said `finished 50 updates in 0:13 ... 4,268 SPS`, and the status
+    line's SPS, a 10-update window, did not say so."""
+    import io
+
+    from rl.progress import Progress
+
+    out = io.StringIO()
+    p = Progress("d", 50, 64, stream=out)
+    seconds = [30.0] + [0.5] * 13 + [1.0] * 10  # updates 27-50: the compiling first, then two speeds
+    for u, s in enumerate(seconds, start=27):
+        p.record({"update": u, "timestep": 64 * u, "sps": 64 / s, "seconds": s, "episode_return": 1.0})
+    p.finished()
+    status = [ln for ln in out.getvalue().splitlines() if ln.startswith("[update")]
+    (end,) = [ln for ln in out.getvalue().splitlines() if ln.startswith("finished")]
+    assert len(status) == 24 and "64 SPS (last 10 updates)" in status[-1]  # the window of 1.0 s updates, named
+    assert "finished 50 updates (24 of them in this invocation, " in end
+    mean = 64 * 23 / (13 * 0.5 + 10 * 1.0)
+    assert f"{mean:,.0f} SPS (mean of this invocation's 23 updates after its compiling first)" in end
+
+
+class _Device:
+    """A GPU as the loop sees it when dispatching is launch-bound: an update takes `seconds` on the device, updates run
+    one after another, and `dispatch` keeps the host busy until near the end of the update it starts (the host
+    launches its kernels). The metrics become ready when the update ends."""
+
+    def __init__(self, seconds):
+        import time
+
+        self.seconds, self.free, self.time = seconds, 0.0, time
+
+    def dispatch(self, state):
+        now = self.time.perf_counter()
+        start = max(now, self.free)
+        self.free = end = start + self.seconds
+        self.time.sleep(max(0.0, start + 0.8 * self.seconds - now))
+        return state + 1, {"total_loss": _Ready(end, self.time)}
+
+
+class _Ready:
+    def __init__(self, end, clock):
+        self.end, self.clock = end, clock
+
+    def block_until_ready(self):
+        self.clock.sleep(max(0.0, self.end - self.clock.perf_counter()))
+        return self
+
+    def __array__(self, dtype=None, copy=None):
+        import numpy as np
+
+        self.block_until_ready()
+        return np.asarray(0.5, dtype or np.float32)
+
+
+def test_every_record_holds_its_own_update_time_the_last_included():
+    """Issue 35 item 5: on a GPU the last record of an invocation showed 0.02-0.06 s (and SPS 400K-1M): each record's
+    seconds was measured when the host read it, after dispatching the next update, which on a GPU keeps the host
+    busy for most of an update. Each record's seconds must be its own update's, measured when its results are
+    ready."""
+    from types import SimpleNamespace
+
+    from rl.loop import StopRule, run_loop
+
+    seconds, got = 0.25, []
+    meter = SimpleNamespace(due=lambda k: False, value_for=lambda s: None)
+    updates = SimpleNamespace(dispatch=_Device(seconds).dispatch, pipelined=True, share_meter=lambda f: meter)
+    outputs = SimpleNamespace(record=lambda u, m, s, share: got.append(s), checkpoint_due=lambda u: False,
+                              checkpoint=lambda u, state: None, saved_at=None, stopped=lambda u: None,
+                              finished=lambda: None, run_dir="d")
+    run_loop(updates, 0, 0, 5, outputs, StopRule(5))
+    assert len(got) == 5
+    assert all(0.7 * seconds < s < 1.6 * seconds for s in got), got  # the last one was 0.2 x its update's time
