@@ -54,6 +54,10 @@ def _run(args, say) -> int:
         check_kinds(args.kinds)
     for run_dir in [args.run_dir] + ([args.run_b] if args.run_b else []):
         check_run_dir(run_dir)
+    if args.trajectories is not None:
+        from rl.probe.metrics import check_trajectory_files
+
+        check_trajectory_files(args.trajectories)  # before minutes of play
     out = args.out or args.run_dir / "probe"
     runs, timing = [], {}
     for run_dir in [args.run_dir] + ([args.run_b] if args.run_b else []):
