@@ -69,9 +69,23 @@ def _train(args: argparse.Namespace) -> int:
     tracking.check_installed()
     from rl.interrupt import StopOnInterrupt
 
-    with StopOnInterrupt(lambda text: print("\n" + text, file=sys.stderr, flush=True)) as stop:
-        train(cfg, resume=resume, quiet=getattr(args, "quiet", False), tracking=tracking, should_stop=stop)
-    return 0
+    out = Path(cfg.out) if cfg.out is not None else None
+    fresh = not resume and out is not None and not out.exists()
+    try:
+        with StopOnInterrupt(lambda text: print("\n" + text, file=sys.stderr, flush=True)) as stop:
+            train(cfg, resume=resume, quiet=getattr(args, "quiet", False), tracking=tracking, should_stop=stop)
+    except BaseException:
+        if fresh and out.exists() and not _has_checkpoint(out):  # nothing worth keeping: leave nothing behind
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    return 130 if stop.requested else 0  # stopped by Ctrl-C (checkpointed): as rl.train
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    ckpts = run_dir / "checkpoints"
+    return ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
 
 
 def _read_settings(path: Path) -> dict:
@@ -117,8 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted; continue a training run with python -m rl.offline train --resume RUN_DIR",
-              file=sys.stderr)
+        print("interrupted" + ("; continue a training run with python -m rl.offline train --resume RUN_DIR if it "
+                               "saved a checkpoint" if args.command == "train" else ""), file=sys.stderr)
         return 130
 
 
