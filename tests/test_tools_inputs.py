@@ -204,3 +204,20 @@ def test_every_record_holds_its_own_update_time_the_last_included():
     run_loop(updates, 0, 0, 5, outputs, StopRule(5))
     assert len(got) == 5
     assert all(0.7 * seconds < s < 1.6 * seconds for s in got), got  # the last one was 0.2 x its update's time
+
+
+def test_label_checks_the_layer_before_loading_and_leaves_no_empty_output(tmp_path, capsys):
+    """Item 11: `rl.label --llm-layer 24 --model tiny` (docs/OFFLINE.md's command with the CPU model) failed only
+    after loading the model, leaving `.partial` files in a new output directory; a run whose files were all bad
+    left an empty output directory."""
+    from rl.label import main
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "traj-000000000000.npz").write_bytes(b"not a zip file at all")
+    out = tmp_path / "out"
+    line = _parse_error(main, [str(inputs), "--out", str(out), "--model", "tiny", "--llm-layer", "24"], capsys)
+    assert "--llm-layer 24: model tiny has 2 layers" in line and "-3..2" in line and not out.exists()
+    assert main([str(inputs), "--out", str(out), "--model", "tiny", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "bad file" in err and "traj-000000000000.npz" in err and not out.exists()
