@@ -221,3 +221,23 @@ def test_label_checks_the_layer_before_loading_and_leaves_no_empty_output(tmp_pa
     assert main([str(inputs), "--out", str(out), "--model", "tiny", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "bad file" in err and "traj-000000000000.npz" in err and not out.exists()
+
+
+def test_plot_of_an_offline_run_draws_its_losses_and_evaluation(tmp_path, capsys):
+    """Item 7: `rl.plot OFFLINE_RUN` exited 0 with an empty chart (x axis -40m to 40m)."""
+    from rl.plot import load_offline_curves, main
+
+    run = _offline_run(tmp_path)
+    recs = [{"update": u, "timestep": 256 * u, "loss": 1.0, "actor_loss": 0.5, "value_loss": 0.6 / k, "nll": 2.4 / k,
+             "val_nll": 2.2, "val_value_loss": 0.5, "val_accuracy": 0.3} for k, u in enumerate((100, 200, 300), 1)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (run / "eval.json").write_text(json.dumps({m: {"return_mean": r, "return_stderr": 0.1} for m, r in
+                                               (("real", 3.0), ("zeros", 1.0))}))
+    curves = load_offline_curves(run)
+    assert list(curves["update"]) == [100, 200, 300] and list(curves["nll"]) == pytest.approx([2.4, 1.2, 0.8])
+    assert set(curves["evaluation"]) == {"real", "zeros"}
+    assert main([str(run)]) == 0
+    assert (run / "curves.png").stat().st_size > 10_000
+    online = _online_run(tmp_path, encoder="none")
+    line = _parse_error(main, [str(online), str(run)], capsys)
+    assert str(run) in line and "chart of their own" in line
