@@ -134,8 +134,8 @@ def plot_offline_runs(run_dirs, out: Path, labels=None) -> Path:
                         marker=".")
         for mode, r in (c["evaluation"] or {}).items():
             bars.append((f"{label}\n{mode}" if len(run_dirs) > 1 else mode, r["return_mean"], r["return_stderr"]))
-    axes[0].set_title("policy: -log pi(a|s) of the data's actions (nats)", fontsize=9)
-    axes[1].set_title("value: mean squared error to the return-to-go", fontsize=9)
+    axes[0].set_title("policy: -log pi(a|s) of the data's actions (nats)\ntraining vs held-out files", fontsize=9)
+    axes[1].set_title("value: mean squared error to the return-to-go\ntraining vs held-out files", fontsize=9)
     for ax in axes[:2]:
         ax.set_xlabel("update")
         ax.legend(fontsize=7)
@@ -148,7 +148,8 @@ def plot_offline_runs(run_dirs, out: Path, labels=None) -> Path:
     else:
         ax.text(0.5, 0.5, "not evaluated yet:\npython -m rl.offline eval RUN_DIR", ha="center", va="center",
                 transform=ax.transAxes, color="gray")
-    ax.set_title("mean episode return in the game per hidden-state mode (± standard error; eval.json)", fontsize=9)
+    ax.set_title("in the game: mean episode return per mode\n(± standard error; eval.json of rl.offline eval)",
+                 fontsize=9)
     fig.suptitle(names[0] if len(names) == 1 else f"{len(names)} offline runs: " + ", ".join(names)[:150],
                  fontsize=11)
     fig.tight_layout()
