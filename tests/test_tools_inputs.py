@@ -241,3 +241,21 @@ def test_plot_of_an_offline_run_draws_its_losses_and_evaluation(tmp_path, capsys
     online = _online_run(tmp_path, encoder="none")
     line = _parse_error(main, [str(online), str(run)], capsys)
     assert str(run) in line and "chart of their own" in line
+
+
+@pytest.mark.parametrize("argv", [["rl.offline", "train"], ["rl.offline", "eval"], ["rl.probe"], ["rl.label"]])
+def test_every_tool_spells_its_flags_alike(argv, capsys):
+    """Item 8's "the same flag spelling in every tool": dashed flags, rl.train's placeholders (N, X, TEXT, DIR), the
+    prompt option as TEXT|@FILE, a default shown."""
+    import importlib
+
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(argv[0] + (".__main__" if argv[0] != "rl.label" else "")).main(argv[1:] + ["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    options = [ln.split() for ln in text.splitlines() if ln.startswith("  --")]
+    assert options and "(default:" in text
+    for flag, *rest in options:
+        assert "_" not in flag and (not rest or rest[0] != flag[2:].replace("-", "_").upper()), flag
+        if flag == "--system-prompt":
+            assert rest[0] == "TEXT|@FILE"

@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--modes", nargs="+", default=None, metavar="MODE",
                    help="hidden-state ablations: real zeros shuffled (default: all three for --hidden real, the "
                         "training mode otherwise)")
-    e.add_argument("--seed", type=int, default=1234, help="seed of the evaluation worlds (the same for every mode)")
+    e.add_argument("--seed", type=int, default=1234, metavar="N",
+                   help="seed of the evaluation worlds (the same for every mode)")
     e.add_argument("--max-steps", type=int, default=10_000, dest="max_steps", metavar="N",
                    help="stop an episode after this many steps (reported as unfinished)")
     e.add_argument("--system-prompt", default=None, dest="system_prompt", type=prompt_text, metavar=PROMPT_METAVAR,
