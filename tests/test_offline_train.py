@@ -182,8 +182,8 @@ def test_ctrl_c_stops_within_one_dispatch_says_what_remains_and_exits_130(labell
     args = ["train", "--data", str(labelled), "--out", str(run), "--steps", "400", "--hidden", "none", *SMALL]
     assert main(args) == 130
     err = capsys.readouterr().err
-    assert "Ctrl-C: stopping after update 150 (the 100 updates already dispatched finish first), with a checkpoint;" \
-           " 250 of 400 updates will remain" in err, err
+    assert "Ctrl-C: stopping after update 150, 100 updates from now (those dispatched or due), with a checkpoint; " \
+           "250 of 400 updates will remain" in err, err
     assert "stopped at update 150/400" in err and "(250 updates remain)" in err and "Traceback" not in err
     assert load_policy(run).step == 150
     assert [json.loads(line)["update"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [100, 150]

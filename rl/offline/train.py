@@ -202,13 +202,14 @@ def train(cfg: OfflineConfig, *, resume: bool = False, stop_after: int | None = 
     waiting: tuple[int, Any] | None = None  # the previous dispatch: (its last update, its metrics)
     if hasattr(should_stop, "describe"):  # rl.interrupt.StopOnInterrupt: say what a Ctrl-C now does, in numbers
         should_stop.describe = lambda: (  # type: ignore[union-attr]
-            f"Ctrl-C: stopping after update {flight['to']:,} (the {flight['to'] - flight['done']:,} updates already "
-            f"dispatched finish first), with a checkpoint; {cfg.steps - flight['to']:,} of {cfg.steps:,} updates "
-            f"will remain for python -m rl.offline train --resume {run_dir}")
+            f"Ctrl-C: stopping after update {flight['to']:,}, {flight['to'] - flight['done']:,} updates from now (those "
+            f"dispatched or due), with a checkpoint; {cfg.steps - flight['to']:,} of {cfg.steps:,} updates will remain "
+            f"for python -m rl.offline train --resume {run_dir}")
+    next_end = lambda u: min(_boundary(u, cfg, (cfg.log_every, cfg.checkpoint_every, shards.updates_per_shard)),
+                             u + cfg.updates_per_dispatch, stop_at)
     try:
         while u < stop_at:
-            end = min(_boundary(u, cfg, (cfg.log_every, cfg.checkpoint_every, shards.updates_per_shard)),
-                      u + cfg.updates_per_dispatch, stop_at)
+            end = next_end(u)
             shard, rows = shards.for_update(u)
             flight["to"] = end
             params, opt_state, m = chunk(params, opt_state, shard, rows, stats, jnp.int32(u), length=end - u)
@@ -220,6 +221,8 @@ def train(cfg: OfflineConfig, *, resume: bool = False, stop_after: int | None = 
             waiting = (u, m)
             if should_stop is not None and should_stop():
                 stop_at = u
+            elif u < stop_at:
+                flight["to"] = next_end(u)  # from here on (the record, the checkpoint) the next dispatch is due
             if u % cfg.log_every == 0 or u == cfg.steps or u == stop_at:
                 rec = _record(u, cfg, pending, validate(params, val_shard, stats) if val_shard else None,
                               u - u_log, t_log)
