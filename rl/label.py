@@ -584,6 +584,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             many = "s" if len(files) > 1 else ""
             print(f"loading the LLM ({cfg.model}) and its tokenizer for {len(files)} file{many} ...", file=sys.stderr,
                   flush=True)
+            if args.system_prompt is not None:  # the files keep only its hash: show what it is
+                lines = args.system_prompt.strip().splitlines() or [""]
+                more = " ..." if len(lines[0]) > 80 or len(lines) > 1 else ""
+                print(f"system prompt: {lines[0][:80]!r}{more} ({len(args.system_prompt):,} characters)",
+                      file=sys.stderr, flush=True)
         summary = label_files(files, args.out, cfg, quiet=args.quiet)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

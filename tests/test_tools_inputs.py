@@ -218,9 +218,12 @@ def test_label_checks_the_layer_before_loading_and_leaves_no_empty_output(tmp_pa
     out = tmp_path / "out"
     line = _parse_error(main, [str(inputs), "--out", str(out), "--model", "tiny", "--llm-layer", "24"], capsys)
     assert "--llm-layer 24: model tiny has 2 layers" in line and "-3..2" in line and not out.exists()
-    assert main([str(inputs), "--out", str(out), "--model", "tiny", "--quiet"]) == 1
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("You play Craftax.\nBe brief.\n")
+    assert main([str(inputs), "--out", str(out), "--model", "tiny", "--system-prompt", f"@{prompt}"]) == 1
     err = capsys.readouterr().err
     assert "bad file" in err and "traj-000000000000.npz" in err and not out.exists()
+    assert "system prompt: 'You play Craftax.' ... (28 characters)" in err  # item 4: the files keep only its hash
 
 
 def test_plot_of_an_offline_run_draws_its_losses_and_evaluation(tmp_path, capsys):
