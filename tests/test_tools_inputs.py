@@ -262,3 +262,14 @@ def test_every_tool_spells_its_flags_alike(argv, capsys):
         assert "_" not in flag and (not rest or rest[0] != flag[2:].replace("-", "_").upper()), flag
         if flag == "--system-prompt":
             assert rest[0] == "TEXT|@FILE"
+
+
+def test_offline_eval_refuses_episode_counts_below_one(tmp_path, capsys):
+    """Item 2's checks in rl.offline eval too: one line, before the run is read."""
+    from rl.offline.__main__ import main
+
+    run = _offline_run(tmp_path)
+    assert "eval --episodes must be >= 1, got 0" in _parse_error(main, ["eval", str(run), "--episodes", "0"], capsys)
+    assert "eval --max-steps must be >= 1, got -1" in _parse_error(main, ["eval", str(run), "--max-steps", "-1"],
+                                                                   capsys)
+    assert not (run / "eval.json").exists()
