@@ -1,9 +1,13 @@
 """`python -m rl.plot DIR [DIR...] [--out FILE.png]`: learning curves of one or more runs.
 
-Three panels against env steps: episode return, mean achievement rate (over all achievements), and
+rl.train runs: three panels against env steps: episode return, mean achievement rate (over all achievements), and
 SPS. Return and achievement curves are smoothed with a moving average over `--smooth` updates (updates where
 no episode ended are skipped); SPS is not smoothed and leaves out each invocation's first update, which also
 compiled.
+
+rl.offline runs (offline AWR): three panels: the policy's -log pi(a|s) of the data's actions and the value loss
+against updates, on the training files and the held-out ones, and the mean return of each evaluated mode in the
+game (its eval.json, from python -m rl.offline eval).
 """
 from __future__ import annotations
 
@@ -77,18 +81,104 @@ def plot_runs(run_dirs, out: Path, smooth: int = 10, labels=None) -> Path:
     return out
 
 
+def is_offline(run_dir: Path) -> bool:
+    """Whether RUN_DIR holds an offline AWR run (rl.offline train)."""
+    import json
+
+    from rl.offline.config import KIND
+
+    try:
+        return json.loads((Path(run_dir) / "config.json").read_text()).get("kind") == KIND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+OFFLINE_KEYS = ("nll", "value_loss", "val_nll", "val_value_loss", "val_accuracy")
+
+
+def load_offline_curves(run_dir: Path) -> dict:
+    """An offline run's records as arrays against `update` (NaN where a record lacks a key), and its eval.json
+    (`evaluation`, None when it was not evaluated)."""
+    import json
+
+    rows = MetricsLog(Path(run_dir) / "metrics.jsonl").read()
+    if not rows:
+        raise FileNotFoundError(f"{run_dir}/metrics.jsonl is missing or empty")
+    get = lambda k: np.array([np.nan if r.get(k) is None else r[k] for r in rows], float)
+    out = {k: get(k) for k in ("update",) + OFFLINE_KEYS}
+    try:
+        out["evaluation"] = json.loads((Path(run_dir) / "eval.json").read_text())
+    except (OSError, ValueError):
+        out["evaluation"] = None
+    return out
+
+
+def plot_offline_runs(run_dirs, out: Path, labels=None) -> Path:
+    """The curves of offline AWR runs (the module docstring) written to `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    bars: list[tuple[str, float, float]] = []
+    names = []
+    for i, run_dir in enumerate(run_dirs):
+        c = load_offline_curves(run_dir)
+        label = labels[i] if labels else Path(run_dir).name
+        names.append(label)
+        for ax, (train, held) in zip(axes, (("nll", "val_nll"), ("value_loss", "val_value_loss"))):
+            line, = ax.plot(c["update"], c[train], label=f"{label} training files", marker=".")
+            if np.isfinite(c[held]).any():
+                ax.plot(c["update"], c[held], "--", color=line.get_color(), label=f"{label} held-out files",
+                        marker=".")
+        for mode, r in (c["evaluation"] or {}).items():
+            bars.append((f"{label}\n{mode}" if len(run_dirs) > 1 else mode, r["return_mean"], r["return_stderr"]))
+    axes[0].set_title("policy: -log pi(a|s) of the data's actions (nats)\ntraining vs held-out files", fontsize=9)
+    axes[1].set_title("value: mean squared error to the return-to-go\ntraining vs held-out files", fontsize=9)
+    for ax in axes[:2]:
+        ax.set_xlabel("update")
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    if bars:
+        ax.bar([b[0] for b in bars], [b[1] for b in bars], yerr=[b[2] for b in bars], capsize=5,
+               color=["tab:blue" if b[0].endswith("real") else "tab:gray" for b in bars])
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.tick_params(axis="x", labelsize=8)
+    else:
+        ax.text(0.5, 0.5, "not evaluated yet:\npython -m rl.offline eval RUN_DIR", ha="center", va="center",
+                transform=ax.transAxes, color="gray")
+    ax.set_title("in the game: mean episode return per mode\n(± standard error; eval.json of rl.offline eval)",
+                 fontsize=9)
+    fig.suptitle(names[0] if len(names) == 1 else f"{len(names)} offline runs: " + ", ".join(names)[:150],
+                 fontsize=11)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def main(argv=None) -> int:
     from rl.cli import Parser
 
     p = Parser(prog="python -m rl.plot", description=__doc__)
-    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories written by rl.train")
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                   help="run directories written by rl.train, or by rl.offline train (not both in one chart)")
     p.add_argument("--out", type=Path, default=None, metavar="FILE.png",
                    help="PNG path (default: FIRST_DIR/curves.png)")
     p.add_argument("--smooth", type=int, default=10, metavar="N",
                    help="moving average over this many updates for return and achievements (1 = none)")
     args = p.parse_args(argv)
+    if args.smooth < 1:
+        p.error(f"--smooth must be >= 1, got {args.smooth}")
+    offline = [is_offline(d) for d in args.run_dirs]
+    if any(offline) and not all(offline):
+        mixed = ", ".join(str(d) for d, o in zip(args.run_dirs, offline) if o)
+        p.error(f"{mixed}: offline AWR runs have other curves than rl.train runs; plot them in a chart of their own")
     try:
-        out = plot_runs(args.run_dirs, args.out or args.run_dirs[0] / "curves.png", args.smooth)
+        out = args.out or args.run_dirs[0] / "curves.png"
+        out = plot_offline_runs(args.run_dirs, out) if all(offline) else plot_runs(args.run_dirs, out, args.smooth)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

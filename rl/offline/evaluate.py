@@ -26,6 +26,9 @@ from rl.eval import Episodes, first_episodes, summarise
 from rl.offline.policy import OfflinePolicy, load_policy
 
 MODES = ("real", "zeros", "shuffled")
+MEANING = {"real": "the refreshed hidden states, labelled as the training files were",
+           "zeros": "the dataset's mean hidden state (zero after z-scoring)",
+           "shuffled": "another env's hidden state (rolled by one over the batch)"}  # the table's legend
 DEFAULT_MODES = {"real": ("real", "zeros", "shuffled"), "zero": ("zeros",), "shuffle": ("shuffled",),
                  "none": ("real",)}
 
@@ -98,7 +101,9 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
 
     reset = jax.jit(lambda key: env.reset(key, jnp.arange(num_envs)))
 
-    def play(params, seed: int, max_steps: int, mode: int = 0, llm_params=None, cache=None) -> dict[str, Any]:
+    def play(params, seed: int, max_steps: int, mode: int = 0, llm_params=None, cache=None,
+             on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """on_progress: called after every window with (steps played, episodes finished)."""
         k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
         obs, state = reset(k_reset)
         dim = 0 if mean is None else mean.shape[0]
@@ -110,6 +115,8 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
             length = min(window, max_steps - steps)
             carry, seen = run_window(carry, seen, params, jnp.int32(mode), llm_params, cache, length=length)
             steps += length
+            if on_progress is not None:
+                on_progress(steps, int(seen.finished.sum()))
         seen, running = jax.device_get((seen, carry[0]))
         return dict(returns=np.where(seen.finished, seen.returns, running.episode_return),
                     lengths=np.where(seen.finished, seen.lengths, running.episode_length),
@@ -119,8 +126,12 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
 
 
 def evaluate(run_dir: str | Path, episodes: int = 128, modes=None, seed: int = 1234, max_steps: int = 10_000,
-             system_prompt: str | None = None, say: Callable[[str], None] = lambda text: None) -> dict[str, dict]:
-    """{mode: rl.eval.summarise(...)} of the newest checkpoint of an offline run, one episode per env."""
+             system_prompt: str | None = None, say: Callable[[str], None] = lambda text: None,
+             status: Callable[[str], None] = lambda text: None) -> dict[str, dict]:
+    """{mode: rl.eval.summarise(...)} of the newest checkpoint of an offline run, one episode per env; each entry
+    also names its `checkpoint`, `seed`, `max_steps` and `system_prompt` (the prompt text the hidden states were
+    read behind; None without them), as rl.eval's. `say` gets a line before each mode, `status` one while it
+    plays (steps played, episodes finished)."""
     policy = load_policy(run_dir)
     modes = tuple(modes or DEFAULT_MODES[policy.hidden_mode])
     bad = [m for m in modes if m not in MODES]
@@ -136,10 +147,19 @@ def evaluate(run_dir: str | Path, episodes: int = 128, modes=None, seed: int = 1
         say(f"loading {policy.labelling['model']} (layer {policy.labelling['llm_layer']}, "
             f"{policy.labelling['pooling']} pooling) as the files were labelled ...")
         encode, llm_params, cache = build_encoder(policy.labelling, policy.env, system_prompt)
+    prompt = None
+    if policy.uses_hidden:
+        from render.chat import resolve_system_prompt
+
+        prompt = resolve_system_prompt(system_prompt, policy.env, policy.labelling["obs_format"])
     play, names = make_player(policy, episodes, encode)
     results = {}
     for i, mode in enumerate(modes):
         say(f"[{i + 1}/{len(modes)}] {mode}: {episodes} episodes of update {policy.step}'s policy"
             + (" (compiles first)" if i == 0 else "") + " ...")
-        results[mode] = summarise(play(policy.params, seed, max_steps, MODES.index(mode), llm_params, cache), names)
+        progress = (lambda m: lambda steps, done: status(f"  {m}: {steps:,} steps played (at most {max_steps:,}), "
+                                                          f"{done}/{episodes} episodes finished"))(mode)
+        results[mode] = dict(summarise(play(policy.params, seed, max_steps, MODES.index(mode), llm_params, cache,
+                                            on_progress=progress), names),
+                             checkpoint=int(policy.step), seed=seed, max_steps=max_steps, system_prompt=prompt)
     return results
