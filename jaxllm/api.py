@@ -15,6 +15,7 @@ from . import fp8
 from . import model as model_lib
 from .config import PRESETS, Qwen3Config
 from .encoder import PrefixCache, encode, prefill
+from .memory import check_fits
 from .resolve import resolve_checkpoint_dir
 from .weights import init_params, load_params
 
@@ -113,14 +114,17 @@ def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0)
     emulated, with a one-line warning, where the backend has no FP8 tensor cores).
     """
     dt = _as_dtype(dtype)
+    is_fp8 = isinstance(dtype, str) and dtype == FP8
     if isinstance(name, Qwen3Config) or str(name) in PRESETS:
         config = name if isinstance(name, Qwen3Config) else PRESETS[str(name)]
-        params = init_params(config, dt, seed)
+        check_fits(config, dtype)
+        params = init_params(config, dt, seed, fp8_experts=is_fp8 and config.is_moe)
     else:
         ckpt_dir = resolve_checkpoint_dir(name, tuple(PRESETS))
         config = Qwen3Config.from_json(ckpt_dir / "config.json")
-        params = load_params(ckpt_dir, config, dt)
-    if isinstance(dtype, str) and dtype == FP8:
+        check_fits(config, dtype)
+        params = load_params(ckpt_dir, config, dt, fp8_experts=is_fp8 and config.is_moe)
+    if is_fp8:
         fp8.warn_if_emulated()
         return Model(config, fp8.quantize_params(params), dt, quantization=FP8)
     return Model(config, params, dt)

@@ -31,6 +31,9 @@ from .params import LAYER_LEAVES
 
 # Leaves of params["layers"] stored in fp8: the layer's matrices (the leaves HF stores [out, in]: q/k/v/o, gate/up/down)
 QUANTIZED_LEAVES = tuple(name for name, leaf in LAYER_LEAVES.items() if leaf.transpose)
+# An MoE's experts, stored in e4m3 and dequantised per layer for the bfloat16 grouped GEMM (weight-only fp8: half the
+# memory of Qwen3-30B-A3B's 58 GB of experts; `jaxllm.moe`)
+EXPERT_QUANTIZED_LEAVES = ("gate_up", "down")
 
 
 @flax.struct.dataclass
@@ -76,9 +79,22 @@ class Fp8Product:
 
 def quantize_matrix(w: jax.Array) -> Fp8Matrix:
     """[..., in, out] matrix -> Fp8Matrix with one scale per output channel (absolute max over `in` / 448)."""
-    wt = jnp.swapaxes(w, -1, -2).astype(jnp.float32)  # [..., out, in]
+    return quantize_out_in(jnp.swapaxes(w, -1, -2))
+
+
+def quantize_out_in(w: jax.Array) -> Fp8Matrix:
+    """A matrix stored [..., out, in] (an MoE's experts) -> Fp8Matrix of its transpose, one scale per output row."""
+    wt = w.astype(jnp.float32)
     scale = jnp.maximum(jnp.max(jnp.abs(wt), axis=-1) / E4M3_MAX, TINY)
     return Fp8Matrix((wt / scale[..., None]).astype(E4M3), scale)
+
+
+def out_in_weights(w: jax.Array | Fp8Matrix, dtype: Any) -> jax.Array:
+    """An [..., out, in] weight in `dtype`: as is, or an Fp8Matrix dequantised (weight x its row scales; weight-only
+    fp8, as the MoE experts use it: stored in e4m3, multiplied in `dtype`)."""
+    if not isinstance(w, Fp8Matrix):
+        return w
+    return (w.weight.astype(jnp.float32) * w.scale[..., None]).astype(dtype)
 
 
 def dequantize_matrix(m: Fp8Matrix, dtype: Any = jnp.float32) -> jax.Array:
@@ -92,9 +108,15 @@ def _quantize_layers(layers: dict[str, Any]) -> dict[str, Any]:
 
 
 def quantize_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The params pytree with every decoder projection and MLP matrix replaced by an Fp8Matrix (one jitted pass on
-    the device; the unquantised copies can be freed afterwards)."""
-    return {**params, "layers": _quantize_layers(params["layers"])}
+    """The params pytree with every decoder projection and dense MLP matrix replaced by an Fp8Matrix (one jitted
+    pass on the device; the unquantised copies can be freed afterwards). An MoE model's experts must already be
+    quantised (`EXPERT_QUANTIZED_LEAVES`, made layer by layer at init or load: a second full copy of Qwen3-30B-A3B's
+    experts would not fit beside the first); its router stays in its dtype, as in the official FP8 checkpoints."""
+    stacks = {name: _quantize_layers(params[name]) for name in ("layers", "dense_mlp") if name in params}
+    if "experts" in params and not isinstance(params["experts"]["gate_up"], Fp8Matrix):
+        stacks["experts"] = {k: quantize_out_in(v) if k in EXPERT_QUANTIZED_LEAVES else v
+                             for k, v in params["experts"].items()}
+    return {**params, **stacks}
 
 
 @functools.lru_cache(maxsize=None)

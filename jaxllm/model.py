@@ -6,6 +6,9 @@ Params layout (a dict; decoder layers stacked on a leading axis of size L for `l
     layers: input_layernorm [L, D], q_proj [L, D, Hq*hd], k_proj [L, D, Hkv*hd], v_proj [L, D, Hkv*hd],
             o_proj [L, Hq*hd, D], q_norm [L, hd], k_norm [L, hd], post_attention_layernorm [L, D],
             gate_proj [L, D, I], up_proj [L, D, I], down_proj [L, I, D]
+            (an MoE model: the attention and norm leaves only)
+    experts (MoE, the Ls sparse layers): router [Ls, D, E], gate_up [Ls, E, 2F, D], down [Ls, E, D, F]
+    dense_mlp (MoE, the Ld dense layers among them, if any): gate_proj [Ld, D, I], up_proj, down_proj
     norm [D]
     lm_head [D, V]        (only for untied checkpoints)
 
@@ -23,6 +26,7 @@ from jax import lax
 
 from .config import Qwen3Config
 from .fp8 import Fp8Matrix, QuantizedRows, mlp_product, project, quantize
+from .moe import moe_block
 from .layer_ops import head_norm_rope, norm_input, residual_norm, rms_norm, rope_cos_sin, value
 from .packed_attention import Segments, default_packed_attention_impl, packed_attention
 from .private_jax import cudnn_attention_module, probe
@@ -131,19 +135,20 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | No
     return jax.nn.dot_product_attention(q, k, v, mask=mask[None, None], implementation=impl)
 
 
-def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, next_norm: jax.Array, cos: jax.Array,
-                  sin: jax.Array, config: Qwen3Config, prefix_k: jax.Array | None = None,
+def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, mp: Params, next_norm: jax.Array,
+                  cos: jax.Array, sin: jax.Array, config: Qwen3Config, prefix_k: jax.Array | None = None,
                   prefix_v: jax.Array | None = None, attention_impl: str | None = None,
                   segments: Segments | None = None) -> tuple[jax.Array, jax.Array | QuantizedRows,
                                                              tuple[jax.Array, jax.Array]]:
     """One Qwen3 decoder layer on the residual stream h [B, T, D], given its input x = RMSNorm(h) with the
-    layer's input_layernorm (`layer_input`: e4m3 rows for fp8 weights). Returns the new h, the next layer's
-    input (the new h normalised with `next_norm`: computed here so the residual add and the norm after it are
-    one step) and this layer's post-RoPE (k, v). Matrices are plain [in, out] arrays or `fp8.Fp8Matrix` (W8A8);
-    `segments`: packed prompts (B = 1)."""
+    layer's input_layernorm (`layer_input`: e4m3 rows for fp8 weights). lp: the layer's attention and norm
+    leaves; mp: its feed-forward block (gate_proj/up_proj/down_proj for a dense MLP, router/gate_up/down for a
+    sparse MoE block, `jaxllm.moe`). Returns the new h, the next layer's input (the new h normalised with
+    `next_norm`: computed here so the residual add and the norm after it are one step) and this layer's
+    post-RoPE (k, v). Matrices are plain [in, out] arrays or `fp8.Fp8Matrix` (W8A8); `segments`: packed prompts
+    (B = 1)."""
     batch, t, _ = h.shape
     eps, hd = config.rms_norm_eps, config.head_dim
-    quantized = isinstance(lp["gate_proj"], Fp8Matrix)
     q = head_norm_rope(project(x, lp["q_proj"]), lp["q_norm"], cos, sin, eps, config.num_attention_heads)
     k = head_norm_rope(project(x, lp["k_proj"]), lp["k_norm"], cos, sin, eps, config.num_key_value_heads)
     v = value(project(x, lp["v_proj"])).reshape(batch, t, config.num_key_value_heads, hd)
@@ -151,10 +156,34 @@ def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, next_n
     if isinstance(lp["o_proj"], Fp8Matrix):
         # attention is a custom call (cuDNN) on a GPU: XLA cannot fuse o_proj's fp8 input quantisation into it
         attn = quantize(attn, one_pass=True)
-    h, x = residual_norm(h, project(attn, lp["o_proj"]), lp["post_attention_layernorm"], eps, quantized)
-    h, x = residual_norm(h, mlp_product(x, lp["gate_proj"], lp["up_proj"], lp["down_proj"]), next_norm, eps,
-                         quantized)
+    sparse = "router" in mp
+    mlp_quantized = not sparse and isinstance(mp["gate_proj"], Fp8Matrix)
+    h, x = residual_norm(h, project(attn, lp["o_proj"]), lp["post_attention_layernorm"], eps, mlp_quantized)
+    if sparse:
+        delta = moe_block(x, mp, config.num_experts_per_tok, config.norm_topk_prob)
+    else:
+        delta = mlp_product(x, mp["gate_proj"], mp["up_proj"], mp["down_proj"])
+    h, x = residual_norm(h, delta, next_norm, eps, isinstance(lp["q_proj"], Fp8Matrix))
     return h, x, (k, v)
+
+
+def layer_runs(config: Qwen3Config, num_layers: int) -> list[tuple[str, int, int, int]]:
+    """Layers 0..num_layers-1 as runs of consecutive layers whose feed-forward block lives in the same stack:
+    (stack name, first layer, end layer, the first layer's index in that stack). A dense model is one run over
+    `layers` (its MLP leaves are stacked with the attention's); an MoE model alternates `experts` and
+    `dense_mlp` as its sparse and dense layers do (Qwen3-30B-A3B: one run of 48 sparse layers)."""
+    if not config.is_moe:
+        return [("layers", 0, num_layers, 0)] if num_layers else []
+    runs: list[tuple[str, int, int, int]] = []
+    seen = {"experts": 0, "dense_mlp": 0}
+    for i in range(num_layers):
+        stack = "experts" if config.sparse_layers[i] else "dense_mlp"
+        if runs and runs[-1][0] == stack:
+            runs[-1] = runs[-1][:2] + (i + 1, runs[-1][3])
+        else:
+            runs.append((stack, i, i + 1, seen[stack]))
+        seen[stack] += 1
+    return runs
 
 
 def layer_input(h: jax.Array, layers: Params, index: int | jax.Array, config: Qwen3Config
@@ -199,20 +228,30 @@ def forward(params: Params, config: Qwen3Config, ids: jax.Array, *, layer: int =
     cos, sin = rope_cos_sin(position_offset + positions, config.head_dim, config.rope_theta, h.dtype)
     layers = params["layers"]
 
-    def body(carry, i):
+    def body(stack, carry, index):
         h, x = carry
+        i, j = index
         # Index the full layer stacks inside the loop (a dynamic slice per layer) rather than slicing the first
         # k_idx layers up front, which would copy the weights of the layers used (gigabytes for Qwen3-4B).
         lp = jax.tree.map(lambda a: a[i], layers)
+        mp = lp if stack == "layers" else jax.tree.map(lambda a: a[j], params[stack])
         pk, pv = (None, None) if prefix_k is None else (prefix_k[i], prefix_v[i])
         # the last layer also normalises its output for a next one (with its own norm): one unused RMSNorm
         next_norm = layers["input_layernorm"][jnp.minimum(i + 1, k_idx - 1)]
-        h, x, kv = decoder_layer(h, x, lp, next_norm, cos, sin, config, pk, pv, attention_impl, segments)
+        h, x, kv = decoder_layer(h, x, lp, mp, next_norm, cos, sin, config, pk, pv, attention_impl, segments)
         return (h, x), (h if collect else None, kv if collect_kv else None)
 
     outputs = (None, None)
     if k_idx > 0:
-        (h, _), outputs = lax.scan(body, (h, layer_input(h, layers, 0, config)), jnp.arange(k_idx))
+        carry = (h, layer_input(h, layers, 0, config))
+        per_run = []
+        for stack, first, end, offset in layer_runs(config, k_idx):
+            index = (jnp.arange(first, end), jnp.arange(offset, offset + end - first))
+            carry, out = lax.scan(functools.partial(body, stack), carry, index)
+            per_run.append(out)
+        h = carry[0]
+        outputs = per_run[0] if len(per_run) == 1 else jax.tree.map(
+            lambda *parts: jnp.concatenate(parts, axis=0), *per_run)
     if k_idx == config.num_hidden_layers:
         h = rms_norm(h, params["norm"], config.rms_norm_eps)
     return h, outputs

@@ -4,6 +4,10 @@ Each `Leaf` gives the HF checkpoint name, the shape in our layout (projections [
 transposes HF's [out, in], and how random init fills it. The decoder-layer leaves (`LAYER_LEAVES`) are stacked on a
 leading layer axis; `LAYER_KEYS`, `weights.param_shapes`, the checkpoint key plan, `weights.init_params` and
 `fp8.QUANTIZED_LEAVES` are all derived from these tables.
+
+A mixture-of-experts config (`Qwen3Config.is_moe`) keeps the attention leaves and norms in `layers` (all L layers)
+and moves each layer's feed-forward block to one of two stacks of its own: `experts` (the sparse layers: router
+and the stacked experts, `EXPERT_LEAVES`) and `dense_mlp` (the dense layers among them, `MLP_LEAVES`).
 """
 from __future__ import annotations
 
@@ -55,8 +59,42 @@ TOP_LEAVES: dict[str, Leaf] = {
     "lm_head": _proj("lm_head.weight", _d, lambda c: c.vocab_size),
 }
 LAYER_KEYS = tuple(LAYER_LEAVES)
+MLP_KEYS = ("gate_proj", "up_proj", "down_proj")
+MLP_LEAVES: dict[str, Leaf] = {name: LAYER_LEAVES[name] for name in MLP_KEYS}
+# A sparse layer's leaves. The experts keep HF's [out, in] layout (contraction innermost, as the grouped GEMM takes
+# them): gate_up stacks each expert's gate_proj over its up_proj ([E, 2F, D]); loading assembles them from the
+# per-expert tensors `experts.{e}.{gate,up,down}_proj.weight` (or transformers' fused `experts.gate_up_proj`).
+_e = lambda c: c.num_experts  # noqa: E731
+_f = lambda c: c.moe_intermediate_size  # noqa: E731
+EXPERT_LEAVES: dict[str, Leaf] = {
+    "router": _proj("mlp.gate.weight", _d, _e),
+    "gate_up": Leaf("mlp.experts.gate_up_proj", lambda c: (_e(c), 2 * _f(c), _d(c)), False, "normal"),
+    "down": Leaf("mlp.experts.down_proj", lambda c: (_e(c), _d(c), _f(c)), False, "normal"),
+}
+
+
+def layer_leaves(config: Qwen3Config) -> dict[str, Leaf]:
+    """The leaves stacked over all L layers: every layer leaf for a dense model; attention and norms for MoE."""
+    if not config.is_moe:
+        return LAYER_LEAVES
+    return {name: leaf for name, leaf in LAYER_LEAVES.items() if name not in MLP_KEYS}
+
+
+def layer_stacks(config: Qwen3Config) -> dict[str, tuple[dict[str, Leaf], tuple[int, ...]]]:
+    """Each stack of per-layer leaves in the params pytree: name -> (its leaves, the layer indices it holds, in
+    order). A dense model has one, `layers`; an MoE model `layers`, `experts` and, with dense layers, `dense_mlp`."""
+    every = tuple(range(config.num_hidden_layers))
+    stacks = {"layers": (layer_leaves(config), every)}
+    if config.is_moe:
+        sparse = tuple(i for i in every if config.sparse_layers[i])
+        dense = tuple(i for i in every if not config.sparse_layers[i])
+        stacks["experts"] = (EXPERT_LEAVES, sparse)
+        if dense:
+            stacks["dense_mlp"] = (MLP_LEAVES, dense)
+    return stacks
 
 
 def leaf_of(path: tuple[str, ...]) -> Leaf:
-    """The table entry of a params path: ('layers', 'q_proj') or ('embed_tokens',)."""
-    return LAYER_LEAVES[path[1]] if path[0] == "layers" else TOP_LEAVES[path[0]]
+    """The table entry of a params path: ('layers', 'q_proj'), ('experts', 'router') or ('embed_tokens',)."""
+    tables = {"layers": LAYER_LEAVES, "dense_mlp": MLP_LEAVES, "experts": EXPERT_LEAVES}
+    return tables[path[0]][path[1]] if path[0] in tables else TOP_LEAVES[path[0]]

@@ -16,7 +16,12 @@ import numpy as np
 
 # ------------------------------------------------------------------------------------ checkpoints
 def hf_config_dict(config: Any) -> dict:
-    """A HF ``config.json`` dict (Qwen3ForCausalLM) for a ``jaxllm.Qwen3Config``."""
+    """A HF ``config.json`` dict (Qwen3ForCausalLM, or Qwen3MoeForCausalLM for an MoE) for a ``jaxllm.Qwen3Config``."""
+    moe = {} if not config.is_moe else {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": config.num_experts,
+        "num_experts_per_tok": config.num_experts_per_tok, "moe_intermediate_size": config.moe_intermediate_size,
+        "norm_topk_prob": config.norm_topk_prob, "decoder_sparse_step": config.decoder_sparse_step,
+        "mlp_only_layers": list(config.mlp_only_layers)}
     return {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
         "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
@@ -26,25 +31,38 @@ def hf_config_dict(config: Any) -> dict:
         "tie_word_embeddings": config.tie_word_embeddings,
         "max_position_embeddings": config.max_position_embeddings, "attention_bias": False,
         "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": False, "torch_dtype": "bfloat16",
-    }
+    } | moe
 
 
 def hf_shapes(config: Any) -> tuple[dict[str, tuple[int, ...]], set[str]]:
     """Every tensor of a Qwen3ForCausalLM checkpoint of ``config``: {HF key: HF shape}, and the keys that init
     fills with ones (norm weights), from ``jaxllm.params``'s leaf table."""
-    from jaxllm.params import LAYER_LEAVES, TOP_LEAVES
+    from jaxllm.params import EXPERT_LEAVES, MLP_LEAVES, TOP_LEAVES, layer_leaves
 
     def hf_shape(leaf):
         shape = leaf.shape(config)
         return tuple(reversed(shape)) if leaf.transpose else shape
 
     leaves = {f"model.{TOP_LEAVES['embed_tokens'].hf_name}": TOP_LEAVES["embed_tokens"]}
+    shapes: dict[str, tuple[int, ...]] = {}
     for i in range(config.num_hidden_layers):
-        leaves.update({f"model.layers.{i}.{leaf.hf_name}": leaf for leaf in LAYER_LEAVES.values()})
+        leaves.update({f"model.layers.{i}.{leaf.hf_name}": leaf for leaf in layer_leaves(config).values()})
+        if not config.is_moe:
+            continue
+        if not config.sparse_layers[i]:
+            leaves.update({f"model.layers.{i}.{leaf.hf_name}": leaf for leaf in MLP_LEAVES.values()})
+            continue
+        leaves[f"model.layers.{i}.{EXPERT_LEAVES['router'].hf_name}"] = EXPERT_LEAVES["router"]
+        f, d = config.moe_intermediate_size, config.hidden_size  # the hub's layout: one tensor per expert
+        for e in range(config.num_experts):
+            prefix = f"model.layers.{i}.mlp.experts.{e}."
+            shapes.update({f"{prefix}gate_proj.weight": (f, d), f"{prefix}up_proj.weight": (f, d),
+                           f"{prefix}down_proj.weight": (d, f)})
     leaves[f"model.{TOP_LEAVES['norm'].hf_name}"] = TOP_LEAVES["norm"]
     if not config.tie_word_embeddings:
         leaves[TOP_LEAVES["lm_head"].hf_name] = TOP_LEAVES["lm_head"]
-    return {key: hf_shape(leaf) for key, leaf in leaves.items()}, {k for k, leaf in leaves.items() if leaf.init == "ones"}
+    return ({key: hf_shape(leaf) for key, leaf in leaves.items()} | shapes,
+            {k for k, leaf in leaves.items() if leaf.init == "ones"})
 
 
 def write_random_checkpoint(out_dir: str | Path, config: Any, dtype: str = "bfloat16", seed: int = 0,

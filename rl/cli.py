@@ -67,6 +67,13 @@ class Parser(argparse.ArgumentParser):
         args = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args([self._dashed(a) for a in args], namespace)
 
+    def add_subparsers(self, **kw: Any):  # type: ignore[override]
+        """Subcommands parsed by `SubcommandParser`: a mistyped flag of `prog train` is reported (with the nearest
+        of train's own flags) by the subcommand, not by the top parser, which knows none of them."""
+        if kw.get("parser_class", Parser) is Parser:
+            kw["parser_class"] = SubcommandParser
+        return super().add_subparsers(**kw)
+
     def _dashed(self, arg: str) -> str:
         if not arg.startswith("--") or "_" not in arg:
             return arg
@@ -74,6 +81,17 @@ class Parser(argparse.ArgumentParser):
         dashed = name.replace("_", "-")
         return dashed + eq + value if dashed in self._option_string_actions and name not in \
             self._option_string_actions else arg
+
+
+class SubcommandParser(Parser):
+    """The parser of one subcommand (`python -m rl.offline train`): arguments it does not know are its own error,
+    with the typo hint drawn from its own flags."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None):  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
 
 
 def parse_bool(s: str) -> bool:
@@ -85,12 +103,41 @@ def parse_bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
 
 
+PROMPT_METAVAR = "TEXT|@FILE"
+
+
+def prompt_text(value: str) -> str:
+    """A prompt option's value (every tool's `--system-prompt`): `@FILE` is the file's text, anything else the text
+    itself. A plain value that looks like a file path (one word with a slash or a file extension) is refused, so a
+    mistyped path never becomes the prompt. argparse.ArgumentTypeError (one line, naming the value and the fix)."""
+    import re
+    from pathlib import Path
+
+    if value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"{value}: no such file {str(path)!r} (@FILE reads a prompt from a file)")
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise argparse.ArgumentTypeError(f"{value}: cannot read it as UTF-8 text ({e})") from None
+    word = value.strip()
+    if word and not any(c.isspace() for c in word) and (
+            "/" in word or "\\" in word or word.startswith("~") or re.search(r"\.[A-Za-z][A-Za-z0-9]{0,4}$", word)):
+        exists = Path(word).expanduser().is_file()
+        raise argparse.ArgumentTypeError(
+            f"{value!r} looks like a file path ({'an existing file' if exists else 'no such file'}); write @{word} to "
+            f"read a prompt from a file, or give the prompt's text (a sentence)")
+    return value
+
+
 def add_dataclass_options(parser: argparse.ArgumentParser, fields: type | Sequence[dataclasses.Field],
-                          groups: Sequence[str], choices: dict[str, Sequence[str]] | None = None) -> None:
+                          groups: Sequence[str], choices: dict[str, Sequence[str]] | None = None,
+                          types: dict[str, Any] | None = None) -> None:
     """One `--field-name` option per field (of a dataclass, or a sequence of fields), under its metadata's group (in
     `groups` order), with its metadata's help and its default shown (the parser's own default may be SUPPRESS: only
     given flags land)."""
-    choices = choices or {}
+    choices, types = choices or {}, types or {}
     sections = {g: parser.add_argument_group(g) for g in groups}
     for f in (dataclasses.fields(fields) if isinstance(fields, type) else fields):
         section = sections.get(f.metadata.get("group"), parser)
@@ -106,6 +153,9 @@ def add_dataclass_options(parser: argparse.ArgumentParser, fields: type | Sequen
             kw["type"], kw["metavar"] = type(f.default), "N" if isinstance(f.default, int) else "X"
         else:
             kw["type"], kw["metavar"] = str, "TEXT"
+        if f.name in types:  # a parser of its own, e.g. {"system_prompt": prompt_text}
+            kw["type"] = types[f.name]
+            kw["metavar"] = PROMPT_METAVAR if types[f.name] is prompt_text else kw["metavar"]
         kw["metavar"] = f.metadata.get("metavar", kw["metavar"])
         action = section.add_argument("--" + f.name.replace("_", "-"), **kw)
         action.shown_default = f.default

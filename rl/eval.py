@@ -79,8 +79,10 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
     """Evaluate the latest checkpoint of `run_dir` (all ablation modes for LLM policies). With `save_trajectories`
     every step of the `real` play (the trained policy, sampling, as in training) is recorded there as trajectory
     files (docs/OFFLINE.md). `say` gets a line before each mode is played, `status` one while it plays (steps and
-    episodes finished so far). Each mode's entry also names its `checkpoint`, `seed` and `max_steps`. `variants`
-    (`rl.variants.Variant`): prompt variants, each played like `real` on the same worlds under its own name."""
+    episodes finished so far). Each mode's entry also names its `checkpoint`, `seed`, `max_steps` and
+    `system_prompt` (the text the run's LLM reads behind; `other_prompt` and the variants replace it, but the field
+    keeps the run's: it says which play the entry belongs to). `variants` (`rl.variants.Variant`): prompt variants,
+    each played like `real` on the same worlds under its own name."""
     if variants:
         from rl.readrun import play_settings
         from rl.variants import check_sections
@@ -103,10 +105,21 @@ def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps:
         results = _play_modes(policy, num_episodes, seed, max_steps, modes,
                               writer.add_rollout if writer else None, say, status)
         results.update(_play_variants(policy, num_episodes, seed, max_steps, variants, say, status))
-        return {m: dict(r, checkpoint=int(step), seed=seed, max_steps=max_steps) for m, r in results.items()}
+        prompt = _system_prompt(cfg)
+        return {m: dict(r, checkpoint=int(step), seed=seed, max_steps=max_steps, system_prompt=prompt)
+                for m, r in results.items()}
     finally:
         if writer is not None:
             writer.close()
+
+
+def _system_prompt(cfg) -> str | None:
+    """The system prompt an LLM run's hidden states are read behind (its text; None without an LLM)."""
+    if not cfg.uses_llm:
+        return None
+    from render.chat import resolve_system_prompt
+
+    return resolve_system_prompt(cfg.system_prompt, cfg.env, cfg.obs_format)
 
 
 def _play_modes(policy, num_episodes, seed, max_steps, modes, on_window, say, status):
@@ -161,6 +174,24 @@ def _play_variants(policy, num_episodes, seed, max_steps, variants, say, status)
     return results
 
 
+def check_run(run_dir: Path, modes: list[str] | None) -> list[str]:
+    """The modes to play for RUN_DIR, read from its config.json before anything loads (default: every mode of an
+    LLM run, `real` without one). FileNotFoundError / ValueError (one line) for a directory that is not a run, for
+    an offline run (rl.offline eval plays those) and for ablation modes asked of a run without an LLM."""
+    from rl.readrun import OFFLINE, play_settings, run_kind
+
+    if run_kind(run_dir)[0] == OFFLINE:
+        raise ValueError(f"{run_dir} is an offline AWR run (rl.offline train); evaluate it with python -m rl.offline "
+                         f"eval {run_dir}")
+    cfg = play_settings(run_dir)
+    if not cfg.uses_llm:
+        if modes is not None and list(modes) != ["real"]:
+            raise ValueError(f"--modes {' '.join(modes)}: {run_dir} trained without an LLM (--encoder "
+                             f"{cfg.encoder}), so only --modes real applies (the default)")
+        return ["real"]
+    return list(modes) if modes is not None else list(MODES)
+
+
 def main(argv=None) -> int:
     from rl.cli import Parser, add_compile_cache_option, apply_compile_cache
     from rl.progress import StatusLine
@@ -172,9 +203,10 @@ def main(argv=None) -> int:
                    help="seed of the evaluation worlds (the same for every mode)")
     p.add_argument("--max-steps", type=int, default=10_000, dest="max_steps", metavar="N",
                    help="stop an episode after this many steps (it is reported as unfinished)")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",
-                   help=f"hidden-state ablations to play ({', '.join(MODES)}; LLM runs only); eval.json keeps the "
-                        f"other modes played with the same checkpoint, seed, --episodes and --max-steps")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=None, metavar="MODE",
+                   help=f"hidden-state ablations to play ({', '.join(MODES)}; LLM runs only; default: all of them, "
+                        f"real alone without an LLM); eval.json keeps the other modes played with the same "
+                        f"checkpoint, seed, --episodes, --max-steps and system prompt")
     p.add_argument("--prompt", action="append", default=[], metavar="NAME=TEXT|NAME=@FILE",
                    help="also play a prompt variant NAME: the system prompt replaced by TEXT or by FILE's text (may "
                         "repeat); each is a column of the table, a bar of the chart, its text kept in eval.json")
@@ -193,6 +225,13 @@ def main(argv=None) -> int:
     p.add_argument("--video-fps", type=float, default=6.0, metavar="X", help="frames (env steps) per second")
     add_compile_cache_option(p)
     args = p.parse_args(argv)
+    for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps),
+                        ("--samples-per-file", args.samples_per_file), ("--video-episodes", args.video_episodes),
+                        ("--video-max-steps", args.video_max_steps)):
+        if value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    if not args.video_fps > 0:
+        p.error(f"--video-fps must be > 0, got {args.video_fps}")
     from rl.variants import gather
 
     try:
@@ -200,6 +239,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        args.modes = check_run(args.run_dir, args.modes)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     apply_compile_cache(args)
     line = StatusLine(sys.stderr)
     say = line.say

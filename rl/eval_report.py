@@ -12,10 +12,11 @@ from rl.modes import MEANINGS as MODE_MEANING  # the one table of modes (rl.mode
 from rl.verdict import RELIES, THRESHOLD, add_verdicts
 
 
-def format_table(results: dict[str, dict[str, Any]]) -> str:
-    """The results of `rl.eval.evaluate` as an aligned table, with what its columns and rows mean. Entries with
-    per-episode data get their 95% intervals and, beside `real`, the paired difference and verdict
-    (`rl.verdict.add_verdicts`)."""
+def format_table(results: dict[str, dict[str, Any]], meaning: dict[str, str] | None = None) -> str:
+    """The results of `rl.eval.evaluate` as an aligned table, with what its columns and rows mean (`meaning`: what
+    each mode fed the policy, default rl.modes' table). Entries with per-episode data get their 95% intervals and,
+    beside `real`, the paired difference and verdict (`rl.verdict.add_verdicts`)."""
+    meaning = meaning or MODE_MEANING
     results = add_verdicts(results)
     cis = any("return_ci95" in r for r in results.values())
     width = max(len("hidden state"), *(len(m) for m in results))
@@ -54,7 +55,7 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
                              + (f" (fewer: {', '.join(lost)})" if lost else ""))
     if len(results) > 1:
         lines += ["rows (what the policy read as its LLM input):"] + [
-            f"  {m:<{width}}  {(r.get('variant') or {}).get('note') or MODE_MEANING.get(m, m)}"
+            f"  {m:<{width}}  {(r.get('variant') or {}).get('note') or meaning.get(m, m)}"
             for m, r in results.items()]
         lines.append("An ablation within about two standard errors of `real` means the policy does not rely on "
                      "that part of the LLM's hidden state; far below `real` means it does.")
@@ -101,12 +102,13 @@ def plot_ablations(results: dict[str, dict[str, Any]], out: Path, title: str) ->
 
 RESULTS_FILE = "eval.json"
 CHART_FILE = "eval_ablations.png"
-SAME_PLAY = ("checkpoint", "seed", "episodes", "max_steps")  # what makes two modes' results comparable
+# what makes two modes' results comparable (system_prompt: the text the LLM read behind; None without an LLM)
+SAME_PLAY = ("checkpoint", "seed", "episodes", "max_steps", "system_prompt")
 
 
 def merge_results(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> tuple[dict, str]:
     """`new` modes added to (or replacing) those of `old` that were played the same way (same checkpoint, seed,
-    episode count and step limit: `SAME_PLAY` in each mode's entry); `old` is dropped when they differ. Returns the
+    episode count, step limit and system prompt: `SAME_PLAY` in each mode's entry); `old` is dropped when they differ. Returns the
     merged results (every mode of MODE_MEANING order first) and a line saying what happened."""
     if not new:
         return dict(old), "nothing new"
@@ -120,7 +122,8 @@ def merge_results(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]
     if kept:
         said.append(f"kept {', '.join(kept)} of the same checkpoint and seed")
     if dropped:
-        said.append(f"dropped {', '.join(dropped)} (played with another checkpoint, seed, --episodes or --max-steps)")
+        said.append(f"dropped {', '.join(dropped)} (played with another checkpoint, seed, --episodes, --max-steps or "
+                    f"system prompt)")
     return merged, "; ".join(said)
 
 

@@ -21,6 +21,7 @@ class StopOnInterrupt:
         self._previous = None
         self._reading: int | None = None  # the update whose results the loop waits for
         self._last: int | None = None  # the last update that runs when a stop is requested now
+        self.describe: Callable[[], str] | None = None  # a loop's own message for a Ctrl-C now (rl.offline train)
 
     def __enter__(self) -> "StopOnInterrupt":
         if threading.current_thread() is threading.main_thread():
@@ -46,6 +47,8 @@ class StopOnInterrupt:
     def message(self) -> str:
         """What a Ctrl-C now does, in update numbers."""
         again = "Ctrl-C again to stop at once"
+        if self.describe is not None:
+            return f"{self.describe()} ({again})"
         if self._last is None or self._reading is None:
             return f"Ctrl-C: stopping after the update in progress, with a checkpoint ({again})"
         if self._last > self._reading:

@@ -358,8 +358,32 @@ def label_files(files: Sequence[Path], out_dir: Path, cfg: LabelConfig, *, quiet
                 labeller: Labeller | None = None, prefetch: int = 2, in_flight: int = 4) -> Summary:
     """Label `files` into `out_dir` (see the module docstring); returns the summary (bad files listed in it)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    created = not out_dir.exists()
     labeller = labeller or Labeller(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        summary = _label_into(files, out_dir, labeller, quiet, prefetch, in_flight)
+    finally:
+        _tidy(out_dir, created)
+    return summary
+
+
+def _tidy(out_dir: Path, created: bool) -> None:
+    """After a labelling run (finished or failed): drop partial results of files that got no row done, and the
+    output directory itself when this run created it and left nothing in it (every file bad, or a failure)."""
+    for state in out_dir.glob(".*.partial.json"):
+        try:
+            done = int(json.loads(state.read_text()).get("rows_done", 0))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if done == 0:
+            _remove_partial(out_dir / state.name[1:-len(".partial.json")])
+    if created and not any(out_dir.iterdir()):
+        out_dir.rmdir()
+
+
+def _label_into(files: Sequence[Path], out_dir: Path, labeller: Labeller, quiet: bool, prefetch: int,
+                in_flight: int) -> Summary:
     summary = Summary()
     bar = _progress(sum(sample_count(f) for f in files) or None, len(files), quiet)  # bad files count 0
     jobs: queue.Queue = queue.Queue(maxsize=prefetch)
@@ -492,7 +516,7 @@ Example:
 def build_parser() -> argparse.ArgumentParser:
     from render.envs import ENV_NAMES
 
-    from rl.cli import Parser, add_compile_cache_option
+    from rl.cli import PROMPT_METAVAR, Parser, add_compile_cache_option, prompt_text
 
     p = Parser(prog="python -m rl.label", description=DESCRIPTION)
     p.add_argument("inputs", metavar="IN_DIR_OR_GLOB", help="a directory of .npz files, a glob pattern or one file")
@@ -517,8 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per packed pass (0: jaxllm.default_capacity)")
     p.add_argument("--llm-chunk", type=int, default=d.llm_chunk, dest="llm_chunk", metavar="N",
                    help="prompts per bucketed LLM call")
-    p.add_argument("--system-prompt", default=None, dest="system_prompt", metavar="TEXT|FILE",
-                   help="system prompt text or file (default: render's prompt for the env and format)")
+    p.add_argument("--system-prompt", default=None, dest="system_prompt", type=prompt_text, metavar=PROMPT_METAVAR,
+                   help="system prompt: its text, or @FILE to read it from a file (default: render's prompt for the "
+                        "env and format)")
     p.add_argument("--batch", type=int, default=1024, metavar="N",
                    help="observations per chunk, all devices together (a rerun resumes at whole chunks)")
     p.add_argument("--devices", type=int, default=0, metavar="N", help="devices to use (0: all visible)")
@@ -535,11 +560,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from rl.cli import apply_compile_cache
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag, value, low in (("--batch", args.batch, 1), ("--devices", args.devices, 0),
+                             ("--llm-capacity", args.llm_capacity, 0), ("--llm-chunk", args.llm_chunk, 1)):
+        if value < low:
+            parser.error(f"{flag} must be >= {low}, got {value}")
     apply_compile_cache(args)
-    if args.batch < 1:
-        print("error: --batch must be >= 1", file=sys.stderr)
-        return 2
     try:
         shard = parse_shard(args.shard)
     except ValueError as e:
@@ -568,6 +595,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             part = f" (shard {args.shard})" if shard else ""
             print(f"loading the LLM ({cfg.model}) and its tokenizer for {len(files)} file{many}{part} ...",
                   file=sys.stderr, flush=True)
+            if args.system_prompt is not None:  # the files keep only its hash: show what it is
+                lines = args.system_prompt.strip().splitlines() or [""]
+                more = " ..." if len(lines[0]) > 80 or len(lines) > 1 else ""
+                print(f"system prompt: {lines[0][:80]!r}{more} ({len(args.system_prompt):,} characters)",
+                      file=sys.stderr, flush=True)
         summary = label_files(files, args.out, cfg, quiet=args.quiet)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

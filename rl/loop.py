@@ -11,12 +11,16 @@ It knows three collaborators through small interfaces and nothing of the run's s
 
 Update u + 1 is dispatched before update u's metrics are read (except where the encoder runs the update on the host,
 or while the LLM share is timed), so the device never idles while the host logs, checks and checkpoints; a NaN at
-update u still stops with state u - 1 saved.
+update u still stops with state u - 1 saved. A record's `seconds` is the time between the moments its update's and
+the previous update's results became ready (`ReadyTime`: a thread waits for each), not between the host's reads: on a
+GPU, dispatching update u + 1 can keep the host busy for most of an update (it launches the kernels), so a read after
+it came an update late, and the last update of an invocation, which had nothing dispatched after it, showed 0.02 s.
 """
 from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -148,6 +152,35 @@ def _curves_png(run_dir: Path) -> Path | None:
         return None
 
 
+class ReadyTime:
+    """When one update's results became ready: a thread waits for them (`jax.block_until_ready` lets go of the
+    interpreter while it waits) and notes the time, whatever the main thread is doing then."""
+
+    def __init__(self, results: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.at: float | None = None
+        self._clock = clock
+        self._thread = threading.Thread(target=self._wait, args=(results,), name="update-ready", daemon=True)
+        self._thread.start()
+
+    def _wait(self, results: Any) -> None:
+        try:
+            jax.block_until_ready(results)
+        finally:
+            self.at = self._clock()
+
+    def time(self) -> float:
+        """The moment the results were ready (waits for them)."""
+        self._thread.join()
+        assert self.at is not None
+        return self.at
+
+
+def _start(updates: Any, state: Any) -> tuple[Any, Any, ReadyTime]:
+    """Dispatch one update: (state, metrics, when they are ready)."""
+    new_state, metrics = updates.dispatch(state)
+    return new_state, metrics, ReadyTime(metrics)
+
+
 def run_loop(updates: Any, state: Any, start: int, total: int, outputs: RunOutputs, stop: StopRule) -> None:
     """Updates `start + 1`... of a run of `total` from `state` (the state after update `start`) until `stop` says so:
     each update's metrics go to `outputs.record`, checkpoints (the cadence, the last update, a stop) to
@@ -156,18 +189,18 @@ def run_loop(updates: Any, state: Any, start: int, total: int, outputs: RunOutpu
     share = updates.share_meter(lambda: before)
     done_here = 0
     stop.start()
-    t_read = time.perf_counter()  # when the previous update's metrics arrived (for the first: before its compile)
-    in_flight = updates.dispatch(state)
+    t_ready = time.perf_counter()  # when the previous update's results were ready (for the first: before its compile)
+    in_flight = _start(updates, state)
     for update in range(start + 1, stop.last + 1):  # `update`: the update now in flight (1-based count)
-        new_state, metrics = in_flight
+        new_state, metrics, ready = in_flight
         more = stop.go_on(update)
         timing = more and share.due(done_here + 1)  # with nothing in flight: not ahead
         ahead = more and updates.pipelined and not timing
         if ahead:
-            in_flight = updates.dispatch(new_state)
+            in_flight = _start(updates, new_state)
         metrics = jax.device_get(metrics)  # waits for `update` only
-        seconds = time.perf_counter() - t_read
-        t_read = time.perf_counter()
+        seconds = max(ready.time() - t_ready, 1e-9)  # this update's own time, whenever the host got to read it
+        t_ready = ready.time()
         loss = float(metrics["total_loss"])
         if not math.isfinite(loss):
             if outputs.saved_at != update - 1:
@@ -186,7 +219,7 @@ def run_loop(updates: Any, state: Any, start: int, total: int, outputs: RunOutpu
         before = new_state
         if timing:
             share.measure()  # from `before`, the state the next update starts from
-            t_read = time.perf_counter()  # the next update's seconds leave the timing out
+            t_ready = time.perf_counter()  # the next update's seconds leave the timing out
         if more and not ahead:
-            in_flight = updates.dispatch(new_state)
+            in_flight = _start(updates, new_state)
     outputs.finished()

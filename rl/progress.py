@@ -119,8 +119,8 @@ class Progress:
         per_update = self.rate.seconds_per_update
         if per_update is None:
             parts.append(f"{rec['sps']:,.0f} SPS (includes compilation)")
-        else:
-            parts.append(f"{self.batch_size / per_update:,.0f} SPS")
+        else:  # smoothed: say over what
+            parts.append(f"{self.batch_size / per_update:,.0f} SPS (last {len(self.rate.recent)} updates)")
         parts.append(f"elapsed {_duration(elapsed)}")
         if per_update is not None and update < self.num_updates:
             parts.append(f"ETA {_duration(self.rate.eta(self.num_updates - update))}")
@@ -153,8 +153,13 @@ class Progress:
         rec = self.last or {}
         ret = rec.get("episode_return")
         d = self.run_dir
-        sps = "(mean, compilation left out)" if self.steady else "(one update here, compilation included)"
-        self.say(f"finished {self.num_updates:,} updates in {_duration(time.perf_counter() - self.t0)}: final "
+        here = len(self.steady) + (self.first_seconds is not None)  # updates run by this invocation
+        sps = (f"(mean of this invocation's {len(self.steady):,} updates after its compiling first)" if self.steady
+               else "(one update here, compilation included)")
+        took = _duration(time.perf_counter() - self.t0)
+        ran = (f"finished {self.num_updates:,} updates in {took}" if here == self.num_updates else
+               f"finished {self.num_updates:,} updates ({here:,} of them in this invocation, {took})")
+        self.say(f"{ran}: final "
                  f"return {'-' if ret is None or not math.isfinite(ret) else f'{ret:.2f}'}, {self.mean_sps():,.0f} SPS "
                  f"{sps}; run directory {d}")
         if not self.quiet:

@@ -30,6 +30,14 @@ def run_kind(run_dir: str | Path) -> tuple[str, dict]:
     return (OFFLINE if isinstance(raw, dict) and raw.get("kind") == OFFLINE_KIND else ONLINE), raw
 
 
+def is_offline(run_dir: str | Path) -> bool:
+    """Whether RUN_DIR holds an offline AWR run (rl.offline train); False for anything else, a non-run too."""
+    try:
+        return run_kind(run_dir)[0] == OFFLINE
+    except (OSError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class RunParams:
     """What `restore_params` returns: a run's settings and its newest checkpoint's policy params."""

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from rl.cli import Parser, add_compile_cache_option, add_dataclass_options, apply_compile_cache
+from rl.cli import Parser, add_compile_cache_option, add_dataclass_options, apply_compile_cache, prompt_text
 from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, SECTION_OF, TrainConfig, flat_fields,
                        inapplicable_flags, load_config, read_settings_file, resolve_devices)
 from rl.encoder_kinds import kind_of, load_encoder
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_argument("--wandb-group", metavar="NAME", help="Weights & Biases run group (default: none)")
     track.add_argument("--run-name", metavar="NAME", help="the run's name in Weights & Biases (default: the run "
                                                           "directory's name)")
-    add_dataclass_options(p, flat_fields(), GROUPS, CHOICES)
+    add_dataclass_options(p, flat_fields(), GROUPS, CHOICES, types={"system_prompt": prompt_text})
     return p
 
 

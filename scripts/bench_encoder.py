@@ -32,11 +32,16 @@ from jaxllm.config import PRESETS, Qwen3Config  # noqa: E402  (imports jax, but 
 
 SMOKE_CONFIG = Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+SMOKE_MOE_CONFIG = Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                               num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny model and shapes, float32, for a CPU check")
+    p.add_argument("--model", default="qwen3-4b", choices=["qwen3-4b", "qwen3-30b-a3b"],
+                   help="the model shape (random weights made on the device); --smoke: a tiny dense or MoE model")
     p.add_argument("--batch", type=int, default=None, help="prompts per call (default 128; smoke 4)")
     p.add_argument("--prefix", type=int, default=None, help="cached prefix tokens, 0 = none (default 1024; smoke 32)")
     p.add_argument("--seq", type=int, nargs="+", default=None, help="rest-of-prompt lengths (default 128 256 512)")
@@ -92,14 +97,19 @@ def _option(text: str, parser: argparse.ArgumentParser) -> tuple[str, Any]:
 
 
 def model_config(args: argparse.Namespace) -> Qwen3Config:
-    return SMOKE_CONFIG if args.smoke else PRESETS["qwen3-4b"]
+    if args.smoke:
+        return SMOKE_MOE_CONFIG if PRESETS[args.model].is_moe else SMOKE_CONFIG
+    return PRESETS[args.model]
 
 
 def flops_per_token(c: Qwen3Config, prefix: int, t: int) -> float:
     """Useful forward FLOPs per rest token, no LM head: projections + MLP, plus causal attention
     (QK^T and PV over the P prefix keys and, on average, (T+1)/2 rest keys)."""
     d, q, kv, i, n = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size, c.num_hidden_layers
-    dense = 2 * n * (d * q + 2 * d * kv + q * d + 3 * d * i)
+    sparse = sum(c.sparse_layers)
+    # an MoE layer: the router and its k active experts (3 matrices of D x moe_intermediate_size each)
+    ffn = (n - sparse) * 3 * d * i + sparse * (d * c.num_experts + c.num_experts_per_tok * 3 * d * c.moe_intermediate_size)
+    dense = 2 * (n * (d * q + 2 * d * kv + q * d) + ffn)
     attention = 4 * (prefix + (t + 1) / 2) * q * n
     return dense + attention
 
@@ -250,14 +260,19 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     log(f"{args.env}: B={args.batch}, prefix {len(prefix_ids)} tokens, max_len {t}, real tokens {real} "
           f"(mean {lengths.mean():.0f}, max {lengths.max()}), packed capacity {capacity}")
     base_dtype = jnp.float32 if args.smoke else jnp.bfloat16
-    base = jax.block_until_ready(init_params(config, base_dtype, 0))
+    # an MoE's bf16 and fp8 copies do not fit side by side (Qwen3-30B-A3B: 57 + 29 GiB): each dtype's own init
+    base = None if config.is_moe else jax.block_until_ready(init_params(config, base_dtype, 0))
     ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
     useful = real * flops_per_token(config, len(prefix_ids), float(lengths.mean()))
     rows, reference = [], {}
     for dtype in args.dtypes:
         fp8.swiglu_quantize = fp8.swiglu_quantize_reference if dtype == "fp8-xla-swiglu" else swiglu_quantize
         layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
-        params = base if not dtype.startswith("fp8") else jax.block_until_ready(quantize_params(base))
+        if config.is_moe:
+            params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
+            params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)
+        else:
+            params = base if not dtype.startswith("fp8") else jax.block_until_ready(quantize_params(base))
         cache = jax.block_until_ready(jit(prefill, compiler_options=compiler_options(), static_argnums=1)(
             params, config, jnp.asarray(prefix_ids)))
         opts = compiler_options() | args.xla_option  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)

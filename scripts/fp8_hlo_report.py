@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     h = jax.random.normal(jax.random.key(1), (1, tokens, config.hidden_size), jnp.bfloat16)
     cos, sin = rope_cos_sin(jnp.arange(tokens), config.head_dim, config.rope_theta, jnp.bfloat16)
     x = lambda h, lp: norm_input(h, lp["input_layernorm"], config.rms_norm_eps, quantized=True)
-    fn = jit(lambda h, lp: decoder_layer(h, x(h, lp), lp, lp["input_layernorm"], cos, sin, config)[:2],
+    fn = jit(lambda h, lp: decoder_layer(h, x(h, lp), lp, lp, lp["input_layernorm"], cos, sin, config)[:2],
              compiler_options=compiler_options())
     t0 = time.perf_counter()
     hlo = fn.lower(h, layer).compile().as_text()

@@ -28,7 +28,7 @@ SLOW_FILES = {
     "test_bench_scripts.py", "test_http_contract.py", "test_http_scripts.py", "test_render_obs.py",
     "test_render_template.py", "test_parity_hf.py",
     "test_rl_inscan.py", "test_rl_label.py", "test_rl_probe.py", "test_rl_multidevice.py", "test_rl_multihost.py", "test_rl_train.py",
-    "test_rl_units.py", "test_rl_usability.py", "test_rl_vllm.py", "test_parity_http.py", "test_parity_vllm.py",
+    "test_rl_units.py", "test_rl_usability.py", "test_rl_moe.py", "test_rl_vllm.py", "test_parity_http.py", "test_parity_vllm.py",
     "test_offline_train.py",
 }
 

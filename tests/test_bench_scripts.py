@@ -107,3 +107,23 @@ def test_bench_layer_kernels_smoke(tmp_path):
         ("residual_norm_quantize", "xla"), ("residual_norm_quantize", "2:4:64"), ("head_norm_rope (q)", "xla"),
         ("head_norm_rope (q)", "8:4"), ("head_norm_rope (k)", "xla"), ("head_norm_rope (k)", "8:4")]
     assert all(r["ms"] > 0 for r in rows) and json.loads(out.read_text())["tokens"] == 40
+
+
+def test_bench_moe_smoke(tmp_path):
+    """The grouped-GEMM candidates (CPU: ragged_dot, padded) checked against per-group products, and the block."""
+    from scripts import bench_moe
+
+    res = bench_moe.main(["--smoke", "--out", str(tmp_path / "moe.json")])
+    rows = [r for r in res["results"] if r["candidate"] == "ragged_dot"]
+    assert rows and all(r["max_rel_err"] < 1e-5 for r in rows)
+    assert res["moe_block"]["ms"] > 0 and (tmp_path / "moe.json").is_file()
+
+
+def test_moe_routing_report_smoke():
+    """float32 against itself flips nothing; the report's fields are there for bfloat16."""
+    from scripts import moe_routing_report
+
+    res = moe_routing_report.main(["--prompts", "2", "--dtypes", "float32", "bfloat16"])
+    assert res["dtypes"]["float32"]["token_layer_set_flip_rate"] == 0.0
+    assert res["dtypes"]["float32"]["cosine_to_float32"]["min"] > 0.99999
+    assert 0.0 <= res["dtypes"]["bfloat16"]["slot_flip_rate"] <= 1.0

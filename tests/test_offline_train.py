@@ -52,13 +52,20 @@ def test_train_then_eval_end_to_end(run, capsys):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in records] == [100, 200, 300]
     assert all(np.isfinite(r["loss"]) and np.isfinite(r["val_nll"]) for r in records)
+    capsys.readouterr()
     assert main(["eval", str(run), "--episodes", "2", "--max-steps", "48"]) == 0
     results = json.loads((run / "eval.json").read_text())
     assert list(results) == ["real", "zero", "shuffled"]
     assert all(r["episodes"] == 2 and set(r) >= {"return_mean", "length_mean", "achievements"}
                for r in results.values())
+    assert {(r["checkpoint"], r["seed"], r["max_steps"]) for r in results.values()} == {(300, 1234, 48)}
+    assert results["real"]["system_prompt"].startswith("You")  # the prompt the labels were read behind
     assert (run / "eval_ablations.png").exists()
-    assert "hidden state" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "hidden state" in out
+    # issue 37 item 10: a status line while each mode plays, and the legend says what `zero` is here
+    assert all(f"  {m}: " in err and "steps played (at most 48)" in err for m in results), err
+    assert "the dataset's mean hidden state" in out and "all-zero" not in out
 
 
 def test_eval_prompt_variants_and_other_prompt(run, tmp_path, capsys):
@@ -141,3 +148,91 @@ def test_resume_equals_uninterrupted_bitwise(labelled, tmp_path):
 
 def test_resume_refuses_changed_settings(run):
     assert main(["train", "--resume", str(run), "--beta", "3"]) == 1
+
+
+# ------------------------------------------------------------------------------------------ issue 37
+
+NONE = ["--hidden", "none", "--quiet", *SMALL]
+
+
+def test_resume_from_any_directory_and_with_the_dataset_moved(labelled, tmp_path, monkeypatch, capsys):
+    """Item 1: a run trained with a relative --data could not be resumed from another directory, and --data was
+    refused at --resume. The run records its data as an absolute path; --data may point it at a moved copy of the
+    same files, and is refused for other files."""
+    import shutil
+
+    monkeypatch.chdir(labelled.parent)
+    run = tmp_path / "run"
+    assert main(["train", "--data", labelled.name, "--out", str(run), "--steps", "100", *NONE]) == 0
+    assert json.loads((run / "config.json").read_text())["settings"]["data"] == str(labelled.resolve())
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", str(run), "--steps", "200", "--quiet"]) == 0  # from another directory
+    moved = tmp_path / "moved"
+    shutil.copytree(labelled, moved)
+    assert main(["train", "--resume", "run", "--data", "moved", "--steps", "300", "--quiet"]) == 0
+    assert json.loads((run / "config.json").read_text())["settings"]["data"] == str(moved)
+    assert load_policy(run).step == 300
+    sorted(moved.glob("*.npz"))[-1].unlink()
+    capsys.readouterr()
+    assert main(["train", "--resume", "run", "--data", "moved", "--steps", "400", "--quiet"]) == 1
+    assert "differ from those the run trained on" in capsys.readouterr().err
+
+
+def _corrupt_member(path: Path, member: str) -> None:
+    """Overwrite 64 bytes in the middle of one member's data: the file stays a valid zip, only its CRC is wrong."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(member)
+    data = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    mid = start + info.compress_size // 2
+    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_file_is_one_line_naming_it_and_leaves_no_run(labelled, tmp_path, capsys):
+    """Item 3: a file damaged inside a valid zip (bad CRC) ended in a 41-line traceback that did not name it."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(labelled, data)
+    victim = sorted(data.glob("*.npz"))[2]
+    _corrupt_member(victim, "obs.npy")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(out), "--steps", "100", *NONE]) == 1
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("warning:")]
+    assert len(err) == 1 and str(victim) in err[0] and "unreadable as .npz" in err[0] and "CRC" in err[0], err
+    assert not out.exists()
+
+
+def test_ctrl_c_stops_within_one_dispatch_says_what_remains_and_exits_130(labelled, tmp_path, monkeypatch, capsys):
+    """Item 9: Ctrl-C exited 0 and ran 1,000 more updates after saying "stopping after the update in progress"."""
+    import os
+    import signal
+
+    import rl.offline.train as T
+
+    real = T.make_train_chunk
+
+    def make(*a, **k):
+        chunk, calls = real(*a, **k), []
+
+        def dispatch(*a, **k):
+            calls.append(1)
+            if len(calls) == 3:  # Ctrl-C while the third dispatch (updates 101-150) is being sent
+                os.kill(os.getpid(), signal.SIGINT)
+            return chunk(*a, **k)
+
+        return dispatch
+
+    monkeypatch.setattr(T, "make_train_chunk", make)
+    run = tmp_path / "run"
+    args = ["train", "--data", str(labelled), "--out", str(run), "--steps", "400", "--hidden", "none", *SMALL]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "Ctrl-C: stopping after update 150, 100 updates from now (those dispatched or due), with a checkpoint; " \
+           "250 of 400 updates will remain" in err, err
+    assert "stopped at update 150/400" in err and "(250 updates remain)" in err and "Traceback" not in err
+    assert load_policy(run).step == 150
+    assert [json.loads(line)["update"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [100, 150]

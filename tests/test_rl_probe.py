@@ -197,8 +197,12 @@ def test_batched_equals_one_pair_at_a_time(llm_policy, built):
 
 def test_all_modes_prompt_only_and_injected_text(llm_policy, states):
     policy = llm_policy
+    said = []
     probe = probe_policy(policy, ["health", "prompt:health", "prompt:enemy_adjacent_text",
-                                  "prompt:nonsense_text"], states=states, show=1)
+                                  "prompt:nonsense_text"], states=states, show=1, say=said.append)
+    # issue 37 item 13: the progress names every kind, the injected-text ones too
+    assert said == ["  health ...", "  prompt:health ...", "  prompt:enemy_adjacent_text ...",
+                    "  prompt:nonsense_text ..."]
     k = probe["kinds"]
     assert list(k["health"].modes) == ["real", "zero", "noise", "shuffled", "other_prompt"]
     for mode, s in k["health"].modes.items():  # V does not read the hidden state: every mode is exact
@@ -288,11 +292,26 @@ def test_plain_ppo_run_probes_without_llm_modes(plain_run, capsys):
 @pytest.mark.parametrize("argv, says", [
     (["/nonexistent/run"], "not a run directory"),
     (["RUN", "--kinds", "bogus"], "unknown pair kind"),
+    (["RUN", "--trajectories", "DAMAGED"], "traj-000000000000.npz: unreadable as .npz"),  # issue 37 item 3
 ])
-def test_bad_input_is_one_line(argv, says, plain_run, capsys):
+def test_bad_input_is_one_line(argv, says, plain_run, capsys, tmp_path):
+    import shutil
+
     from rl.probe.__main__ import main
 
-    argv = [str(plain_run / "run") if a == "RUN" else a for a in argv]
+    damaged = tmp_path / "damaged"
+    shutil.copytree(plain_run / "traj", damaged)
+    corrupt_middle(damaged / "traj-000000000000.npz")  # still a valid zip: only the member's CRC tells
+    argv = [str(plain_run / "run") if a == "RUN" else str(damaged) if a == "DAMAGED" else a for a in argv]
     assert main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and says in err[0], err
+    assert "loading" not in " ".join(err)  # refused before the run is loaded and played
+
+
+def corrupt_middle(path):
+    """Overwrite 64 bytes in the middle of a file (an .npz stays a valid zip; the member's CRC no longer matches)."""
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    path.write_bytes(bytes(data))

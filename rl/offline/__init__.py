@@ -1,7 +1,7 @@
 """Offline RL on recorded (and LLM-labelled) trajectories: AWR trained on the device, evaluated in the game.
 
     python -m rl.offline train --data DIR --out RUN_DIR [--hidden real|zero|shuffle|none] [--hidden-skip-n N] ...
-    python -m rl.offline eval RUN_DIR [--episodes N] [--modes real zeros shuffled]
+    python -m rl.offline eval RUN_DIR [--episodes N] [--modes real zero shuffled]
 
 Modules: `targets` (returns-to-go, hidden-skip schedule), `data` (reading, checking, per-stream plan, compact
 layout), `shards` (device-resident or streamed rows), `networks`, `update` (the jitted AWR step, many per

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from rl.cli import Parser, add_dataclass_options
+from rl.cli import PROMPT_METAVAR, Parser, add_dataclass_options, prompt_text
 from rl.config import read_mapping_file
 from rl.offline.config import GROUPS, HIDDEN_MODES, RESIDENT, OfflineConfig
 
@@ -38,12 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--modes", nargs="+", default=None, metavar="MODE",
                    help="hidden-state ablations (rl.modes: real zero noise shuffled other_prompt; default: real "
                         "zero shuffled for --hidden real, the training mode otherwise)")
-    e.add_argument("--seed", type=int, default=1234, help="seed of the evaluation worlds (the same for every mode)")
+    e.add_argument("--seed", type=int, default=1234, metavar="N",
+                   help="seed of the evaluation worlds (the same for every mode)")
     e.add_argument("--max-steps", type=int, default=10_000, dest="max_steps", metavar="N",
                    help="stop an episode after this many steps (reported as unfinished)")
-    e.add_argument("--system-prompt", default=None, dest="system_prompt", metavar="TEXT_OR_FILE",
+    e.add_argument("--system-prompt", default=None, dest="system_prompt", type=prompt_text, metavar=PROMPT_METAVAR,
                    help="the system prompt given to rl.label, for files labelled before the labelling metadata kept "
-                        "its text")
+                        "its text: its text, or @FILE")
     e.add_argument("--prompt", action="append", default=[], metavar="NAME=TEXT|NAME=@FILE",
                    help="also play a prompt variant NAME: the system prompt replaced by TEXT or FILE's text (may "
                         "repeat); a column of the table, a bar of the chart, its text kept in eval.json")
@@ -77,9 +77,23 @@ def _train(args: argparse.Namespace) -> int:
     tracking.check_installed()
     from rl.interrupt import StopOnInterrupt
 
-    with StopOnInterrupt(lambda text: print("\n" + text, file=sys.stderr, flush=True)) as stop:
-        train(cfg, resume=resume, quiet=getattr(args, "quiet", False), tracking=tracking, should_stop=stop)
-    return 0
+    out = Path(cfg.out) if cfg.out is not None else None
+    fresh = not resume and out is not None and not out.exists()
+    try:
+        with StopOnInterrupt(lambda text: print("\n" + text, file=sys.stderr, flush=True)) as stop:
+            train(cfg, resume=resume, quiet=getattr(args, "quiet", False), tracking=tracking, should_stop=stop)
+    except BaseException:
+        if fresh and out.exists() and not _has_checkpoint(out):  # nothing worth keeping: leave nothing behind
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    return 130 if stop.requested else 0  # stopped by Ctrl-C (checkpointed): as rl.train
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    ckpts = run_dir / "checkpoints"
+    return ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
 
 
 def _read_settings(path: Path) -> dict:
@@ -95,35 +109,40 @@ def _read_settings(path: Path) -> dict:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rl.eval_report import format_table, plot_ablations
-    from rl.files import atomic_write
+    from rl.eval_report import format_table, save_results
     from rl.offline.evaluate import evaluate
+    from rl.progress import StatusLine
     from rl.variants import gather
-    from rl.verdict import add_verdicts
 
     variants = gather(args.prompt, args.prompts)  # bad input: one line, before anything is loaded or written
-    say = lambda text: print(text, file=sys.stderr, flush=True)
-    results = add_verdicts(evaluate(args.run_dir, args.episodes, args.modes, args.seed, args.max_steps,
-                                    args.system_prompt, say, variants=variants))
+    line = StatusLine(sys.stderr)
+    try:
+        results = evaluate(args.run_dir, args.episodes, args.modes, args.seed, args.max_steps, args.system_prompt,
+                           line.say, line.update, variants=variants)
+    finally:
+        line.done()
     print(format_table(results))
-    out = atomic_write(args.run_dir / "eval.json", json.dumps(results, indent=2) + "\n")
-    written = [out]
-    if len(results) > 1:
-        written.append(plot_ablations(results, args.run_dir / "eval_ablations.png", args.run_dir.name))
+    written, note = save_results(args.run_dir, results)  # merged with earlier modes of the same play, as rl.eval
+    print(f"{written[0]}: {note}")
     print("wrote " + ", ".join(map(str, written)))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "eval":
+        for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
+            if value < 1:
+                parser.error(f"eval {flag} must be >= 1, got {value}")
     try:
         return _train(args) if args.command == "train" else _eval(args)
     except (ValueError, FileNotFoundError) as e:  # TrajectoryError, CheckpointError are ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted; continue a training run with python -m rl.offline train --resume RUN_DIR",
-              file=sys.stderr)
+        print("interrupted" + ("; continue a training run with python -m rl.offline train --resume RUN_DIR if it "
+                               "saved a checkpoint" if args.command == "train" else ""), file=sys.stderr)
         return 130
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -57,10 +58,23 @@ def _headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     return npz_headers(path)
 
 
+@contextmanager
+def _reading(path: Path):
+    """Reading `path`'s arrays: what goes wrong (a damaged member, e.g. a bad CRC in a file that is still a valid
+    zip) is a TrajectoryError naming the file."""
+    try:
+        yield
+    except TrajectoryError:
+        raise
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, KeyError) as e:
+        raise TrajectoryError(f"{path}: unreadable as .npz ({type(e).__name__}: {e}); record or label it again, "
+                              f"or remove it from the dataset") from None
+
+
 def _read_json(path: Path, key: str) -> dict | None:
     from rl.trajectories import read_meta
 
-    with np.load(path, allow_pickle=False) as npz:
+    with _reading(path), np.load(path, allow_pickle=False) as npz:
         return read_meta(npz, key)
 
 
@@ -95,7 +109,7 @@ def read_info(path: Path, file_envs: int = 128, hidden_layer: int | None = None)
         recording = _read_json(path, RECORDING_KEY)
         labelling = _read_json(path, LABELLING_KEY)
     except TrajectoryError as e:
-        raise bad(str(e)) from None
+        raise (e if str(e).startswith(f"{path}:") else bad(str(e))) from None
     key = "hidden_state"
     if hidden_layer is not None and "hidden_state" in heads:
         from rl.layers import hidden_key_of
@@ -158,7 +172,7 @@ def scan(data: str | Path | Sequence[Path], *, file_envs: int = 128, need_hidden
 
 
 def _load(path: Path, key: str) -> np.ndarray:
-    with np.load(path, allow_pickle=False) as npz:
+    with _reading(path), np.load(path, allow_pickle=False) as npz:
         return npz[key]
 
 
@@ -224,7 +238,7 @@ def plan(files: list[FileInfo], gamma: float, hidden_skip_n: int) -> Plan:
                 raise TrajectoryError(f"{f.path}: its samples {f.first}..{f.first + f.samples - 1} overlap another "
                                       f"file of the same recording; remove one of them")
             rowmap[pos] = np.arange(offsets[i], offsets[i + 1])
-            with np.load(f.path, allow_pickle=False) as npz:
+            with _reading(f.path), np.load(f.path, allow_pickle=False) as npz:
                 reward[pos] = npz["reward"].astype(np.float32)
                 done[pos] = npz["done"].astype(bool)
                 action[offsets[i]:offsets[i + 1]] = npz["action"].astype(np.int32)

@@ -76,7 +76,9 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
 
     reset = compile_program(lambda key: env.reset(key, jnp.arange(num_envs)), runs_llm=False)
 
-    def play(params, seed: int, max_steps: int, mode: int = 0, llm_params=None, cache=None) -> dict[str, Any]:
+    def play(params, seed: int, max_steps: int, mode: int = 0, llm_params=None, cache=None,
+             on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """on_progress: called after every window with (steps played, episodes finished)."""
         k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
         obs, state = reset(k_reset)
         dim = 0 if mean is None else mean.shape[0]
@@ -84,7 +86,7 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
         step_ = lambda carry, seen, length: run_window(carry, seen, params, jnp.int32(mode), llm_params, cache,
                                                        length=length)
         carry, seen = play_windows(step_, carry, no_episodes(num_envs, len(env.achievement_names)), max_steps,
-                                   window, clip_last=True)
+                                   window, clip_last=True, on_progress=on_progress)
         return episode_results(seen, carry[0])
 
     return play, env.achievement_names
@@ -92,9 +94,12 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
 
 def evaluate(run_dir: str | Path, episodes: int = 128, modes=None, seed: int = 1234, max_steps: int = 10_000,
              system_prompt: str | None = None, say: Callable[[str], None] = lambda text: None,
-             variants=()) -> dict[str, dict]:
+             status: Callable[[str], None] = lambda text: None, variants=()) -> dict[str, dict]:
     """{mode: rl.play.summarise(...)} of the newest checkpoint of an offline run, one episode per env; then every
-    prompt variant (`rl.variants`) played like `real` on the same worlds, under its own name."""
+    prompt variant (`rl.variants`) played like `real` on the same worlds, under its own name. Each entry also names
+    its `checkpoint`, `seed`, `max_steps` and `system_prompt` (the prompt text the hidden states were read behind;
+    None without them), as rl.eval's. `say` gets a line before each mode, `status` one while it plays (steps
+    played, episodes finished)."""
     policy = load_policy(run_dir)
     modes = check_modes(modes or DEFAULT_MODES[policy.hidden_mode], uses_hidden=policy.uses_hidden)
     if variants and not policy.uses_hidden:
@@ -115,13 +120,22 @@ def evaluate(run_dir: str | Path, episodes: int = 128, modes=None, seed: int = 1
     caches = {m: cache for m in modes}
     if "other_prompt" in modes:
         caches["other_prompt"] = llm.with_prompt(OTHER_PROMPT).prefix_cache
+    prompt = None
+    if policy.uses_hidden:
+        from render.chat import resolve_system_prompt
+
+        # the text the labels were read behind: the labelling's own (or --system-prompt for older files)
+        prompt = resolve_system_prompt(llm_cfg.system_prompt, policy.env, llm_cfg.obs_format)
     play, names = make_player(policy, episodes, encode)
     results = {}
+    progress = (lambda m: lambda steps, done: status(f"  {m}: {steps:,} steps played (at most {max_steps:,}), "
+                                                      f"{done}/{episodes} episodes finished"))
+    same_play = dict(checkpoint=int(policy.step), seed=seed, max_steps=max_steps, system_prompt=prompt)
     for i, mode in enumerate(modes):
         say(f"[{i + 1}/{len(modes)}] {mode}: {episodes} episodes of update {policy.step}'s policy"
             + (" (compiles first)" if i == 0 else "") + " ...")
-        results[mode] = summarise(play(policy.params, seed, max_steps, MODES.index(mode), llm_params,
-                                       caches.get(mode)), names)
+        results[mode] = dict(summarise(play(policy.params, seed, max_steps, MODES.index(mode), llm_params,
+                                            caches.get(mode), on_progress=progress(mode)), names), **same_play)
     if variants:
         from rl.variants import make_variant_obs_encoder, setup_for
 
@@ -129,6 +143,7 @@ def evaluate(run_dir: str | Path, episodes: int = 128, modes=None, seed: int = 1
             setup = setup_for(v, llm)
             say(f"[variant {i + 1}/{len(variants)}] {v.name}: {episodes} episodes (compiles first) ...")
             vplay, _ = make_player(policy, episodes, make_variant_obs_encoder(v, setup, llm_cfg), keyed=True)
-            entry = summarise(vplay(policy.params, seed, max_steps, 0, llm_params, setup.prefix_cache), names)
-            results[v.name] = dict(entry, variant=dict(v.describe(), note=v.note()))
+            entry = summarise(vplay(policy.params, seed, max_steps, 0, llm_params, setup.prefix_cache,
+                                    on_progress=progress(v.name)), names)
+            results[v.name] = dict(entry, variant=dict(v.describe(), note=v.note()), **same_play)
     return results

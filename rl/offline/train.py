@@ -127,13 +127,24 @@ def train(cfg: OfflineConfig, *, resume: bool = False, stop_after: int | None = 
 
     `stop_after`: stop once this update is done and checkpointed (it must be a checkpoint boundary; tests use
     it to stand for a kill). `should_stop`, asked after every dispatch (rl.interrupt's Ctrl-C): stop there with
-    a metrics record and a checkpoint. Raises ValueError / TrajectoryError (one line) for bad settings and files."""
+    a metrics record and a checkpoint; at most two dispatches are in flight, so a stop comes within one dispatch.
+    Raises ValueError / TrajectoryError (one line) for bad settings and files.
+
+    A new run stores its data directory as an absolute path, so `--resume` works from any working directory; a
+    resume may point `data` at a moved copy of the dataset (the same file names, sizes and sample counts)."""
+    import dataclasses
+
     cfg.validate()
     run_dir = Path(cfg.out)
+    if not Path(cfg.data).is_dir():
+        raise ValueError(f"--data {cfg.data}: not a directory" + (
+            f" (the run's dataset, as config.json records it; if it moved, point the run at it with --resume "
+            f"{run_dir} --data DIR)" if resume else ""))
+    cfg = dataclasses.replace(cfg, data=str(Path(cfg.data).resolve()))
     if resume:
         stored = read_run_config(run_dir)
         old = config_of(stored)
-        diff = resume_differences(old.to_json(), cfg.to_json(), RESUME_MUTABLE)
+        diff = resume_differences(old.to_json(), cfg.to_json(), RESUME_MUTABLE + ("data",))
         if diff:
             raise ValueError(f"--resume {run_dir}: these settings differ from the run's config.json: " + ", ".join(
                 f"{k} {a!r} -> {b!r}" for k, (a, b) in diff.items()) + "; start a new run to change them")
@@ -190,16 +201,31 @@ def train(cfg: OfflineConfig, *, resume: bool = False, stop_after: int | None = 
     u, t0, t_log, u_log = start, time.perf_counter(), time.perf_counter(), start
     pending: list[tuple[int, dict]] = []
     stop_at = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    flight = {"done": start, "to": start}  # updates finished on the device / dispatched (for a Ctrl-C's message)
+    waiting: tuple[int, Any] | None = None  # the previous dispatch: (its last update, its metrics)
+    if hasattr(should_stop, "describe"):  # rl.interrupt.StopOnInterrupt: say what a Ctrl-C now does, in numbers
+        should_stop.describe = lambda: (  # type: ignore[union-attr]
+            f"Ctrl-C: stopping after update {flight['to']:,}, {flight['to'] - flight['done']:,} updates from now (those "
+            f"dispatched or due), with a checkpoint; {cfg.steps - flight['to']:,} of {cfg.steps:,} updates will remain "
+            f"for python -m rl.offline train --resume {run_dir}")
+    next_end = lambda u: min(_boundary(u, cfg, (cfg.log_every, cfg.checkpoint_every, shards.updates_per_shard)),
+                             u + cfg.updates_per_dispatch, stop_at)
     try:
         while u < stop_at:
-            end = min(_boundary(u, cfg, (cfg.log_every, cfg.checkpoint_every, shards.updates_per_shard)),
-                      u + cfg.updates_per_dispatch, stop_at)
+            end = next_end(u)
             shard, rows = shards.for_update(u)
+            flight["to"] = end
             params, opt_state, m = chunk(params, opt_state, shard, rows, stats, jnp.int32(u), length=end - u)
             pending.append((end - u, m))
             u = end
+            if waiting is not None:  # at most two dispatches in flight: a stop comes within one dispatch
+                jax.block_until_ready(waiting[1])
+                flight["done"] = waiting[0]
+            waiting = (u, m)
             if should_stop is not None and should_stop():
                 stop_at = u
+            elif u < stop_at:
+                flight["to"] = next_end(u)  # from here on (the record, the checkpoint) the next dispatch is due
             if u % cfg.log_every == 0 or u == cfg.steps or u == stop_at:
                 rec = _record(u, cfg, pending, validate(params, val_shard, stats) if val_shard else None,
                               u - u_log, t_log)
@@ -218,8 +244,10 @@ def train(cfg: OfflineConfig, *, resume: bool = False, stop_after: int | None = 
             trackers.finish()
     if not quiet:
         say(f"{'finished' if u >= cfg.steps else 'stopped at'} update {u:,}/{cfg.steps:,} in "
-            f"{_duration(time.perf_counter() - t0)}; run directory {run_dir}\n  evaluate: python -m rl.offline eval "
-            f"{run_dir}" + ("" if u >= cfg.steps else f"\n  continue: python -m rl.offline train --resume {run_dir}"))
+            f"{_duration(time.perf_counter() - t0)}" + ("" if u >= cfg.steps else f" ({cfg.steps - u:,} updates "
+                                                         f"remain)") + f"; run directory {run_dir}\n  evaluate: "
+            f"python -m rl.offline eval {run_dir}" + ("" if u >= cfg.steps else f"\n  continue: python -m rl.offline "
+                                                                                 f"train --resume {run_dir}"))
     return run_dir
 
 
@@ -272,11 +300,12 @@ def resume_config(run_dir: Path, overrides: dict[str, Any]) -> OfflineConfig:
     import dataclasses
 
     cfg = config_of(read_run_config(run_dir))
-    bad = sorted(k for k in overrides if k not in RESUME_MUTABLE)
+    bad = sorted(k for k in overrides if k not in RESUME_MUTABLE + ("data",))
     if bad:
         raise ValueError(f"--resume takes the run's own settings; {', '.join('--' + k.replace('_', '-') for k in bad)}"
                          f" cannot change (it may change: "
-                         f"{', '.join('--' + k.replace('_', '-') for k in RESUME_MUTABLE if k != 'out')})")
+                         f"{', '.join('--' + k.replace('_', '-') for k in RESUME_MUTABLE if k != 'out')}, and --data "
+                         f"to point it at its dataset moved elsewhere)")
     return dataclasses.replace(cfg, **overrides, out=str(run_dir))
 
 

@@ -24,11 +24,12 @@ def main(argv=None) -> int:
     p.add_argument("--pairs", type=int, default=128, metavar="N", help="pairs per kind (base states played)")
     p.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
                    help="pair kinds to probe (default: all that apply; unknown names list the choices)")
-    p.add_argument("--out", type=Path, default=None, metavar="OUT", help="output directory (default: RUN_DIR/probe)")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="output directory (default: RUN_DIR/probe)")
     p.add_argument("--show", type=int, default=0, metavar="K", help="write K pairs' texts per kind side by side")
     p.add_argument("--trajectories", type=Path, default=None, metavar="DIR",
                    help="trajectory files (rl.eval --save-trajectories) for value vs return-to-go diagnostics")
-    p.add_argument("--seed", type=int, default=0, help="seed of the base states' play and of the edits")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the base states' play and of the edits")
     p.add_argument("--play-steps", type=int, default=1024, dest="play_steps", metavar="N",
                    help="steps the policy plays; each base state is taken at a random step of them")
     args = p.parse_args(argv)
@@ -54,6 +55,10 @@ def _run(args, say) -> int:
         check_kinds(args.kinds)
     for run_dir in [args.run_dir] + ([args.run_b] if args.run_b else []):
         check_run_dir(run_dir)
+    if args.trajectories is not None:
+        from rl.probe.metrics import check_trajectory_files
+
+        check_trajectory_files(args.trajectories)  # before minutes of play
     out = args.out or args.run_dir / "probe"
     runs, timing = [], {}
     for run_dir in [args.run_dir] + ([args.run_b] if args.run_b else []):

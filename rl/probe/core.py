@@ -133,6 +133,7 @@ def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int 
             not_built[name] = "prompt-only edits need a policy that reads an LLM hidden state"
             continue
         if name in prompts.INJECTION_NAMES:
+            say(f"  {name} ...")
             inj = prompts.injection(name)
             ids = np.asarray(policy.llm.tokenizer([inj.text], add_special_tokens=False)["input_ids"][0], np.int32)
             ok = np.ones(n, bool)

@@ -50,7 +50,10 @@ def load_trajectories(directory: Path, env: str) -> dict[str, Any]:
                          f"`python -m rl.eval RUN_DIR --save-trajectories {directory}`")
     parts, num_envs = [], None
     for f in files:
-        arrays, meta = load_arrays(f)
+        try:
+            arrays, meta = load_arrays(f)
+        except ValueError as e:  # TrajectoryError: say which file
+            raise ValueError(f"{f}: {e}") from None
         got = trajectory_env(arrays, meta)
         if got != env:
             raise ValueError(f"{f} holds {got} samples but the run plays {env}; pass trajectories of this run's env")
@@ -59,6 +62,27 @@ def load_trajectories(directory: Path, env: str) -> dict[str, Any]:
     out = {k: np.concatenate([p[k] for p in parts]) for k in ("obs", "next_obs", "reward", "done")}
     out["num_envs"] = num_envs
     return out
+
+
+def check_trajectory_files(directory: Path) -> None:
+    """Before any play: `directory` holds .npz files that read back whole (every member's CRC checked); ValueError
+    (one line, naming the file) otherwise."""
+    import zipfile
+
+    files = sorted(Path(directory).glob("*.npz"))
+    if not files:
+        raise ValueError(f"--trajectories {directory} holds no trajectory files (*.npz); record some with "
+                         f"`python -m rl.eval RUN_DIR --save-trajectories {directory}`")
+    for f in files:
+        try:
+            with zipfile.ZipFile(f) as z:
+                bad = z.testzip()
+        except (OSError, zipfile.BadZipFile, EOFError, ValueError) as e:
+            raise ValueError(f"{f}: unreadable as .npz ({type(e).__name__}: {e}); record it again or remove "
+                             f"it") from None
+        if bad is not None:
+            raise ValueError(f"{f}: unreadable as .npz (member {bad!r} is damaged: bad CRC); record it again or "
+                             f"remove it")
 
 
 def returns_to_go(reward: np.ndarray, done: np.ndarray, num_envs: int, gamma: float):

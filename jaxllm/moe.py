@@ -1,0 +1,162 @@
+"""Qwen3-MoE's sparse block: routing as transformers computes it, a dropless dispatch, and grouped GEMMs.
+
+For N tokens and k experts per token, the N*k (token, expert) rows are sorted by expert, so each expert's rows are
+one contiguous group; one grouped GEMM computes gate and up for every group at once (weights [E, 2F, D],
+contraction innermost), one more computes down ([E, D, F]), and the k weighted outputs of each token are gathered
+back through the inverse permutation and summed in float32 (a gather, never a scatter-add of floats: the result
+does not depend on thread timing). No token is ever dropped: group sizes are whatever the router chose.
+
+The grouped GEMM's implementation is chosen per backend in one place, `default_grouped_matmul_impl`:
+- "ragged_dot": `jax.lax.ragged_dot_general` (XLA). On a CPU it is a plain loop over groups; on a GPU XLA lowers
+  it to a dense dot over a group-masked copy of the input (E times the work, tens of GiB at Qwen3-30B-A3B's
+  shapes), so it is the GPU's choice only for the small shapes the kernel cannot take.
+- "mgpu": JAX's Hopper grouped GEMM (`jax.experimental.pallas.ops.gpu.ragged_dot_mgpu`, Mosaic GPU: TMA loads
+  and wgmma, a persistent grid), on GPUs with compute capability 9.x.
+docs/BENCHMARKS.md has the candidates measured side by side ("Qwen3-30B-A3B").
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .fp8 import out_in_weights
+
+GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu")
+
+# ragged_dot_mgpu's tilings, by contraction size: the best of a sweep on an H100 at Qwen3-30B-A3B's expert shapes
+# (scripts/bench_moe.py --tune, docs/BENCHMARKS.md): gate+up (K 2048, N 1536) 466 TFLOP/s with 192-wide column
+# blocks, down (K 768, N 2048) 294 with 128-deep k steps. A shape neither divides falls back to "ragged_dot".
+MGPU_TILINGS = (
+    {"block_m": 128, "block_n": 192, "block_k": 64, "max_concurrent_steps": 4, "grid_block_n": 4},
+    {"block_m": 128, "block_n": 128, "block_k": 128, "max_concurrent_steps": 3, "grid_block_n": 4},
+    {"block_m": 128, "block_n": 128, "block_k": 64, "max_concurrent_steps": 4, "grid_block_n": 2},
+)
+
+
+MGPU_ROW_MULTIPLE = 8  # ragged_dot_mgpu's row count must be a multiple of its 8-row TMA tiling
+
+
+def mgpu_tiling(n: int, k: int) -> dict[str, int] | None:
+    """The tiling for a grouped GEMM with N output columns and contraction K: the measured best for large K
+    (gate+up) first, for small K (down) second, else the first that divides the shape; None if none does."""
+    order = MGPU_TILINGS if k >= 1024 else (MGPU_TILINGS[1], MGPU_TILINGS[0], MGPU_TILINGS[2])
+    for tiling in order:
+        if k % tiling["block_k"] == 0 and n % (tiling["block_n"] * tiling["grid_block_n"]) == 0:
+            return tiling
+    return None
+
+
+@functools.cache
+def _hopper() -> bool:
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return False
+    try:
+        return int(str(device.compute_capability).split(".")[0]) == 9
+    except (AttributeError, ValueError):
+        return False
+
+
+def default_grouped_matmul_impl() -> str:
+    """The grouped GEMM for the default backend: "mgpu" on a Hopper GPU, "ragged_dot" elsewhere."""
+    return "mgpu" if _hopper() else "ragged_dot"
+
+
+def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, impl: str | None = None,
+                   tiling: dict[str, int] | None = None) -> jax.Array:
+    """rows [M, K] sorted by group, weights [G, N, K] (contraction innermost), group_sizes int32 [G] summing to M:
+    row r of group g times weights[g].T, in rows' dtype (float32 accumulation). impl: one of
+    `GROUPED_MATMUL_IMPLS`, None = `default_grouped_matmul_impl()`; "mgpu" falls back to "ragged_dot" for shapes
+    its tilings cannot take (small test models). tiling: "mgpu"'s block sizes (default `mgpu_tiling`)."""
+    impl = impl or default_grouped_matmul_impl()
+    if impl not in GROUPED_MATMUL_IMPLS:
+        raise ValueError(f"grouped matmul impl must be one of {GROUPED_MATMUL_IMPLS} or None, got {impl!r}")
+    tiling = tiling or mgpu_tiling(weights.shape[1], weights.shape[2])
+    if impl == "mgpu" and tiling is not None and rows.dtype == weights.dtype:
+        from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+        # its TMA stores need M to be a multiple of 8: zero rows appended to the last group, cut off after
+        m = rows.shape[0]
+        pad = -m % MGPU_ROW_MULTIPLE
+        sizes = group_sizes.astype(jnp.int32)
+        if pad:
+            rows = jnp.pad(rows, ((0, pad), (0, 0)))
+            sizes = sizes.at[-1].add(pad)
+        out = ragged_dot_mgpu.ragged_dot(rows, weights, group_sizes=sizes, transpose_rhs=True, **tiling)
+        return out[:m] if pad else out
+    dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((1,), (2,)), ((), ())),
+                                         lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+    return lax.ragged_dot_general(rows, weights, group_sizes.astype(jnp.int32), dims,
+                                  preferred_element_type=jnp.float32).astype(rows.dtype)
+
+
+def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool) -> tuple[jax.Array, jax.Array]:
+    """transformers' Qwen3-MoE router: logits x @ router [D, E] in x's dtype, softmax over all experts in float32,
+    the top_k (ties: the lower expert index first), divided by their sum when `norm_topk_prob`, cast to x's dtype.
+    x [N, D] -> (weights [N, top_k] in x's dtype, experts int32 [N, top_k])."""
+    logits = x @ router
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    weights, experts = lax.top_k(probs, top_k)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights.astype(x.dtype), experts.astype(jnp.int32)
+
+
+class Dispatch(NamedTuple):
+    """How the N*k (token, expert) rows are grouped: `order` [N*k] (sorted row r is flat slot order[r], token
+    order[r] // k), `group_sizes` [E], `inverse` [N*k] (flat slot s sits at sorted row inverse[s])."""
+
+    order: jax.Array
+    group_sizes: jax.Array
+    inverse: jax.Array
+
+
+def dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
+    """Groups the flat (token, expert) slots of experts [N, k] by expert (a stable sort: within an expert, tokens
+    keep their order)."""
+    flat = experts.reshape(-1).astype(jnp.int32)
+    slots = jnp.arange(flat.shape[0], dtype=jnp.int32)
+    sorted_experts, order = lax.sort((flat, slots), num_keys=1, is_stable=True)
+    # group sizes from the sorted keys' boundaries: a scatter-add of N*k ones into E bins would serialise on atomics
+    bounds = jnp.searchsorted(sorted_experts, jnp.arange(num_experts + 1, dtype=jnp.int32), side="left")
+    group_sizes = jnp.diff(bounds).astype(jnp.int32)
+    inverse = jnp.zeros_like(order).at[order].set(slots)
+    return Dispatch(order, group_sizes, inverse)
+
+
+def experts_ffn(rows: jax.Array, gate_up: jax.Array, down: jax.Array, group_sizes: jax.Array,
+                impl: str | None = None) -> jax.Array:
+    """Each group's SwiGLU expert on its rows: down(silu(gate(x)) * up(x)), rows [M, D] sorted by expert,
+    gate_up [E, 2F, D] (gate over up), down [E, D, F]; in rows' dtype, as transformers computes it."""
+    gu = grouped_matmul(rows, gate_up, group_sizes, impl)
+    f = gate_up.shape[1] // 2
+    return grouped_matmul(jax.nn.silu(gu[:, :f]) * gu[:, f:], down, group_sizes, impl)
+
+
+def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
+              impl: str | None = None) -> jax.Array:
+    """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
+    [E, 2F, D] and params["down"] [E, D, F] (or `fp8.Fp8Matrix` of them: dequantised here, multiplied in x's
+    dtype). Each token's output is the sum over its top_k experts of routing
+    weight x expert output (summed in float32, one rounding to x's dtype); tokens never interact, so padding
+    tokens cost work but never change a real token's result."""
+    lead, d = x.shape[:-1], x.shape[-1]
+    tokens = x.reshape(-1, d)
+    weights, experts = route(tokens, params["router"], top_k, norm_topk_prob)
+    plan = dispatch(experts, params["gate_up"].shape[0])
+    rows = jnp.take(tokens, plan.order // top_k, axis=0)
+    gate_up, down = (out_in_weights(params[name], x.dtype) for name in ("gate_up", "down"))
+    out = experts_ffn(rows, gate_up, down, plan.group_sizes, impl)
+    per_slot = jnp.take(out, plan.inverse, axis=0).reshape(tokens.shape[0], top_k, d)
+    # one fusion (gather, multiply, sum): no [N, k, D] float32 intermediate (2 GiB at one 32,768-token pass)
+    combined = jnp.sum(per_slot.astype(jnp.float32) * weights[..., None].astype(jnp.float32), axis=1)
+    return combined.astype(x.dtype).reshape(*lead, d)
+
+
+def expert_load(experts: jax.Array, num_experts: int) -> jax.Array:
+    """Rows per expert [E] for the routing choices experts [N, k] (max / mean tells how skewed the routing is)."""
+    return jnp.zeros((num_experts,), jnp.int32).at[experts.reshape(-1)].add(1)

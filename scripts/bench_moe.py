@@ -1,0 +1,235 @@
+"""Qwen3-30B-A3B's expert GEMMs on one device: the grouped-GEMM candidates side by side with a dense GEMM of the
+same FLOPs, and the whole sparse block (routing, sort, two grouped GEMMs, combine).
+
+Shapes (defaults): one packed pass of 32,768 tokens, 8 experts each of 128 -> 262,144 sorted rows; gate+up is
+[rows, 2048] x [2048, 1536] per group, down [rows, 768] x [768, 2048]. Group sizes come from a random router on
+random tokens ("uniform", what random weights give), a skewed draw (a Zipf-like expert popularity: what a real
+router can look like), or every row in one expert ("one").
+
+Candidates (each also checked against a per-group reference on a few groups):
+- `dense`: [rows, K] x [K, N] bf16 (jnp.matmul), the same FLOPs: the ceiling the others are compared with;
+- `mgpu`: jaxllm.moe's default on Hopper, JAX's `ragged_dot_mgpu` with weights [E, N, K] (transpose_rhs); with
+  `--tune`, a sweep of its tilings (block_m/n/k, pipeline depth, grid_block_n) for each shape;
+- `mgpu_kn`: the same kernel with weights pre-transposed to [E, K, N];
+- `cudnn`: `lax.ragged_dot` compiled with XLA's cuDNN ragged-dot fusion
+  (`xla_gpu_experimental_use_ragged_dot_fusion`): timed only when the compiled HLO has a cuDNN call for it
+  (otherwise XLA's fallback is the masked dense dot, tens of GiB);
+- `padded`: a batched einsum [E, C, K] x [E, K, N] with C = the largest group rounded up to 128 (dropless only
+  because C is the actual maximum: the cost of a padded batched GEMM at this routing).
+
+    python scripts/bench_moe.py --out moe.json [--tune]     # GPU
+    python scripts/bench_moe.py --smoke                       # CPU: tiny shapes, ragged_dot only
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.bench_encoder import time_calls  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=32768, help="tokens in one pass (default 32768)")
+    p.add_argument("--experts", type=int, default=128)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--ffn", type=int, default=768, help="moe_intermediate_size")
+    p.add_argument("--routings", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed", "one"])
+    p.add_argument("--candidates", nargs="+", default=["dense", "mgpu", "mgpu_kn", "cudnn", "padded"],
+                   choices=["dense", "mgpu", "mgpu_kn", "cudnn", "padded", "ragged_dot"])
+    p.add_argument("--tune", action="store_true", help="sweep ragged_dot_mgpu's tilings (uniform routing)")
+    p.add_argument("--tune-seconds", type=float, default=150.0, help="stop the sweep after this long")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (ragged_dot and dense only)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.tokens, args.experts, args.top_k, args.hidden, args.ffn, args.iters = 64, 4, 2, 64, 32, 2
+        args.candidates = ["dense", "ragged_dot", "padded"]
+        args.tune = False
+    return args
+
+
+def group_sizes_for(kind: str, rows: int, experts: int, top_k: int, seed: int = 0):
+    """int32 [E] group sizes summing to rows."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxllm.moe import expert_load, route
+
+    if kind == "one":
+        return jnp.zeros((experts,), jnp.int32).at[0].set(rows)
+    if kind == "uniform":
+        kx, kr = jax.random.split(jax.random.key(seed))
+        tokens = rows // top_k
+        x = jax.random.normal(kx, (tokens, 256), jnp.float32)
+        router = jax.random.normal(kr, (256, experts), jnp.float32) * 0.02
+        _, chosen = route(x, router, top_k, True)
+        return expert_load(chosen, experts)
+    rng = np.random.default_rng(seed)
+    popularity = 1.0 / np.arange(1, experts + 1) ** 0.8
+    popularity = rng.permutation(popularity / popularity.sum())
+    counts = np.floor(popularity * rows).astype(np.int64)
+    counts[np.argmax(counts)] += rows - counts.sum()
+    return jnp.asarray(counts, jnp.int32)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxllm import moe
+    from jaxllm.compile import compiler_options, jit
+
+    t0 = time.perf_counter()
+    log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True)  # noqa: E731
+    dtype = jnp.float32 if args.smoke else jnp.bfloat16
+    rows_n, e, d, f = args.tokens * args.top_k, args.experts, args.hidden, args.ffn
+    shapes = {"gate_up": (d, 2 * f), "down": (f, d)}  # (K, N)
+    result: dict[str, Any] = {"device": str(jax.devices()[0].device_kind), "date": datetime.date.today().isoformat(),
+                              "jax": jax.__version__, "host": platform.node(), "rows": rows_n, "experts": e,
+                              "shapes": shapes, "results": []}
+    opts = compiler_options()
+    key = jax.random.key(0)
+    for shape_name, (k, n) in shapes.items():
+        kx, kw = jax.random.split(jax.random.fold_in(key, k))
+        x = jax.random.normal(kx, (rows_n, k), jnp.float32).astype(dtype)
+        w = (jax.random.normal(kw, (e, n, k), jnp.float32) * 0.02).astype(dtype)  # [E, N, K]
+        flops = 2 * rows_n * k * n
+        dense_w = w[0].T
+        for routing in args.routings:
+            sizes = group_sizes_for(routing, rows_n, e, args.top_k)
+            sizes_np = np.asarray(sizes)
+            starts = np.concatenate([[0], np.cumsum(sizes_np)[:-1]])
+            check_groups = [int(g) for g in np.argsort(sizes_np)[-2:]] + [int(np.argmin(np.where(sizes_np > 0, sizes_np, rows_n)))]
+            load = {"max": int(sizes_np.max()), "mean": float(sizes_np.mean()),
+                    "max_over_mean": float(sizes_np.max() / sizes_np.mean()), "empty": int((sizes_np == 0).sum())}
+            log(f"{shape_name} [{rows_n}, {k}] x [{e}, {n}, {k}], routing {routing}: load {load}")
+
+            def record(name: str, fn, *operands, extra: dict | None = None, check: bool = True) -> None:
+                row = {"shape": shape_name, "routing": routing, "candidate": name, "load": load} | (extra or {})
+                try:
+                    out = jax.block_until_ready(fn(*operands))
+                    seconds = time_calls(lambda: fn(*operands), jax.block_until_ready, args.iters)
+                except Exception as err:  # noqa: BLE001 - report and keep measuring the others
+                    row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                    log(row)
+                    result["results"].append(row)
+                    return
+                row |= {"ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
+                if check:
+                    errs = []
+                    for g in check_groups:
+                        lo, hi = int(starts[g]), int(starts[g] + sizes_np[g])
+                        if hi > lo:
+                            want = np.asarray(jnp.matmul(x[lo:hi], w[g].T, preferred_element_type=jnp.float32))
+                            got = np.asarray(out[lo:hi], np.float32)
+                            errs.append(float(np.abs(got - want).max() / (np.abs(want).max() + 1e-9)))
+                    row["max_rel_err"] = max(errs) if errs else 0.0
+                result["results"].append(row)
+                log({kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in row.items() if kk != "load"})
+
+            if "dense" in args.candidates and routing == args.routings[0]:
+                for label, o in (("dense", opts), ("dense_xla_defaults", {})):
+                    record(label, jit(jnp.matmul, compiler_options=o), x, dense_w, check=False)
+            if "ragged_dot" in args.candidates:
+                record("ragged_dot", jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"),
+                                         compiler_options=opts), x, w, sizes)
+            if "mgpu" in args.candidates:
+                record("mgpu", jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "mgpu"), compiler_options=opts),
+                       x, w, sizes, extra={"tiling": moe.mgpu_tiling(n, k)})
+            if "mgpu_kn" in args.candidates:
+                from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+                w_kn = jnp.swapaxes(w, 1, 2)
+                record("mgpu_kn", jit(lambda a, b, s: ragged_dot_mgpu.ragged_dot(a, b, group_sizes=s,
+                                                                                  **moe.mgpu_tiling(n, k)),
+                                      compiler_options=opts), x, w_kn, sizes)
+                del w_kn
+            if "cudnn" in args.candidates:
+                cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
+                fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)
+                try:
+                    hlo = fn.lower(x, w, sizes).compile().as_text()
+                    fused = "cudnn" in hlo.lower()
+                except Exception as err:  # noqa: BLE001
+                    hlo, fused = "", False
+                    log(f"cudnn ragged-dot fusion: compile failed ({type(err).__name__}: {str(err)[:200]})")
+                if fused:
+                    record("cudnn", fn, x, w, sizes)
+                else:
+                    result["results"].append({"shape": shape_name, "routing": routing, "candidate": "cudnn",
+                                              "error": "no cuDNN call in the compiled HLO (fusion not applied)"})
+                    log(result["results"][-1])
+            if "padded" in args.candidates:
+                cap = int(-(-int(sizes_np.max()) // 128) * 128)
+                xp = jax.random.normal(kx, (e, cap, k), jnp.float32).astype(dtype)
+                row = {"capacity": cap, "padded_rows": cap * e}
+                fn = jit(lambda a, b: jnp.einsum("eck,enk->ecn", a, b), compiler_options=opts)
+                record("padded", fn, xp, w, extra=row, check=False)
+                if "ms" in result["results"][-1]:  # useful FLOP/s: the real rows only
+                    result["results"][-1]["tflops"] = flops / (result["results"][-1]["ms"] / 1e3) / 1e12
+                del xp
+        if args.tune:
+            sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
+            from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+            tune_start, best = time.perf_counter(), None
+            # 64-row blocks and 256-wide columns measured slower at both shapes (2026-11-28, H100): left out
+            grid = itertools.product((128,), (192, 128), (64, 128), (4, 3, 5, 6), (4, 8, 2))
+            for bm, bn, bk, steps, gbn in grid:
+                if time.perf_counter() - tune_start > args.tune_seconds:
+                    log("tuning: time budget spent")
+                    break
+                if n % (bn * gbn) or k % bk:
+                    continue
+                tiling = dict(block_m=bm, block_n=bn, block_k=bk, max_concurrent_steps=steps, grid_block_n=gbn)
+                fn = jax.jit(lambda a, b, s, t=tiling: ragged_dot_mgpu.ragged_dot(a, b, group_sizes=s,
+                                                                                  transpose_rhs=True, **t))
+                try:
+                    seconds = time_calls(lambda: fn(x, w, sizes), jax.block_until_ready, 5, warmup=1)
+                except Exception as err:  # noqa: BLE001 - shared memory overflow and the like
+                    log(f"tune {tiling}: {type(err).__name__}")
+                    continue
+                row = {"shape": shape_name, "routing": "uniform", "candidate": "mgpu_tune", "tiling": tiling,
+                       "ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
+                result["results"].append(row)
+                log(f"tune {tiling}: {row['tflops']:.0f} TFLOP/s")
+                if best is None or row["tflops"] > best["tflops"]:
+                    best = row
+            result.setdefault("best_tiling", {})[shape_name] = best
+            log(f"best tiling for {shape_name}: {best}")
+        x = w = None  # free them before the next shape
+    # the whole sparse block at these shapes: route + sort + two grouped GEMMs + combine (uniform routing)
+    block_params = {"router": (jax.random.normal(key, (d, e), jnp.float32) * 0.02).astype(dtype),
+                    "gate_up": (jax.random.normal(key, (e, 2 * f, d), jnp.float32) * 0.02).astype(dtype),
+                    "down": (jax.random.normal(key, (e, d, f), jnp.float32) * 0.02).astype(dtype)}
+    tokens = jax.random.normal(key, (args.tokens, d), jnp.float32).astype(dtype)
+    fn = jit(lambda t, p: moe.moe_block(t, p, args.top_k, True), compiler_options=opts)
+    jax.block_until_ready(fn(tokens, block_params))
+    seconds = time_calls(lambda: fn(tokens, block_params), jax.block_until_ready, args.iters)
+    gemm_flops = 2 * rows_n * d * 3 * f
+    result["moe_block"] = {"impl": moe.default_grouped_matmul_impl(), "ms": seconds * 1e3,
+                           "expert_tflops": gemm_flops / seconds / 1e12}
+    log(f"whole sparse block ({args.tokens} tokens): {result['moe_block']}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Qwen3-30B-A3B on one GPU, in stages that each fit one 10-minute device call (docs/BENCHMARKS.md "Qwen3-30B-A3B"):
+#   bash scripts/gpu_moe.sh kernels OUT   # grouped-GEMM candidates vs dense, mgpu tiling sweep, the GPU kernel test
+#   bash scripts/gpu_moe.sh encoder OUT   # packed encoder, 128 Craftax-Symbolic prompts: 30B-A3B vs 4B, bf16 + fp8
+#   bash scripts/gpu_moe.sh check OUT     # the GPU kernel test, the sparse block alone, the 30B encoder (bf16)
+#   bash scripts/gpu_moe.sh train OUT     # in-scan trainer, 128 envs, skip_n 8, 30B-A3B bf16 and fp8, cold
+set -uo pipefail
+stage=${1:?stage: kernels | check | encoder | train}
+out=${2:?output directory}
+mkdir -p "$out"
+source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
+nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
+# Qwen3-30B-A3B's bf16 weights are 57 GiB: JAX's allocator must be allowed more than its default 75% of an H100
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
+python3 -c "import jax; print('allocator limit GiB', jax.devices()[0].memory_stats()['bytes_limit'] / 2**30)" | tee -a "$out/gpu.txt"
+run() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s): $*"; timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; }
+case $stage in
+  kernels)
+    run moe_test 120 python3 -m pytest -q -x tests/test_llm_moe.py -k "mgpu or tiny or fp8"
+    run moe_kernels 420 python3 scripts/bench_moe.py --tune --tune-seconds 120 --out "$out/moe_kernels.json"
+    ;;
+  check)  # after a change to the sparse block: the GPU kernel test, the block alone, the 30B encoder in bf16
+    run moe_test 120 python3 -m pytest -q tests/test_llm_moe.py -k "mgpu or tiny or fp8"
+    run moe_block 120 python3 scripts/bench_moe.py --routings uniform --candidates mgpu --out "$out/moe_block.json"
+    run encoder_qwen3-30b-a3b 240 python3 scripts/bench_encoder.py --ragged --model qwen3-30b-a3b --dtypes bfloat16 \
+      --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-30b-a3b.json"
+    ;;
+  encoder)
+    for model in qwen3-30b-a3b qwen3-4b; do
+      run "encoder_$model" 270 python3 scripts/bench_encoder.py --ragged --model "$model" --dtypes bfloat16 fp8 \
+        --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_$model.json"
+    done
+    ;;
+  train)
+    for dtype in bfloat16 fp8; do
+      run "train_30b_$dtype" 285 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype "$dtype" \
+        --skip-n 8 --num-envs 128 --max-updates 5 --compile-cache off --run-dir "$out/run30b-$dtype"
+    done
+    ;;
+esac

@@ -1,0 +1,112 @@
+"""How often Qwen3-MoE routing flips between dtypes on real Craftax prompts, and what a flip does to the vector.
+
+Runs the same prompts (prefix + game text, the real tokenizer and template) through an MoE model in float32 (the
+reference), bfloat16 and fp8, and records every sparse layer's top-k expert choices per token. Reports, per dtype:
+the share of (token, layer) routing decisions whose expert set differs from float32's, the share of slots (one of
+the k experts) that differ, the expert load (max / mean rows per expert: what a padded batched GEMM would waste),
+and the cosine of the pooled vectors to float32's, for prompts with and without a flip. Used by docs/PARITY.md.
+
+    python scripts/moe_routing_report.py --model tiny-moe --prompts 16          # CPU
+    python scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 64     # GPU (random weights)
+
+The model is random (no real weights are reachable here): a trained router is more decisive, so the flip rates of
+a real checkpoint are expected to be lower; run it with `--model /path/to/Qwen3-30B-A3B` to measure them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def routing_trace(model, ids) -> tuple[list, list]:
+    """Runs model.hidden_states eagerly (jax.disable_jit, so every layer's router runs once, in order) and returns
+    (per sparse layer: experts int [N, k], the pooled last-token vector of each row of ids)."""
+    import jax
+    import numpy as np
+
+    from jaxllm import model as model_lib
+    from jaxllm import moe
+
+    trace = []
+    original = moe.route
+
+    def recording_route(x, router, top_k, norm_topk_prob):
+        weights, experts = original(x, router, top_k, norm_topk_prob)
+        trace.append(np.asarray(experts))
+        return weights, experts
+
+    moe.route = recording_route
+    try:
+        with jax.disable_jit():
+            states = model_lib.hidden_states(model.params, model.config, jax.numpy.asarray(ids))
+    finally:
+        moe.route = original
+    return trace, np.asarray(states[-1], np.float32)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny-moe", help="an MoE preset or checkpoint directory")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--env", default="Craftax-Classic-Symbolic-v1")
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"])
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    import numpy as np
+
+    from jaxllm import load_model, load_tokenizer
+    from render.sample_prompts import craftax_prompts
+
+    prompts = craftax_prompts(load_tokenizer(), args.prompts, args.env, steps=20)
+    whole = prompts.whole()
+    width = max(len(w) for w in whole)
+    lengths = np.array([len(w) for w in whole])
+    ids = np.zeros((len(whole), width), np.int32)
+    for i, w in enumerate(whole):
+        ids[i, :len(w)] = w
+    real = np.arange(width)[None, :] < lengths[:, None]  # routing of pad tokens is left out
+
+    def run(dtype):
+        model = load_model(args.model, dtype=dtype)
+        assert model.config.is_moe, f"{args.model} is not an MoE model"
+        trace, final = routing_trace(model, ids)
+        last = final[np.arange(len(whole)), lengths - 1]
+        return model.config, [t.reshape(len(whole), width, -1)[real] for t in trace], last
+
+    config, ref_trace, ref_vec = run("float32")
+    loads = [np.bincount(t.reshape(-1), minlength=config.num_experts) for t in ref_trace]
+    result = {"model": args.model, "env": args.env, "prompts": len(whole), "tokens": int(real.sum()),
+              "sparse_layers": len(ref_trace), "top_k": config.num_experts_per_tok,
+              "load_max_over_mean": [float(x.max() / x.mean()) for x in loads], "dtypes": {}}
+    token_of_row = np.repeat(np.arange(len(whole)), lengths)
+    for dtype in args.dtypes:
+        _, trace, vec = run(dtype)
+        set_flips = [np.any(np.sort(a, -1) != np.sort(b, -1), axis=-1) for a, b in zip(ref_trace, trace)]
+        slot_flips = [np.mean([len(set(x) - set(y)) for x, y in zip(a, b)]) / config.num_experts_per_tok
+                      for a, b in zip(ref_trace, trace)]
+        flipped_prompt = np.zeros(len(whole), bool)
+        for f in set_flips:
+            flipped_prompt |= np.bincount(token_of_row[f], minlength=len(whole)) > 0
+        cos = (vec * ref_vec).sum(-1) / np.linalg.norm(vec, axis=-1) / np.linalg.norm(ref_vec, axis=-1)
+        result["dtypes"][dtype] = {
+            "token_layer_set_flip_rate": float(np.mean(np.concatenate(set_flips))),
+            "slot_flip_rate": float(np.mean(slot_flips)),
+            "set_flip_rate_by_layer": [float(f.mean()) for f in set_flips],
+            "prompts_with_a_flip": int(flipped_prompt.sum()),
+            "cosine_to_float32": {"min": float(cos.min()), "mean": float(cos.mean()),
+                                  "mean_with_flip": float(cos[flipped_prompt].mean()) if flipped_prompt.any() else None,
+                                  "mean_without_flip": float(cos[~flipped_prompt].mean())
+                                  if (~flipped_prompt).any() else None}}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""Qwen3-MoE (Qwen3-30B-A3B's architecture) against HF transformers' Qwen3MoeForCausalLM / Qwen3MoeModel on small
+random checkpoints written with save_pretrained (per-expert keys, as the hub publishes them).
+
+Error metric and bound as tests/test_llm_parity.py: max |ours - hf| / max |hf| per tensor, 1e-4 in float32.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from jaxllm import CheckpointError, ConfigError, Qwen3Config, encode_packed, load_model  # noqa: E402
+from jaxllm import moe  # noqa: E402
+from jaxllm.config import PRESETS  # noqa: E402
+
+F32_TOL = 1e-4
+VOCAB = 256
+
+# name -> (norm_topk_prob, decoder_sparse_step, mlp_only_layers, top_k, ForCausalLM?, shard)
+SPECS = {
+    "topk2_norm_dense_layer": (True, 1, [1], 2, True, None),
+    "top1_nonorm_step2": (False, 2, [], 1, True, None),
+    "topk3_bare_sharded": (True, 1, [], 3, False, "60KB"),
+}
+
+
+def rel_err(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+def hf_config(norm, step, mlp_only, top_k, **extra):
+    return transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=6, num_experts_per_tok=top_k,
+        norm_topk_prob=norm, decoder_sparse_step=step, mlp_only_layers=mlp_only, hidden_act="silu",
+        tie_word_embeddings=False, max_position_embeddings=256, **extra)
+
+
+def save_random(path, cfg, causal=True, shard=None, seed=0, scale=0.2):
+    torch.manual_seed(seed)
+    model = (transformers.Qwen3MoeForCausalLM if causal else transformers.Qwen3MoeModel)(cfg).eval()
+    with torch.no_grad():  # large enough weights that routing is decisive and every expert sees tokens
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else scale * torch.randn_like(p))
+    model.save_pretrained(path, max_shard_size=shard) if shard else model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """name -> (checkpoint dir, the HF model)."""
+    root = tmp_path_factory.mktemp("moe_ckpts")
+    out = {}
+    for name, (norm, step, mlp_only, top_k, causal, shard) in SPECS.items():
+        out[name] = (root / name, save_random(root / name, hf_config(norm, step, mlp_only, top_k), causal, shard))
+    return out
+
+
+IDS = np.random.default_rng(0).integers(0, VOCAB, (3, 13))
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_hidden_states_match_transformers(ckpts, name):
+    path, hf = ckpts[name]
+    model = load_model(path, dtype="float32")
+    norm, step, mlp_only, top_k, causal, _ = SPECS[name]
+    assert model.config.norm_topk_prob == norm and model.config.num_experts_per_tok == top_k
+    assert model.config.sparse_layers == tuple(i not in mlp_only and (i + 1) % step == 0 for i in range(3))
+    with torch.no_grad():
+        want = [h.numpy() for h in hf(torch.tensor(IDS), output_hidden_states=True).hidden_states]
+    got = model.hidden_states(IDS)
+    assert len(got) == len(want) == 4
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert rel_err(g, w) < F32_TOL, (name, i, rel_err(g, w))
+    if causal:
+        with torch.no_grad():
+            logits = hf(torch.tensor(IDS)).logits.numpy()
+        assert rel_err(model.logits(IDS), logits) < F32_TOL
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_encode_with_and_without_prefix_and_packed_match_transformers(ckpts, pooling):
+    path, hf = ckpts["topk2_norm_dense_layer"]
+    model = load_model(path, dtype="float32")
+    rng = np.random.default_rng(1)
+    head = rng.integers(0, VOCAB, 7)
+    lengths = np.array([5, 9, 1, 12])
+    rest = np.zeros((4, 12), np.int64)
+    for r, n in enumerate(lengths):
+        rest[r, :n] = rng.integers(0, VOCAB, n)
+    for layer in (1, 2, -1):
+        want = []
+        for r, n in enumerate(lengths):
+            full = np.concatenate([head, rest[r, :n]])[None]
+            with torch.no_grad():
+                h = hf(torch.tensor(full), output_hidden_states=True).hidden_states[layer][0].numpy()
+            want.append(h[-1] if pooling == "last" else h.mean(0))
+        want = np.stack(want)
+        cache = model.prefill(head)
+        with_prefix = model.encode(rest, lengths, layer=layer, pooling=pooling, prefix=cache)
+        assert rel_err(with_prefix, want) < F32_TOL, (layer, "prefix")
+        full_ids = np.zeros((4, 19), np.int64)
+        for r, n in enumerate(lengths):
+            full_ids[r, :7 + n] = np.concatenate([head, rest[r, :n]])
+        assert rel_err(model.encode(full_ids, lengths + 7, layer=layer, pooling=pooling), want) < F32_TOL
+        packed = encode_packed(model.params, model.config, jnp.asarray(rest), jnp.asarray(lengths), layer=layer,
+                               pooling=pooling, prefix=cache, capacity=32)
+        assert rel_err(packed, want) < F32_TOL, (layer, "packed")
+
+
+def test_dropless_when_every_token_picks_the_same_expert(tmp_path):
+    """A router that sends every token to expert 3 first: nothing is dropped, the result equals transformers'."""
+    cfg = hf_config(True, 1, [], 2)
+    hf = save_random(tmp_path, cfg)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.mlp.gate.weight.mul_(0.01)
+            layer.mlp.gate.weight[3] = 5.0 * layer.input_layernorm.weight.sign()  # expert 3 dominates
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path, dtype="float32")
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(40, 32)), jnp.float32)
+    router = model.params["experts"]["router"][0]
+    _, experts = moe.route(jnp.abs(x), router, 2, True)
+    assert (np.asarray(experts)[:, 0] == 3).all()
+    assert int(moe.expert_load(experts, 6)[3]) == 40
+    with torch.no_grad():
+        want = [h.numpy() for h in hf(torch.tensor(IDS), output_hidden_states=True).hidden_states]
+    for g, w in zip(model.hidden_states(IDS), want):
+        assert rel_err(g, w) < F32_TOL
+
+
+def test_routing_follows_transformers_router():
+    """Softmax in float32 over all experts, top-k, renormalised only with norm_topk_prob."""
+    rng = np.random.default_rng(3)
+    x, w = rng.normal(size=(20, 16)).astype(np.float32), rng.normal(size=(6, 16)).astype(np.float32)
+    for norm in (True, False):
+        router = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeTopKRouter(
+            hf_config(norm, 1, [], 3).__class__(hidden_size=16, num_experts=6, num_experts_per_tok=3,
+                                                  norm_topk_prob=norm))
+        with torch.no_grad():
+            router.weight.copy_(torch.tensor(w))
+            _, want_w, want_i = router(torch.tensor(x))
+        got_w, got_i = moe.route(jnp.asarray(x), jnp.asarray(w.T), 3, norm)
+        np.testing.assert_array_equal(np.asarray(got_i), want_i.numpy())
+        np.testing.assert_allclose(np.asarray(got_w), want_w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_dispatch_is_a_permutation_grouped_by_expert():
+    experts = jnp.asarray(np.random.default_rng(4).integers(0, 5, (30, 2)), jnp.int32)
+    plan = moe.dispatch(experts, 5)
+    flat = np.asarray(experts).reshape(-1)
+    order, inverse = np.asarray(plan.order), np.asarray(plan.inverse)
+    assert sorted(order) == list(range(60)) and (order[inverse] == np.arange(60)).all()
+    assert (np.diff(flat[order]) >= 0).all()
+    np.testing.assert_array_equal(np.asarray(plan.group_sizes), np.bincount(flat, minlength=5))
+
+
+def test_fused_expert_checkpoint_and_streamed_load_equal_per_expert(ckpts, tmp_path):
+    """transformers' fused layout (experts.gate_up_proj / experts.down_proj) loads to the same params, and so does
+    the layer-by-layer streamed path for big stacks."""
+    from safetensors.numpy import load_file, save_file
+
+    path, _ = ckpts["topk2_norm_dense_layer"]
+    tensors = load_file(str(path / "model.safetensors"))
+    fused = {k: v for k, v in tensors.items() if ".mlp.experts." not in k}
+    for layer in (0, 2):
+        p = f"model.layers.{layer}.mlp.experts"
+        fused[f"{p}.gate_up_proj"] = np.stack([np.concatenate([tensors[f"{p}.{e}.gate_proj.weight"],
+                                                               tensors[f"{p}.{e}.up_proj.weight"]]) for e in range(6)])
+        fused[f"{p}.down_proj"] = np.stack([tensors[f"{p}.{e}.down_proj.weight"] for e in range(6)])
+    save_file(fused, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    base = load_model(path, dtype="float32").params
+    from jaxllm.weights import load_params
+
+    config = Qwen3Config.from_json(path / "config.json")
+    for params in (load_model(tmp_path, dtype="float32").params,
+                   load_params(path, config, jnp.float32, host_stack_bytes=0)):
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, base)
+
+
+def _rewrite(path, dst, edit):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    edit(tensors)
+    dst.mkdir(exist_ok=True)
+    save_file(tensors, str(dst / "model.safetensors"))
+    (dst / "config.json").write_text((path / "config.json").read_text())
+    return dst
+
+
+def test_bad_expert_tensors_fail_in_one_line_naming_the_key(ckpts, tmp_path):
+    path, _ = ckpts["topk2_norm_dense_layer"]
+    key = "model.layers.0.mlp.experts.4.up_proj.weight"
+    cases = {
+        "missing": (lambda t: t.pop(key), key),
+        "misshapen": (lambda t: t.__setitem__(key, np.zeros((16, 31), np.float32)), key),
+        "extra": (lambda t: t.__setitem__("model.layers.0.mlp.experts.6.up_proj.weight", t[key]),
+                  "model.layers.0.mlp.experts.6.up_proj.weight"),
+    }
+    for case, (edit, named) in cases.items():
+        with pytest.raises(CheckpointError) as info:
+            load_model(_rewrite(path, tmp_path / case, edit), dtype="float32")
+        message = str(info.value)
+        assert named in message and "\n" not in message, (case, message)
+    assert "num_experts=6" in str(info.value)
+
+
+def test_config_forms_and_errors():
+    hub = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
+           "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+           "num_key_value_heads": 4, "head_dim": 128, "rope_theta": 1e6, "num_experts": 128,
+           "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+           "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
+           "max_position_embeddings": 40960}
+    assert Qwen3Config.from_hf_dict(hub) == PRESETS["qwen3-30b-a3b"]
+    v5 = dict(hub, num_local_experts=hub.pop("num_experts"))  # transformers 5 writes this name
+    assert Qwen3Config.from_hf_dict(v5).num_experts == 128
+    assert not Qwen3Config.from_hf_dict({k: v for k, v in hub.items() if k != "norm_topk_prob"} |
+                                        {"num_experts": 128}).norm_topk_prob  # transformers' default
+    with pytest.raises(ConfigError, match="num_experts_per_tok"):
+        Qwen3Config.from_hf_dict({k: v for k, v in hub.items() if k != "num_experts_per_tok"} | {"num_experts": 4})
+    with pytest.raises(ConfigError, match="architectures"):
+        Qwen3Config.from_hf_dict(dict(hub, num_experts=4, architectures=["Qwen3ForCausalLM"]))
+
+
+def test_tiny_moe_preset_encodes_real_template_prompts():
+    """tiny-moe: the real vocabulary, so the real tokenizer's ids run through it (the CPU path of every tool)."""
+    from jaxllm import load_tokenizer
+
+    tok = load_tokenizer()
+    model = load_model("tiny-moe")
+    assert model.config.is_moe and model.config.vocab_size >= len(tok)
+    ids = np.array([tok("You are playing Craftax. Health: 9")["input_ids"]])
+    vec = model.encode(ids, np.array([ids.shape[1]]))
+    assert vec.shape == (1, 64) and np.isfinite(np.asarray(vec)).all()
+
+
+def test_fp8_moe_quantizes_attention_and_stays_close():
+    """fp8 on an MoE model: attention matrices W8A8, experts stored in e4m3 (weight-only: dequantised per layer for
+    the bfloat16 grouped GEMM), the router 16-bit; the vectors stay near float32's (tiny-moe at its init scale;
+    routing near-ties may flip an expert, docs/PARITY.md)."""
+    from jaxllm.fp8 import Fp8Matrix, quantize_out_in
+
+    f32, q = load_model("tiny-moe", dtype="float32"), load_model("tiny-moe", dtype="fp8")
+    assert isinstance(q.params["layers"]["q_proj"], Fp8Matrix)
+    assert isinstance(q.params["experts"]["gate_up"], Fp8Matrix) and q.params["experts"]["gate_up"].weight.shape == (
+        2, 8, 128, 64)
+    assert not isinstance(q.params["experts"]["router"], Fp8Matrix)
+    # drawn and quantised one layer at a time = the whole bfloat16 stack quantised at once (on a GPU XLA may skip
+    # the bfloat16 rounding before the quantisation inside the fused init: then a few values sit one e4m3 step away)
+    bf16 = load_model("tiny-moe", dtype="bfloat16").params["experts"]["down"]
+    want = np.asarray(quantize_out_in(bf16).weight, np.float32)
+    got = np.asarray(q.params["experts"]["down"].weight, np.float32)
+    np.testing.assert_allclose(got, want, rtol=0.13, atol=2.0 ** -9)
+    assert np.mean(got != want) < 0.01
+    ids = np.random.default_rng(6).integers(0, 150000, (4, 24))
+    a = np.asarray(f32.encode(ids, np.full(4, 24)))
+    b = np.asarray(q.encode(ids, np.full(4, 24)))
+    cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert cos.min() > 0.99, cos
+
+
+def test_fp8_checkpoint_load_quantizes_experts_layer_by_layer(ckpts):
+    from jaxllm.fp8 import Fp8Matrix, quantize_out_in
+
+    path, _ = ckpts["topk2_norm_dense_layer"]
+    q = load_model(path, dtype="fp8").params["experts"]["gate_up"]
+    want = quantize_out_in(load_model(path, dtype="bfloat16").params["experts"]["gate_up"])
+    assert isinstance(q, Fp8Matrix)
+    np.testing.assert_array_equal(np.asarray(q.weight, np.float32), np.asarray(want.weight, np.float32))
+    np.testing.assert_allclose(np.asarray(q.scale), np.asarray(want.scale), rtol=1e-6)
+
+
+def test_a_model_too_large_for_the_device_fails_before_loading():
+    """The estimate (config x dtype) against the device's memory: one line with the ways out, nothing loaded."""
+    from jaxllm.memory import ModelTooLargeError, check_fits, weight_bytes
+
+    class H100:
+        platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+        def memory_stats(self):
+            return {"bytes_limit": 79 << 30}
+
+    config = PRESETS["qwen3-30b-a3b"]
+    assert 56 << 30 < weight_bytes(config, jnp.bfloat16) < 58 << 30  # the published 61.1 GB
+    assert weight_bytes(config, "fp8") < 30 << 30
+    check_fits(config, jnp.bfloat16, H100())  # fits, with ~16 GiB to spare
+    check_fits(config, "fp8", H100())
+    with pytest.raises(ModelTooLargeError) as info:
+        check_fits(config, jnp.float32, H100())
+    message = str(info.value)
+    assert "\n" not in message and "fp8" in message and "79.0 GiB" in message
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the Hopper grouped GEMM needs a GPU")
+def test_mgpu_grouped_matmul_equals_ragged_dot_on_gpu():
+    rng = np.random.default_rng(5)
+    for k, n in ((256, 512), (128, 256)):
+        sizes = np.bincount(rng.integers(0, 8, 700), minlength=8)
+        sizes[2] = 0  # an empty group
+        x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), jnp.bfloat16)
+        w = jnp.asarray(rng.normal(size=(8, n, k)) * 0.05, jnp.bfloat16)
+        s = jnp.asarray(sizes, jnp.int32)
+        got = np.asarray(jax.jit(lambda a, b, c: moe.grouped_matmul(a, b, c, "mgpu"))(x, w, s), np.float32)
+        want = np.asarray(moe.grouped_matmul(x, w, s, "ragged_dot"), np.float32)
+        assert rel_err(got, want) < 1e-2
