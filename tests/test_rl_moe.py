@@ -13,7 +13,7 @@ ENV = "Craftax-Classic-Symbolic-v1"
 
 
 def test_inscan_vectors_equal_the_encoder_outside_the_scan():
-    from rl.encoders import load_llm
+    from rl.llm import load_llm
     from rl.trainer import RolloutCarry, Trainer
 
     cfg = TrainConfig(**dict(PRESETS["test"], env=ENV, encoder="inscan", num_envs=4, num_steps=4, skip_n=4,
