@@ -192,7 +192,7 @@ def test_eval_table_is_aligned_and_explained(tmp_path):
 
     row = lambda m: {"episodes": 32, "return_mean": m, "return_stderr": 0.25, "length_mean": 150.0, "unfinished": 0,
                      "achievements": {"collect_wood": 0.5, "eat_cow": 0.0}}
-    results = {"real": row(4.0), "zeros": row(1.0), "other_prompt": row(12.5)}
+    results = {"real": row(4.0), "zero": row(1.0), "other_prompt": row(12.5)}
     lines = format_table(results).splitlines()
     rows = [ln for ln in lines if ln.split(" ")[0] in results]
     assert len(rows) == 3 and len({ln.index(" 32 ") for ln in rows}) == 1 and len({ln.index("±") for ln in rows}) == 1
@@ -379,7 +379,7 @@ def _mode_result(ret, checkpoint=50, seed=1234, episodes=32, max_steps=10_000):
 def test_eval_adds_new_modes_to_those_of_the_same_play_and_redraws_the_chart(tmp_path):
     from rl.eval_report import save_results
 
-    full = {m: _mode_result(r) for m, r in zip(("real", "zeros", "noise", "shuffled", "other_prompt"), range(5))}
+    full = {m: _mode_result(r) for m, r in zip(("real", "zero", "noise", "shuffled", "other_prompt"), range(5))}
     written, _ = save_results(tmp_path, full)
     chart = tmp_path / "eval_ablations.png"
     assert written == [tmp_path / "eval.json", chart]
@@ -387,16 +387,16 @@ def test_eval_adds_new_modes_to_those_of_the_same_play_and_redraws_the_chart(tmp
 
     written, note = save_results(tmp_path, {"real": _mode_result(9.0)})  # `--modes real` again: same play
     held = json.loads((tmp_path / "eval.json").read_text())
-    assert list(held) == ["real", "zeros", "noise", "shuffled", "other_prompt"] and held["real"]["return_mean"] == 9.0
-    assert held["zeros"] == full["zeros"] and "kept zeros, noise, shuffled, other_prompt" in note
+    assert list(held) == ["real", "zero", "noise", "shuffled", "other_prompt"] and held["real"]["return_mean"] == 9.0
+    assert held["zero"] == full["zero"] and "kept zero, noise, shuffled, other_prompt" in note
     assert written[1] == chart and chart.read_bytes() != five_bars  # redrawn from what the file holds
 
-    _, note = save_results(tmp_path, {"zeros": _mode_result(2.0, seed=7)})  # another seed: the rest is not comparable
-    assert list(json.loads((tmp_path / "eval.json").read_text())) == ["zeros"]
+    _, note = save_results(tmp_path, {"zero": _mode_result(2.0, seed=7)})  # another seed: the rest is not comparable
+    assert list(json.loads((tmp_path / "eval.json").read_text())) == ["zero"]
     assert "dropped real, noise, shuffled, other_prompt" in note and "another checkpoint, seed" in note
     assert not chart.exists() and "removed eval_ablations.png" in note  # a one-mode file has no chart
     _, note = save_results(tmp_path, {"real": _mode_result(3.0, seed=7, checkpoint=60)})  # a newer checkpoint
-    assert list(json.loads((tmp_path / "eval.json").read_text())) == ["real"] and "dropped zeros" in note
+    assert list(json.loads((tmp_path / "eval.json").read_text())) == ["real"] and "dropped zero" in note
     assert not list(tmp_path.glob(".*tmp*"))  # written atomically, nothing left beside
 
 
