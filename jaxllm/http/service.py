@@ -83,7 +83,10 @@ def bytes_per_token(config: Any, length: int, quadratic_attention: bool) -> int:
     """A generous estimate of the activation bytes one padded token costs in one encoder call (float32, one
     layer live at a time, the layer scan's carry and the MLP's intermediates), plus the [heads, T] float32
     attention logits and probabilities per token where attention is materialised (XLA; not cuDNN's flash)."""
-    linear = 4 * (6 * config.hidden_size + 3 * config.intermediate_size
+    mlp = 3 * config.intermediate_size
+    if config.is_moe:  # each of its k token-expert rows: the gathered input, gate+up, the product, the output
+        mlp = max(mlp, config.num_experts_per_tok * (2 * config.hidden_size + 3 * config.moe_intermediate_size))
+    linear = 4 * (6 * config.hidden_size + mlp
                   + 2 * (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim)
     return linear + (3 * 4 * config.num_attention_heads * length if quadratic_attention else 0)
 
