@@ -21,8 +21,9 @@ DEFAULT_MEM_FRACTION = 0.75  # JAX's default share of a GPU's memory for its all
 DEFAULT_RESERVE_BYTES = 6 * GIB
 
 
-class ModelTooLargeError(MemoryError):
-    """The model's weights cannot fit in the device's memory (raised before anything is loaded)."""
+class ModelTooLargeError(MemoryError, ValueError):
+    """The model's weights cannot fit in the device's memory (raised before anything is loaded). A ValueError too,
+    so every tool that reports bad arguments in one line reports this one the same way."""
 
 
 def parameter_count(config: Qwen3Config) -> int:

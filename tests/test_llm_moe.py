@@ -298,6 +298,21 @@ def test_a_model_too_large_for_the_device_fails_before_loading():
     assert "\n" not in message and "fp8" in message and "79.0 GiB" in message
 
 
+def test_rl_train_says_in_one_line_that_the_model_does_not_fit(monkeypatch, tmp_path, capsys):
+    """The trainer's user sees the memory check as one line (no traceback), and no run directory is left."""
+    from jaxllm import memory
+    from rl.train import main
+
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda device=None: 8 << 30)  # an 8 GiB card
+    run_dir = tmp_path / "run"
+    rc = main(["--encoder=inscan", "--preset", "test", "--model", "qwen3-30b-a3b", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err
+    line = next(ln for ln in err.splitlines() if "needs" in ln and "GiB" in ln)
+    assert "fp8" in line and "30.5B parameters" in line
+    assert not (run_dir / "checkpoints").exists()
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the Hopper grouped GEMM needs a GPU")
 def test_mgpu_grouped_matmul_equals_ragged_dot_on_gpu():
     rng = np.random.default_rng(5)
