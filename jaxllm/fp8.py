@@ -99,7 +99,7 @@ def out_in_weights(w: jax.Array | Fp8Matrix, dtype: Any) -> jax.Array:
 
 def dequantize_matrix(m: Fp8Matrix, dtype: Any = jnp.float32) -> jax.Array:
     """The [..., in, out] matrix an Fp8Matrix stands for (for tests and inspection)."""
-    return jnp.swapaxes(m.weight.astype(jnp.float32) * m.scale[..., None], -1, -2).astype(dtype)
+    return jnp.swapaxes(out_in_weights(m, dtype), -1, -2)
 
 
 @jax.jit
@@ -109,9 +109,10 @@ def _quantize_layers(layers: dict[str, Any]) -> dict[str, Any]:
 
 def quantize_params(params: dict[str, Any]) -> dict[str, Any]:
     """The params pytree with every decoder projection and dense MLP matrix replaced by an Fp8Matrix (one jitted
-    pass on the device; the unquantised copies can be freed afterwards). An MoE model's experts must already be
-    quantised (`EXPERT_QUANTIZED_LEAVES`, made layer by layer at init or load: a second full copy of Qwen3-30B-A3B's
-    experts would not fit beside the first); its router stays in its dtype, as in the official FP8 checkpoints."""
+    pass on the device; the unquantised copies can be freed afterwards). An MoE model's experts
+    (`EXPERT_QUANTIZED_LEAVES`) are quantised here when they come 16-bit, which needs room for both copies: a big
+    MoE's should come quantised from `init_params` / `load_params` (`fp8_experts`, layer by layer), as
+    `load_model` does. The router stays in its dtype, as in the official FP8 checkpoints."""
     stacks = {name: _quantize_layers(params[name]) for name in ("layers", "dense_mlp") if name in params}
     if "experts" in params and not isinstance(params["experts"]["gate_up"], Fp8Matrix):
         stacks["experts"] = {k: quantize_out_in(v) if k in EXPERT_QUANTIZED_LEAVES else v

@@ -269,23 +269,17 @@ def load_params(ckpt_dir: str | Path, config: Qwen3Config, dtype: Any,
             quantize = fp8_experts and parts[0] == "experts" and parts[-1] in fp8.EXPERT_QUANTIZED_LEAVES
             if len(parts) == 1:
                 value = jax.device_put(assemble(slices[0], shape), device)
-            elif quantize:
-                layer_shape = jax.ShapeDtypeStruct(shape[1:], np_dtype)
-                value = jax.tree.map(lambda a: _zeros_on(device, (shape[0],) + a.shape, a.dtype),
-                                     jax.eval_shape(fp8.quantize_out_in, layer_shape))
-                for i, piece in enumerate(slices):
-                    layer = _quantize_on_device(jax.device_put(assemble(piece, shape[1:]), device))
-                    value = jax.tree.map(lambda stacked, new, i=i: _set_layer(stacked, new, i), value, layer)
-            elif np.prod(shape) * np_dtype.itemsize <= host_stack_bytes:
+            elif not quantize and np.prod(shape) * np_dtype.itemsize <= host_stack_bytes:
                 host = np.empty(shape, np_dtype)
                 for i, piece in enumerate(slices):
                     host[i] = assemble(piece, shape[1:])
                 value = jax.device_put(host, device)
                 del host
             else:
-                value = _zeros_on(device, shape, np_dtype)
-                for i, piece in enumerate(slices):
-                    value = _set_layer(value, jax.device_put(assemble(piece, shape[1:]), device), i)
+                transform = _quantize_on_device if quantize else (lambda layer: layer)
+                layers = (transform(jax.device_put(assemble(piece, shape[1:]), device)) for piece in slices)
+                value = _stack_on_device(layers, len(slices), jax.ShapeDtypeStruct(shape[1:], np_dtype), transform,
+                                         device)
             if len(parts) == 2:
                 params.setdefault(parts[0], {})[parts[1]] = value
             else:
@@ -299,6 +293,17 @@ _quantize_on_device = jax.jit(fp8.quantize_out_in)
 def _zeros_on(device: Any, shape: tuple[int, ...], dtype: Any) -> jax.Array:
     with jax.default_device(device):
         return jax.jit(lambda: jnp.zeros(shape, dtype))()
+
+
+def _stack_on_device(layers: Any, count: int, layer_shape: jax.ShapeDtypeStruct, transform: Any,
+                     device: Any) -> Any:
+    """The `count` per-layer results of `layers` (each `transform` of a `layer_shape` slice: an array or a pytree
+    such as an Fp8Matrix) stacked on a new axis 0, written one by one into buffers allocated once on `device`."""
+    value = jax.tree.map(lambda a: _zeros_on(device, (count,) + a.shape, a.dtype),
+                         jax.eval_shape(transform, layer_shape))
+    for i, layer in enumerate(layers):
+        value = jax.tree.map(lambda stacked, new, i=i: _set_layer(stacked, new, i), value, layer)
+    return value
 
 
 @partial(jax.jit, donate_argnums=0)
