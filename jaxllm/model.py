@@ -27,6 +27,7 @@ from jax import lax
 from .config import Qwen3Config
 from .fp8 import Fp8Matrix, QuantizedRows, mlp_product, project, quantize
 from .moe import moe_block
+from .params import layer_stacks
 from .layer_ops import head_norm_rope, norm_input, residual_norm, rms_norm, rope_cos_sin, value
 from .packed_attention import Segments, default_packed_attention_impl, packed_attention
 from .private_jax import cudnn_attention_module, probe
@@ -172,17 +173,16 @@ def layer_runs(config: Qwen3Config, num_layers: int) -> list[tuple[str, int, int
     (stack name, first layer, end layer, the first layer's index in that stack). A dense model is one run over
     `layers` (its MLP leaves are stacked with the attention's); an MoE model alternates `experts` and
     `dense_mlp` as its sparse and dense layers do (Qwen3-30B-A3B: one run of 48 sparse layers)."""
-    if not config.is_moe:
-        return [("layers", 0, num_layers, 0)] if num_layers else []
+    # where each layer's feed-forward leaves sit: (stack, position in it), from the params table's stacks
+    home = {i: (name, pos) for name, (_, indices) in layer_stacks(config).items() if name != "layers"
+            for pos, i in enumerate(indices)}
     runs: list[tuple[str, int, int, int]] = []
-    seen = {"experts": 0, "dense_mlp": 0}
     for i in range(num_layers):
-        stack = "experts" if config.sparse_layers[i] else "dense_mlp"
+        stack, pos = home.get(i, ("layers", i))
         if runs and runs[-1][0] == stack:
-            runs[-1] = runs[-1][:2] + (i + 1, runs[-1][3])
+            runs[-1] = (stack, runs[-1][1], i + 1, runs[-1][3])
         else:
-            runs.append((stack, i, i + 1, seen[stack]))
-        seen[stack] += 1
+            runs.append((stack, i, i + 1, pos))
     return runs
 
 
