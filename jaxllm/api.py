@@ -117,12 +117,12 @@ def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0)
     is_fp8 = isinstance(dtype, str) and dtype == FP8
     if isinstance(name, Qwen3Config) or str(name) in PRESETS:
         config = name if isinstance(name, Qwen3Config) else PRESETS[str(name)]
-        check_fits(config, dtype)
+        check_fits(config, FP8 if is_fp8 else dt)
         params = init_params(config, dt, seed, fp8_experts=is_fp8 and config.is_moe)
     else:
         ckpt_dir = resolve_checkpoint_dir(name, tuple(PRESETS))
         config = Qwen3Config.from_json(ckpt_dir / "config.json")
-        check_fits(config, dtype)
+        check_fits(config, FP8 if is_fp8 else dt)
         params = load_params(ckpt_dir, config, dt, fp8_experts=is_fp8 and config.is_moe)
     if is_fp8:
         fp8.warn_if_emulated()

@@ -298,6 +298,27 @@ def test_a_model_too_large_for_the_device_fails_before_loading():
     assert "\n" not in message and "fp8" in message and "79.0 GiB" in message
 
 
+def test_load_model_checks_the_dtype_it_will_load(monkeypatch):
+    """dtype None (rl.train's --llm-dtype auto) is checked as the dtype load_model resolves it to (bfloat16 on a
+    GPU), not as float32: the bf16 30B fits a 70 GiB allocator, its float32 copy does not."""
+    from jaxllm import api, memory
+    from jaxllm.memory import ModelTooLargeError
+
+    class Loading(Exception):
+        pass
+
+    def loading(*args, **kwargs):
+        raise Loading
+
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda device=None: 70 << 30)
+    monkeypatch.setattr(api, "default_dtype", lambda: jnp.bfloat16)
+    monkeypatch.setattr(api, "init_params", loading)
+    with pytest.raises(Loading):  # the check passed
+        load_model("qwen3-30b-a3b")
+    with pytest.raises(ModelTooLargeError):
+        load_model("qwen3-30b-a3b", dtype="float32")
+
+
 def test_rl_train_says_in_one_line_that_the_model_does_not_fit(monkeypatch, tmp_path, capsys):
     """The trainer's user sees the memory check as one line (no traceback), and no run directory is left."""
     from jaxllm import memory
