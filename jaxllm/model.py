@@ -139,12 +139,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | No
 def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, mp: Params, next_norm: jax.Array,
                   cos: jax.Array, sin: jax.Array, config: Qwen3Config, prefix_k: jax.Array | None = None,
                   prefix_v: jax.Array | None = None, attention_impl: str | None = None,
-                  segments: Segments | None = None) -> tuple[jax.Array, jax.Array | QuantizedRows,
-                                                             tuple[jax.Array, jax.Array]]:
+                  segments: Segments | None = None, expert_layer: jax.Array | None = None
+                  ) -> tuple[jax.Array, jax.Array | QuantizedRows, tuple[jax.Array, jax.Array]]:
     """One Qwen3 decoder layer on the residual stream h [B, T, D], given its input x = RMSNorm(h) with the
     layer's input_layernorm (`layer_input`: e4m3 rows for fp8 weights). lp: the layer's attention and norm
     leaves; mp: its feed-forward block (gate_proj/up_proj/down_proj for a dense MLP, router/gate_up/down for a
-    sparse MoE block, `jaxllm.moe`). Returns the new h, the next layer's input (the new h normalised with
+    sparse MoE block, `jaxllm.moe`; with `expert_layer`, its gate_up/down are the whole expert stacks and this is
+    the layer's index in them, so a kernel can read them in place). Returns the new h, the next layer's input (the new h normalised with
     `next_norm`: computed here so the residual add and the norm after it are one step) and this layer's
     post-RoPE (k, v). Matrices are plain [in, out] arrays or `fp8.Fp8Matrix` (W8A8); `segments`: packed prompts
     (B = 1)."""
@@ -161,7 +162,7 @@ def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, mp: Pa
     mlp_quantized = not sparse and isinstance(mp["gate_proj"], Fp8Matrix)
     h, x = residual_norm(h, project(attn, lp["o_proj"]), lp["post_attention_layernorm"], eps, mlp_quantized)
     if sparse:
-        delta = moe_block(x, mp, config.num_experts_per_tok, config.norm_topk_prob)
+        delta = moe_block(x, mp, config.num_experts_per_tok, config.norm_topk_prob, layer=expert_layer)
     else:
         delta = mlp_product(x, mp["gate_proj"], mp["up_proj"], mp["down_proj"])
     h, x = residual_norm(h, delta, next_norm, eps, isinstance(lp["q_proj"], Fp8Matrix))
@@ -234,11 +235,16 @@ def forward(params: Params, config: Qwen3Config, ids: jax.Array, *, layer: int =
         # Index the full layer stacks inside the loop (a dynamic slice per layer) rather than slicing the first
         # k_idx layers up front, which would copy the weights of the layers used (gigabytes for Qwen3-4B).
         lp = jax.tree.map(lambda a: a[i], layers)
-        mp = lp if stack == "layers" else jax.tree.map(lambda a: a[j], params[stack])
+        mp, expert_layer = lp, None
+        if stack == "experts":  # the expert weights go whole to the sparse block, which indexes them itself
+            mp, expert_layer = dict(params[stack], router=params[stack]["router"][j]), j
+        elif stack != "layers":
+            mp = jax.tree.map(lambda a: a[j], params[stack])
         pk, pv = (None, None) if prefix_k is None else (prefix_k[i], prefix_v[i])
         # the last layer also normalises its output for a next one (with its own norm): one unused RMSNorm
         next_norm = layers["input_layernorm"][jnp.minimum(i + 1, k_idx - 1)]
-        h, x, kv = decoder_layer(h, x, lp, mp, next_norm, cos, sin, config, pk, pv, attention_impl, segments)
+        h, x, kv = decoder_layer(h, x, lp, mp, next_norm, cos, sin, config, pk, pv, attention_impl, segments,
+                                 expert_layer)
         return (h, x), (h if collect else None, kv if collect_kv else None)
 
     outputs = (None, None)

@@ -12,6 +12,9 @@ The grouped GEMM's implementation is chosen per backend in one place, `default_g
   shapes), so it is the GPU's choice only for the small shapes the kernel cannot take.
 - "mgpu": JAX's Hopper grouped GEMM (`jax.experimental.pallas.ops.gpu.ragged_dot_mgpu`, Mosaic GPU: TMA loads
   and wgmma, a persistent grid), on GPUs with compute capability 9.x.
+- "tiled": our Hopper kernel (`jaxllm.grouped_gemm`): the rows are laid out so that each expert's group starts on a
+  row-tile boundary, the tile -> expert table is computed once, and the weights are read in place from the layer
+  stack (no per-layer copy). Off a GPU it runs in Mosaic GPU's interpreter (tests only: slow).
 docs/BENCHMARKS.md has the candidates measured side by side ("Qwen3-30B-A3B").
 """
 from __future__ import annotations
@@ -23,9 +26,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .fp8 import out_in_weights
+from .fp8 import Fp8Matrix, out_in_weights
+from .grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
 
-GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu")
+GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu", "tiled")
 
 # ragged_dot_mgpu's tilings, by contraction size: the best of a sweep on an H100 at Qwen3-30B-A3B's expert shapes
 # (scripts/bench_moe.py --tune, docs/BENCHMARKS.md): gate+up (K 2048, N 1536) 466 TFLOP/s with 192-wide column
@@ -62,20 +66,55 @@ def _hopper() -> bool:
 
 
 def default_grouped_matmul_impl() -> str:
-    """The grouped GEMM for the default backend: "mgpu" on a Hopper GPU, "ragged_dot" elsewhere."""
-    return "mgpu" if _hopper() else "ragged_dot"
+    """The grouped GEMM for the default backend: "tiled" on a Hopper GPU, "ragged_dot" elsewhere."""
+    return "tiled" if _hopper() else "ragged_dot"
+
+
+# the tiled kernel's block sizes: the first whose columns and contraction divide both expert shapes (gate+up and
+# down share one row tiling). The first is for Qwen3-30B-A3B's shapes (D 2048, F 768); the last takes the small
+# test models (multiples of 128 / 64).
+TILED_CONFIGS = (
+    TileConfig(tile_m=128, tile_n=128, tile_k=64, stages=4, epi_m=64, epi_n=64, band=4),
+    TileConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, epi_m=64, epi_n=64, band=1),
+)
+
+
+def tiled_config(hidden: int, ffn: int) -> TileConfig | None:
+    """The `TILED_CONFIGS` entry that takes gate+up ([2F, D]: N 2F, K D) and down ([D, F]: N D, K F), or None."""
+    for config in TILED_CONFIGS:
+        if all(n % (2 * config.tile_n) == 0 and k % config.tile_k == 0 for n, k in ((2 * ffn, hidden), (hidden, ffn))):
+            return config
+    return None
+
+
+def _interpret_params() -> Any:
+    """Mosaic GPU's interpreter off a GPU (the tiled kernel then runs on a CPU, slowly: tests), None on a GPU."""
+    if jax.devices()[0].platform == "gpu":
+        return None
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    return InterpretGPUParams()
 
 
 def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, impl: str | None = None,
                    tiling: dict[str, int] | None = None) -> jax.Array:
     """rows [M, K] sorted by group, weights [G, N, K] (contraction innermost), group_sizes int32 [G] summing to M:
     row r of group g times weights[g].T, in rows' dtype (float32 accumulation). impl: one of
-    `GROUPED_MATMUL_IMPLS`, None = `default_grouped_matmul_impl()`; "mgpu" falls back to "ragged_dot" for shapes
-    its tilings cannot take (small test models). tiling: "mgpu"'s block sizes (default `mgpu_tiling`)."""
+    `GROUPED_MATMUL_IMPLS`, None = `default_grouped_matmul_impl()`; "mgpu" and "tiled" fall back to "ragged_dot"
+    for shapes their tilings cannot take (small test models). tiling: "mgpu"'s block sizes (default
+    `mgpu_tiling`). "tiled" here includes moving the rows into its tile-aligned layout and back (`moe_block` builds
+    that layout once for both GEMMs instead)."""
     impl = impl or default_grouped_matmul_impl()
     if impl not in GROUPED_MATMUL_IMPLS:
         raise ValueError(f"grouped matmul impl must be one of {GROUPED_MATMUL_IMPLS} or None, got {impl!r}")
-    tiling = tiling or mgpu_tiling(weights.shape[1], weights.shape[2])
+    n, k = weights.shape[1:]
+    tiled = next((c for c in TILED_CONFIGS if n % (2 * c.tile_n) == 0 and k % c.tile_k == 0), None)
+    if impl == "tiled" and tiled is not None and rows.dtype == weights.dtype:
+        plan = tile_plan(group_sizes, rows.shape[0], tiled.tile_m)
+        padded = jnp.zeros((plan.num_rows, k), rows.dtype).at[plan.padded_row].set(rows, unique_indices=True)
+        out = tiled_grouped_matmul(padded, weights, plan.tile_groups, tiled, interpret=_interpret_params())
+        return jnp.take(out, plan.padded_row, axis=0)
+    tiling = tiling or mgpu_tiling(n, k)
     if impl == "mgpu" and tiling is not None and rows.dtype == weights.dtype:
         from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
 
@@ -132,26 +171,65 @@ def experts_ffn(rows: jax.Array, gate_up: jax.Array, down: jax.Array, group_size
                 impl: str | None = None) -> jax.Array:
     """Each group's SwiGLU expert on its rows: down(silu(gate(x)) * up(x)), rows [M, D] sorted by expert,
     gate_up [E, 2F, D] (gate over up), down [E, D, F]; in rows' dtype, as transformers computes it."""
-    gu = grouped_matmul(rows, gate_up, group_sizes, impl)
-    f = gate_up.shape[1] // 2
-    return grouped_matmul(jax.nn.silu(gu[:, :f]) * gu[:, f:], down, group_sizes, impl)
+    return grouped_matmul(_swiglu(grouped_matmul(rows, gate_up, group_sizes, impl)), down, group_sizes, impl)
+
+
+def _swiglu(gate_up_rows: jax.Array) -> jax.Array:
+    f = gate_up_rows.shape[-1] // 2
+    return jax.nn.silu(gate_up_rows[:, :f]) * gate_up_rows[:, f:]
+
+
+def _tiled_experts(tokens: jax.Array, plan: Dispatch, gate_up: jax.Array, down: jax.Array, top_k: int,
+                   config: TileConfig, layer: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """The experts on the tiled kernel: (output rows [R, D] in its tile-aligned layout, the row of each flat
+    (token, expert) slot in them [N*k]). gate_up/down: one layer's [E, ...] or, with `layer`, the whole [L, E, ...]
+    stacks, read in place (the tile table is offset to layer * E)."""
+    num_experts = plan.group_sizes.shape[0]
+    tiles = tile_plan(plan.group_sizes, plan.order.shape[0], config.tile_m)
+    groups = tiles.tile_groups
+    if layer is not None:
+        groups = jnp.where(groups >= 0, groups + layer * num_experts, -1)
+        gate_up, down = (w.reshape(-1, *w.shape[2:]) for w in (gate_up, down))
+    # padding rows point past the last token: the gather fills them with zeros (their outputs are then zero)
+    source = jnp.full((tiles.num_rows,), tokens.shape[0], jnp.int32)
+    source = source.at[tiles.padded_row].set(plan.order // top_k, unique_indices=True)
+    rows = jnp.take(tokens, source, axis=0, mode="fill", fill_value=0)
+    interpret = _interpret_params()
+    hidden = _swiglu(tiled_grouped_matmul(rows, gate_up, groups, config, interpret=interpret))
+    out = tiled_grouped_matmul(hidden, down, groups, config, interpret=interpret)
+    return out, tiles.padded_row[plan.inverse]
 
 
 def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
-              impl: str | None = None) -> jax.Array:
+              impl: str | None = None, layer: jax.Array | None = None) -> jax.Array:
     """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
     [E, 2F, D] and params["down"] [E, D, F] (or `fp8.Fp8Matrix` of them: dequantised here, multiplied in x's
-    dtype). Each token's output is the sum over its top_k experts of routing
-    weight x expert output (summed in float32, one rounding to x's dtype); tokens never interact, so padding
-    tokens cost work but never change a real token's result."""
+    dtype). With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and
+    this block uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
+    Each token's output is the sum over its top_k experts of routing weight x expert output (summed in float32,
+    one rounding to x's dtype); tokens never interact, so padding tokens cost work but never change a real
+    token's result. impl: the grouped GEMM (`GROUPED_MATMUL_IMPLS`, None = the backend's default)."""
+    impl = impl or default_grouped_matmul_impl()
     lead, d = x.shape[:-1], x.shape[-1]
     tokens = x.reshape(-1, d)
     weights, experts = route(tokens, params["router"], top_k, norm_topk_prob)
-    plan = dispatch(experts, params["gate_up"].shape[0])
-    rows = jnp.take(tokens, plan.order // top_k, axis=0)
-    gate_up, down = (out_in_weights(params[name], x.dtype) for name in ("gate_up", "down"))
-    out = experts_ffn(rows, gate_up, down, plan.group_sizes, impl)
-    per_slot = jnp.take(out, plan.inverse, axis=0).reshape(tokens.shape[0], top_k, d)
+    plan = dispatch(experts, params["router"].shape[-1])
+    gate_up, down = params["gate_up"], params["down"]
+    quantized = isinstance(gate_up, Fp8Matrix)
+    if layer is not None and (quantized or impl != "tiled"):
+        gate_up, down = (jax.tree.map(lambda a: a[layer], w) for w in (gate_up, down))
+        layer = None
+    if quantized:
+        gate_up, down = (out_in_weights(w, x.dtype) for w in (gate_up, down))
+    config = tiled_config(d, gate_up.shape[-2] // 2)
+    if impl == "tiled" and config is not None and gate_up.dtype == x.dtype:
+        out, row_of_slot = _tiled_experts(tokens, plan, gate_up, down, top_k, config, layer)
+    else:
+        if layer is not None:
+            gate_up, down = gate_up[layer], down[layer]
+        rows = jnp.take(tokens, plan.order // top_k, axis=0)
+        out, row_of_slot = experts_ffn(rows, gate_up, down, plan.group_sizes, impl), plan.inverse
+    per_slot = jnp.take(out, row_of_slot, axis=0).reshape(tokens.shape[0], top_k, d)
     # one fusion (gather, multiply, sum): no [N, k, D] float32 intermediate (2 GiB at one 32,768-token pass)
     combined = jnp.sum(per_slot.astype(jnp.float32) * weights[..., None].astype(jnp.float32), axis=1)
     return combined.astype(x.dtype).reshape(*lead, d)

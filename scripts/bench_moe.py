@@ -11,6 +11,8 @@ Candidates (each also checked against a per-group reference on a few groups):
 - `mgpu`: jaxllm.moe's default on Hopper, JAX's `ragged_dot_mgpu` with weights [E, N, K] (transpose_rhs); with
   `--tune`, a sweep of its tilings (block_m/n/k, pipeline depth, grid_block_n) for each shape;
 - `mgpu_kn`: the same kernel with weights pre-transposed to [E, K, N];
+- `tiled`: jaxllm.grouped_gemm, our kernel, on rows already in its tile-aligned layout (what `moe_block` gives
+  it); FLOP/s count the real rows only. With `--tune`, a sweep of its block sizes;
 - `cudnn`: `lax.ragged_dot` compiled with XLA's cuDNN ragged-dot fusion
   (`xla_gpu_experimental_use_ragged_dot_fusion`): timed only when the compiled HLO has a cuDNN call for it
   (otherwise XLA's fallback is the masked dense dot, tens of GiB);
@@ -45,9 +47,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--ffn", type=int, default=768, help="moe_intermediate_size")
     p.add_argument("--routings", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed", "one"])
-    p.add_argument("--candidates", nargs="+", default=["dense", "mgpu", "mgpu_kn", "cudnn", "padded"],
-                   choices=["dense", "mgpu", "mgpu_kn", "cudnn", "padded", "ragged_dot"])
+    p.add_argument("--candidates", nargs="+", default=["dense", "mgpu", "tiled", "cudnn", "padded"],
+                   choices=["dense", "mgpu", "mgpu_kn", "tiled", "cudnn", "padded", "ragged_dot"])
+    p.add_argument("--block-impls", nargs="+", default=None, choices=["ragged_dot", "mgpu", "tiled"],
+                   help="grouped GEMMs to time the whole sparse block with (default: the backend's default)")
+    p.add_argument("--block-layers", type=int, default=4,
+                   help="the sparse block reads layer 1 of a stack of this many layers, as the model does")
     p.add_argument("--tune", action="store_true", help="sweep ragged_dot_mgpu's tilings (uniform routing)")
+    p.add_argument("--tune-tiled", action="store_true", help="sweep the tiled kernel's block sizes (uniform)")
     p.add_argument("--tune-seconds", type=float, default=150.0, help="stop the sweep after this long")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (ragged_dot and dense only)")
@@ -56,7 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.tokens, args.experts, args.top_k, args.hidden, args.ffn, args.iters = 64, 4, 2, 64, 32, 2
         args.candidates = ["dense", "ragged_dot", "padded"]
-        args.tune = False
+        args.tune = args.tune_tiled = False
+        args.block_layers = 2
     return args
 
 
@@ -85,13 +93,31 @@ def group_sizes_for(kind: str, rows: int, experts: int, top_k: int, seed: int = 
     return jnp.asarray(counts, jnp.int32)
 
 
+def time_tiled(record, x, w, sizes, config, name: str = "tiled") -> None:
+    """Times `jaxllm.grouped_gemm.tiled_grouped_matmul` on x's rows moved into its tile-aligned layout (the move is
+    not timed: moe_block builds that layout in its dispatch) and checks it against the per-group reference."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxllm import grouped_gemm
+    from jaxllm.compile import compiler_options, jit
+
+    plan = grouped_gemm.tile_plan(sizes, x.shape[0], config.tile_m)
+    padded = jnp.zeros((plan.num_rows, x.shape[1]), x.dtype).at[plan.padded_row].set(x)
+    kernel = jit(lambda a, b, g: grouped_gemm.tiled_grouped_matmul(a, b, g, config), compiler_options=compiler_options())
+    back = jax.jit(lambda out: jnp.take(out, plan.padded_row, axis=0))
+    record(name, kernel, padded, w, plan.tile_groups, extra={"config": config._asdict(), "padded_rows": plan.num_rows},
+           check=name == "tiled", view=back)
+    del padded
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxllm import moe
+    from jaxllm import grouped_gemm, moe
     from jaxllm.compile import compiler_options, jit
 
     t0 = time.perf_counter()
@@ -119,7 +145,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "max_over_mean": float(sizes_np.max() / sizes_np.mean()), "empty": int((sizes_np == 0).sum())}
             log(f"{shape_name} [{rows_n}, {k}] x [{e}, {n}, {k}], routing {routing}: load {load}")
 
-            def record(name: str, fn, *operands, extra: dict | None = None, check: bool = True) -> None:
+            def record(name: str, fn, *operands, extra: dict | None = None, check: bool = True, view=None) -> None:
+                """Times fn(*operands); checks view(output) (default: the output) against a per-group reference."""
                 row = {"shape": shape_name, "routing": routing, "candidate": name, "load": load} | (extra or {})
                 try:
                     out = jax.block_until_ready(fn(*operands))
@@ -131,6 +158,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     return
                 row |= {"ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
                 if check:
+                    out = view(out) if view is not None else out
                     errs = []
                     for g in check_groups:
                         lo, hi = int(starts[g]), int(starts[g] + sizes_np[g])
@@ -159,6 +187,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                                                   **moe.mgpu_tiling(n, k)),
                                       compiler_options=opts), x, w_kn, sizes)
                 del w_kn
+            if "tiled" in args.candidates:
+                time_tiled(record, x, w, sizes, moe.tiled_config(d, f) or grouped_gemm.TileConfig())
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
                 fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)
@@ -183,6 +213,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if "ms" in result["results"][-1]:  # useful FLOP/s: the real rows only
                     result["results"][-1]["tflops"] = flops / (result["results"][-1]["ms"] / 1e3) / 1e12
                 del xp
+        if args.tune_tiled:
+            sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
+            routing, tune_start = "uniform", time.perf_counter()
+            for tm, tn, tk, stages, band in itertools.product((128,), (128, 64), (64, 128), (4, 3, 5, 6), (4, 8, 1)):
+                config = grouped_gemm.TileConfig(tile_m=tm, tile_n=tn, tile_k=tk, stages=stages, band=band)
+                if time.perf_counter() - tune_start > args.tune_seconds:
+                    log("tiled tuning: time budget spent")
+                    break
+                if n % (2 * tn) or k % tk:
+                    continue
+                time_tiled(record, x, w, sizes, config, name="tiled_tune")
         if args.tune:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
@@ -213,18 +254,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result.setdefault("best_tiling", {})[shape_name] = best
             log(f"best tiling for {shape_name}: {best}")
         x = w = None  # free them before the next shape
-    # the whole sparse block at these shapes: route + sort + two grouped GEMMs + combine (uniform routing)
+    # the whole sparse block at these shapes: route + sort + two grouped GEMMs + combine (uniform routing), reading
+    # layer 1 of a stack of --block-layers layers as the model's layer scan does (a kernel that cannot read the
+    # stack in place pays a copy of the layer's experts)
+    nl = args.block_layers
     block_params = {"router": (jax.random.normal(key, (d, e), jnp.float32) * 0.02).astype(dtype),
-                    "gate_up": (jax.random.normal(key, (e, 2 * f, d), jnp.float32) * 0.02).astype(dtype),
-                    "down": (jax.random.normal(key, (e, d, f), jnp.float32) * 0.02).astype(dtype)}
+                    "gate_up": (jax.random.normal(key, (nl, e, 2 * f, d), jnp.float32) * 0.02).astype(dtype),
+                    "down": (jax.random.normal(key, (nl, e, d, f), jnp.float32) * 0.02).astype(dtype)}
     tokens = jax.random.normal(key, (args.tokens, d), jnp.float32).astype(dtype)
-    fn = jit(lambda t, p: moe.moe_block(t, p, args.top_k, True), compiler_options=opts)
-    jax.block_until_ready(fn(tokens, block_params))
-    seconds = time_calls(lambda: fn(tokens, block_params), jax.block_until_ready, args.iters)
     gemm_flops = 2 * rows_n * d * 3 * f
-    result["moe_block"] = {"impl": moe.default_grouped_matmul_impl(), "ms": seconds * 1e3,
-                           "expert_tflops": gemm_flops / seconds / 1e12}
-    log(f"whole sparse block ({args.tokens} tokens): {result['moe_block']}")
+    reference = None
+    for impl in args.block_impls or [moe.default_grouped_matmul_impl()]:
+        fn = jit(lambda t, p, j, impl=impl: moe.moe_block(t, p, args.top_k, True, impl=impl, layer=j),
+                 compiler_options=opts)
+        layer = jnp.int32(1)
+        out = jax.block_until_ready(fn(tokens, block_params, layer))
+        seconds = time_calls(lambda: fn(tokens, block_params, layer), jax.block_until_ready, args.iters)
+        row = {"impl": impl, "ms": seconds * 1e3, "expert_tflops": gemm_flops / seconds / 1e12}
+        if reference is None:
+            reference = np.asarray(out, np.float32)
+        else:
+            row["max_rel_err_vs_first"] = float(np.abs(np.asarray(out, np.float32) - reference).max()
+                                                / (np.abs(reference).max() + 1e-9))
+        result.setdefault("moe_blocks", []).append(row)
+        log(f"whole sparse block ({args.tokens} tokens, stack of {nl}): {row}")
+        del out
+    result["moe_block"] = result["moe_blocks"][0]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

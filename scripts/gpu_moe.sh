@@ -3,9 +3,10 @@
 #   bash scripts/gpu_moe.sh kernels OUT   # grouped-GEMM candidates vs dense, mgpu tiling sweep, the GPU kernel test
 #   bash scripts/gpu_moe.sh encoder OUT   # packed encoder, 128 Craftax-Symbolic prompts: 30B-A3B vs 4B, bf16 + fp8
 #   bash scripts/gpu_moe.sh check OUT     # the GPU kernel test, the sparse block alone, the 30B encoder (bf16)
+#   bash scripts/gpu_moe.sh tiled OUT     # the tiled kernel: GPU test, vs mgpu and dense, its sweep, the block, encoders
 #   bash scripts/gpu_moe.sh train OUT     # in-scan trainer, 128 envs, skip_n 8, 30B-A3B bf16 and fp8, cold
 set -uo pipefail
-stage=${1:?stage: kernels | check | encoder | train}
+stage=${1:?stage: kernels | tiled | check | encoder | train}
 out=${2:?output directory}
 mkdir -p "$out"
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -18,6 +19,15 @@ case $stage in
   kernels)
     run moe_test 120 python3 -m pytest -q -x tests/test_llm_moe.py -k "mgpu or tiny or fp8"
     run moe_kernels 420 python3 scripts/bench_moe.py --tune --tune-seconds 120 --out "$out/moe_kernels.json"
+    ;;
+  tiled)  # our grouped GEMM (jaxllm.grouped_gemm): correctness, kernels side by side, the block, then the encoders
+    run tiled_test 150 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py tests/test_llm_moe.py -k "gpu or tiled"
+    run moe_tiled 300 python3 scripts/bench_moe.py --candidates dense mgpu tiled --tune-tiled --tune-seconds 80 \
+      --block-impls mgpu tiled --out "$out/moe_tiled.json"
+    for model in qwen3-30b-a3b qwen3-4b; do
+      run "encoder_$model" 150 python3 scripts/bench_encoder.py --ragged --model "$model" --dtypes bfloat16 \
+        --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_$model.json"
+    done
     ;;
   check)  # after a change to the sparse block: the GPU kernel test, the block alone, the 30B encoder in bf16
     run moe_test 120 python3 -m pytest -q tests/test_llm_moe.py -k "mgpu or tiny or fp8"

@@ -1,0 +1,195 @@
+"""A grouped GEMM for Hopper GPUs over tile-aligned groups (Mosaic GPU Pallas): the MoE experts' matmul.
+
+JAX's stock `ragged_dot_mgpu` takes groups that start anywhere: each row tile first searches which group it is in
+(an unrolled select per group: 128 per tile for Qwen3-30B-A3B), a tile that straddles two groups is computed once
+per group, and its stores are a ladder of partially masked TMA copies. It pipelines one tile at a time, so the
+loads of the next tile wait for the previous tile's epilogue.
+
+Here the caller lays the rows out so that every group starts on a row tile boundary (`TilePlan`: each group is
+padded with zero rows to a multiple of `tile_m`; at most `tile_m - 1` rows per group, ~6% at one 32K-token pass of
+Qwen3-30B-A3B). Then every tile belongs to exactly one group, named in a table computed once per call
+(`tile_groups`, -1 for the unused tiles at the end), and the kernel is a plain persistent Hopper GEMM: a memory
+warpgroup streams A and B tiles by TMA through a `stages`-deep ring while two compute warpgroups run wgmma, each on
+half of the tile's columns, and the epilogue's TMA stores are double-buffered so they overlap the next tile.
+
+Weights may carry more groups than the rows use: the MoE layer scan passes the whole [L * E, N, K] expert stack and
+offsets its tile table by layer * E, so the layer's weights are read in place (slicing them out first would copy
+~1.2 GiB per layer at Qwen3-30B-A3B's shape).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+class TileConfig(NamedTuple):
+    """Block sizes. A CTA computes tile_m rows x (2 * tile_n) columns (one tile_n slice per compute warpgroup),
+    stepping tile_k deep through `stages` shared-memory buffers; its epilogue stores epi_m x epi_n pieces.
+    Consecutive CTAs walk the (row tile, column tile) grid in bands `band` column tiles wide (L2 reuse of A)."""
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 64
+    stages: int = 4
+    epi_m: int = 64
+    epi_n: int = 64
+    band: int = 4
+
+
+class TilePlan(NamedTuple):
+    """Where each sorted row goes in the tile-aligned layout: `padded_row` [M] (sorted row r -> row padded_row[r]
+    of the [num_rows, ...] operand), `tile_groups` int32 [num_rows // tile_m] (the group of each row tile, -1 when
+    the tile is past the last group), `num_rows` (static: the layout's row count for any routing)."""
+
+    padded_row: jax.Array
+    tile_groups: jax.Array
+    num_rows: int
+
+
+def padded_row_count(num_rows: int, num_groups: int, tile_m: int) -> int:
+    """Rows of the tile-aligned layout of num_rows rows in num_groups groups: enough for any group sizes (each
+    group rounds up to a multiple of tile_m, so at most tile_m - 1 padding rows per group)."""
+    return -(-(num_rows + num_groups * (tile_m - 1)) // tile_m) * tile_m
+
+
+def tile_plan(group_sizes: jax.Array, num_rows: int, tile_m: int) -> TilePlan:
+    """The tile-aligned layout for rows sorted by group with sizes group_sizes [G] (summing to num_rows)."""
+    sizes = group_sizes.astype(jnp.int32)
+    padded_sizes = (sizes + tile_m - 1) // tile_m * tile_m
+    ends = jnp.cumsum(sizes)
+    padded_ends = jnp.cumsum(padded_sizes)
+    shift = (padded_ends - padded_sizes) - (ends - sizes)  # each group's start moves by this many rows
+    rows = jnp.arange(num_rows, dtype=jnp.int32)
+    row_group = jnp.searchsorted(ends, rows, side="right")
+    padded_row = rows + shift[row_group]
+    total = padded_row_count(num_rows, sizes.shape[0], tile_m)
+    tile_starts = jnp.arange(total // tile_m, dtype=jnp.int32) * tile_m
+    tile_groups = jnp.searchsorted(padded_ends, tile_starts, side="right").astype(jnp.int32)
+    tile_groups = jnp.where(tile_starts < padded_ends[-1], tile_groups, -1)
+    return TilePlan(padded_row.astype(jnp.int32), tile_groups, total)
+
+
+def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, config: TileConfig,
+                 transposed: bool) -> None:
+    """Raises ValueError naming the dimension that `tiled_grouped_matmul` cannot take with this config."""
+    m, k = rows.shape
+    n = weights.shape[1] if transposed else weights.shape[2]
+    k_w = weights.shape[2] if transposed else weights.shape[1]
+    problems = []
+    if k != k_w:
+        problems.append(f"contraction: rows have {k}, weights {k_w}")
+    if m % config.tile_m or tile_groups.shape != (m // config.tile_m,):
+        problems.append(f"rows {m} must be tile_groups {tile_groups.shape[0]} tiles of tile_m {config.tile_m}")
+    if n % (2 * config.tile_n):
+        problems.append(f"columns {n} must be a multiple of 2 * tile_n = {2 * config.tile_n}")
+    if k % config.tile_k:
+        problems.append(f"contraction {k} must be a multiple of tile_k {config.tile_k}")
+    if config.tile_m % config.epi_m or config.tile_n % config.epi_n:
+        problems.append("the epilogue piece (epi_m, epi_n) must divide (tile_m, tile_n)")
+    if rows.dtype != weights.dtype:
+        problems.append(f"rows are {rows.dtype} but weights {weights.dtype}")
+    if problems:
+        raise ValueError("tiled_grouped_matmul: " + "; ".join(problems))
+
+
+def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array,
+                         config: TileConfig = TileConfig(), *, transposed: bool = True,
+                         num_sms: int | None = None, interpret: Any = None) -> jax.Array:
+    """rows [R, K] in `TilePlan` layout, weights [G, N, K] (`transposed`, contraction innermost) or [G, K, N],
+    tile_groups int32 [R // tile_m]: row tile t of the result is rows' tile t times weights[tile_groups[t]]
+    (float32 accumulation, rows' dtype out). Tiles whose group is negative are skipped: their rows of the result
+    are left unwritten (garbage), so callers read only rows of real tiles. num_sms: the persistent grid's size
+    (default: the device's core count; 2 when interpreted); interpret: Mosaic GPU interpret params (runs on a CPU, for tests)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    check_shapes(rows, weights, tile_groups, config, transposed)
+    if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
+        weights, transposed = jnp.swapaxes(weights, 1, 2), False
+    m, k = rows.shape
+    n = weights.shape[1] if transposed else weights.shape[2]
+    dtype = rows.dtype
+    tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+    cta_n = 2 * tn
+    m_tiles, n_tiles, k_steps = m // tm, n // cta_n, k // tk
+    itemsize = jnp.dtype(dtype).itemsize
+
+    def smem_layout(minor: int) -> tuple[Any, ...]:
+        swizzle = plgpu.find_swizzle(minor * itemsize * 8)
+        return plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle)
+
+    operand_layout, out_layout = smem_layout(tk), smem_layout(config.epi_n)
+    b_block, b_index = ((cta_n, tk), lambda s: (0, s)) if transposed else ((tk, cta_n), lambda s: (s, 0))
+
+    def pipeline(step, context):
+        return plgpu.emit_pipeline_warp_specialized(
+            step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
+            max_concurrent_steps=config.stages, compute_context=context,
+            in_specs=[plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout,
+                                      memory_space=plgpu.SMEM),
+                      plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM)])
+
+    def body(groups_gmem, a_gmem, b_gmem, out_gmem):
+        unused = lambda *_, **__: None
+        first_b = b_gmem.at[0]
+
+        @functools.partial(pl.run_scoped,
+                           buffers=pipeline(unused, unused).get_allocations(a_gmem, first_b),
+                           out_smem=plgpu.SMEM((2, 2, config.epi_m, config.epi_n), dtype, transforms=out_layout),
+                           collective_axes="wg")
+        def scope(buffers, out_smem):
+            wg = lax.axis_index("wg")
+            wg_cols = pl.ds(wg * tn, tn)
+
+            @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
+            def tile_loop(info):
+                mi, ni = plgpu.planar_snake(info.index[0], (m_tiles, n_tiles), 1, config.band)
+                group = groups_gmem[mi]
+
+                @pl.when(group >= 0)
+                def _():
+                    row_slice, col_slice = pl.ds(mi * tm, tm), pl.ds(ni * cta_n, cta_n)
+
+                    def context(run):
+                        @functools.partial(pl.run_scoped, acc=plgpu.ACC((tm, tn), jnp.float32))
+                        def _(acc):
+                            run(acc)
+                            result = acc[...].astype(dtype)
+                            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
+                            piece = 0
+                            for pm in range(tm // config.epi_m):
+                                for pn in range(tn // config.epi_n):
+                                    slot = piece % 2
+                                    piece += 1
+                                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                                    rs = slice(pm * config.epi_m, (pm + 1) * config.epi_m)
+                                    cs = slice(pn * config.epi_n, (pn + 1) * config.epi_n)
+                                    out_smem[wg, slot] = result[rs, cs]
+                                    plgpu.commit_smem()
+                                    plgpu.copy_smem_to_gmem(
+                                        out_smem.at[wg, slot],
+                                        out_gmem.at[row_slice, col_slice].at[:, wg_cols].at[rs, cs])
+
+                    def step(_, a_smem, b_smem, acc):
+                        b = (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
+                             else b_smem.at[:, wg_cols])
+                        plgpu.wgmma(acc, a_smem, b)
+                        plgpu.wgmma_wait(0)
+                        return acc
+
+                    b_tile = b_gmem.at[group].at[col_slice, :] if transposed else b_gmem.at[group].at[:, col_slice]
+                    pipeline(step, context)(a_gmem.at[row_slice, :], b_tile, allocations=buffers)
+
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    if num_sms is None:  # the interpreter simulates every SM's threads: two are enough there
+        num_sms = 2 if interpret is not None else getattr(jax.devices()[0], "core_count", None) or 132
+    kernel = plgpu.kernel(
+        body, out_type=jax.ShapeDtypeStruct((m, n), dtype), grid=(num_sms,), grid_names=("sm",), num_threads=3,
+        thread_name="wg", interpret=interpret,
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+    return kernel(tile_groups.astype(jnp.int32), rows, weights)

@@ -1,0 +1,99 @@
+"""jaxllm.grouped_gemm: the tile-aligned row layout, and the tiled Hopper kernel against lax.ragged_dot (on a CPU
+through Mosaic GPU's interpreter; on a Hopper GPU compiled, at the Qwen3-30B-A3B config)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxllm import grouped_gemm, moe
+from jaxllm.grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
+
+SMALL = TileConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, epi_m=64, epi_n=64, band=1)
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def interpreter():
+    if ON_GPU:
+        return None
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    return InterpretGPUParams()
+
+
+@pytest.mark.parametrize("sizes", [[5, 0, 130, 64, 1], [200, 0, 0, 0, 0], [0, 0, 0, 0, 7], [64, 64, 64, 64, 64]])
+def test_tile_plan_puts_each_group_on_whole_tiles(sizes):
+    tm = 64
+    sizes_np = np.asarray(sizes)
+    plan = tile_plan(jnp.asarray(sizes_np, jnp.int32), int(sizes_np.sum()), tm)
+    padded_row, groups = np.asarray(plan.padded_row), np.asarray(plan.tile_groups)
+    assert plan.num_rows == grouped_gemm.padded_row_count(int(sizes_np.sum()), len(sizes), tm)
+    assert plan.num_rows % tm == 0 and groups.shape == (plan.num_rows // tm,)
+    assert np.all(np.diff(padded_row) > 0) and padded_row.max() < plan.num_rows  # order kept, no collisions
+    group_of_row = np.repeat(np.arange(len(sizes)), sizes_np)
+    np.testing.assert_array_equal(groups[padded_row // tm], group_of_row)  # each row sits in its group's tiles
+    used = np.ceil(sizes_np / tm).astype(int)
+    np.testing.assert_array_equal(groups[groups >= 0], np.repeat(np.arange(len(sizes)), used))
+    assert np.all(groups[used.sum():] == -1)
+    starts = padded_row[np.concatenate([[0], np.cumsum(sizes_np)[:-1]])[sizes_np > 0]]
+    assert np.all(starts % tm == 0)  # every non-empty group starts on a tile boundary
+
+
+def test_tiled_kernel_equals_ragged_dot_interpreted():
+    rng = np.random.default_rng(0)
+    sizes = np.array([70, 0, 80])
+    x = jnp.asarray(rng.normal(size=(int(sizes.sum()), 128)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(3, 128, 128)) * 0.1, jnp.bfloat16)  # [G, N, K]
+    plan = tile_plan(jnp.asarray(sizes, jnp.int32), x.shape[0], SMALL.tile_m)
+    rows = jnp.zeros((plan.num_rows, 128), x.dtype).at[plan.padded_row].set(x)
+    out = tiled_grouped_matmul(rows, w, plan.tile_groups, SMALL, interpret=interpreter())
+    got = np.asarray(out[plan.padded_row], np.float32)
+    want = np.asarray(moe.grouped_matmul(x, w, jnp.asarray(sizes, jnp.int32), "ragged_dot"), np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+
+
+def test_moe_block_tiled_reads_the_layer_stack_in_place():
+    """moe_block on the tiled kernel, given the whole [L, E, ...] stacks and a layer index, equals the ragged_dot
+    block on that layer's slice; no op slices the stacks (the kernel reads them in place)."""
+    e, d, f, n, layers = 4, 128, 64, 40, 3
+    ks = jax.random.split(jax.random.key(1), 4)
+    x = jax.random.normal(ks[0], (n, d), jnp.float32).astype(jnp.bfloat16)
+    stack = {"router": (jax.random.normal(ks[1], (layers, d, e)) * 0.3).astype(jnp.bfloat16),
+             "gate_up": (jax.random.normal(ks[2], (layers, e, 2 * f, d)) * 0.1).astype(jnp.bfloat16),
+             "down": (jax.random.normal(ks[3], (layers, e, d, f)) * 0.1).astype(jnp.bfloat16)}
+    params = dict(stack, router=stack["router"][1])
+    block = lambda p, j: moe.moe_block(x, p, 2, True, impl="tiled", layer=j)  # noqa: E731
+    jaxpr = jax.make_jaxpr(block)(params, jnp.int32(1))
+    sliced = [eqn for eqn in jaxpr.eqns if eqn.primitive.name in ("dynamic_slice", "gather", "slice")
+              and eqn.invars[0].aval.ndim == 4]
+    assert not sliced, f"the expert stack was sliced: {sliced}"
+    got = np.asarray(block(params, jnp.int32(1)), np.float32)
+    want = np.asarray(moe.moe_block(x, jax.tree.map(lambda a: a[1], stack), 2, True, impl="ragged_dot"), np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+
+
+def test_tiled_kernel_names_the_shape_it_cannot_take():
+    rows = jnp.zeros((128, 96), jnp.bfloat16)
+    with pytest.raises(ValueError, match="contraction 96 must be a multiple of tile_k 64"):
+        tiled_grouped_matmul(rows, jnp.zeros((2, 128, 96), jnp.bfloat16), jnp.zeros((2,), jnp.int32), SMALL)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
+def test_tiled_kernel_equals_ragged_dot_on_gpu():
+    rng = np.random.default_rng(5)
+    config = moe.TILED_CONFIGS[0]
+    for k, n, draw in ((2048, 1536, "random"), (768, 2048, "random"), (768, 2048, "one")):
+        sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16) if draw == "random" else np.eye(16, dtype=int)[3] * 3001
+        sizes[2] = 0
+        if draw == "one":
+            sizes[3] = 3001
+        x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), jnp.bfloat16)
+        w = jnp.asarray(rng.normal(size=(16, n, k)) * 0.05, jnp.bfloat16)
+        s = jnp.asarray(sizes, jnp.int32)
+        plan = tile_plan(s, x.shape[0], config.tile_m)
+        rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+        out = jax.jit(lambda a, b, g: tiled_grouped_matmul(a, b, g, config))(rows, w, plan.tile_groups)
+        got = np.asarray(out[plan.padded_row], np.float32)
+        want = np.asarray(moe.grouped_matmul(x, w, s, "ragged_dot"), np.float32)
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-2, (k, n, draw)
