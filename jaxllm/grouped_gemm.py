@@ -74,18 +74,19 @@ def tile_plan(group_sizes: jax.Array, num_rows: int, tile_m: int) -> TilePlan:
 
 
 def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, config: TileConfig,
-                 transposed: bool) -> None:
+                 transposed: bool, swiglu: bool = False) -> None:
     """Raises ValueError naming the dimension that `tiled_grouped_matmul` cannot take with this config."""
     m, k = rows.shape
     n = weights.shape[1] if transposed else weights.shape[2]
     k_w = weights.shape[2] if transposed else weights.shape[1]
+    out_n = n // 2 if swiglu else n
     problems = []
     if k != k_w:
         problems.append(f"contraction: rows have {k}, weights {k_w}")
     if m % config.tile_m or tile_groups.shape != (m // config.tile_m,):
         problems.append(f"rows {m} must be tile_groups {tile_groups.shape[0]} tiles of tile_m {config.tile_m}")
-    if n % (2 * config.tile_n):
-        problems.append(f"columns {n} must be a multiple of 2 * tile_n = {2 * config.tile_n}")
+    if out_n % (2 * config.tile_n) or (swiglu and n % 2):
+        problems.append(f"output columns {out_n} must be a multiple of 2 * tile_n = {2 * config.tile_n}")
     if k % config.tile_k:
         problems.append(f"contraction {k} must be a multiple of tile_k {config.tile_k}")
     if config.tile_m % config.epi_m or config.tile_n % config.epi_n:
@@ -97,25 +98,30 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
 
 
 def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array,
-                         config: TileConfig = TileConfig(), *, transposed: bool = True,
+                         config: TileConfig = TileConfig(), *, transposed: bool = True, swiglu: bool = False,
                          num_sms: int | None = None, interpret: Any = None) -> jax.Array:
     """rows [R, K] in `TilePlan` layout, weights [G, N, K] (`transposed`, contraction innermost) or [G, K, N],
     tile_groups int32 [R // tile_m]: row tile t of the result is rows' tile t times weights[tile_groups[t]]
-    (float32 accumulation, rows' dtype out). Tiles whose group is negative are skipped: their rows of the result
-    are left unwritten (garbage), so callers read only rows of real tiles. num_sms: the persistent grid's size
-    (default: the device's core count; 2 when interpreted); interpret: Mosaic GPU interpret params (runs on a CPU, for tests)."""
+    (float32 accumulation, rows' dtype out). With `swiglu`, the weights' N outputs are gate over up (N = 2F) and
+    the result is silu(gate) * up [R, F], computed from the float32 accumulators in the epilogue (one rounding,
+    and the [R, 2F] product never goes to memory). Tiles whose group is negative are skipped: their rows of the
+    result are left unwritten (garbage), so callers read only rows of real tiles. num_sms: the persistent grid's
+    size (default: the device's core count; 2 when interpreted); interpret: Mosaic GPU interpret params (runs on
+    a CPU, for tests)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    check_shapes(rows, weights, tile_groups, config, transposed)
+    check_shapes(rows, weights, tile_groups, config, transposed, swiglu)
     if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
         weights, transposed = jnp.swapaxes(weights, 1, 2), False
     m, k = rows.shape
     n = weights.shape[1] if transposed else weights.shape[2]
+    out_n = n // 2 if swiglu else n
     dtype = rows.dtype
     tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
-    cta_n = 2 * tn
-    m_tiles, n_tiles, k_steps = m // tm, n // cta_n, k // tk
+    cta_n = 2 * tn  # output columns per tile: one tile_n slice per compute warpgroup
+    m_tiles, n_tiles, k_steps = m // tm, out_n // cta_n, k // tk
+    parts = 2 if swiglu else 1  # weight tiles per step: (gate, up) or the one matrix
     itemsize = jnp.dtype(dtype).itemsize
 
     def smem_layout(minor: int) -> tuple[Any, ...]:
@@ -124,21 +130,25 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
     operand_layout, out_layout = smem_layout(tk), smem_layout(config.epi_n)
     b_block, b_index = ((cta_n, tk), lambda s: (0, s)) if transposed else ((tk, cta_n), lambda s: (s, 0))
+    b_spec = plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM)
 
     def pipeline(step, context):
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=config.stages, compute_context=context,
             in_specs=[plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout,
-                                      memory_space=plgpu.SMEM),
-                      plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM)])
+                                      memory_space=plgpu.SMEM)] + [b_spec] * parts)
+
+    def weight_tile(b_gmem, group, ni, part):
+        cols = pl.ds(part * out_n + ni * cta_n, cta_n)
+        return b_gmem.at[group].at[cols, :] if transposed else b_gmem.at[group].at[:, cols]
 
     def body(groups_gmem, a_gmem, b_gmem, out_gmem):
         unused = lambda *_, **__: None
-        first_b = b_gmem.at[0]
 
         @functools.partial(pl.run_scoped,
-                           buffers=pipeline(unused, unused).get_allocations(a_gmem, first_b),
+                           buffers=pipeline(unused, unused).get_allocations(
+                               a_gmem, *(weight_tile(b_gmem, 0, 0, p) for p in range(parts))),
                            out_smem=plgpu.SMEM((2, 2, config.epi_m, config.epi_n), dtype, transforms=out_layout),
                            collective_axes="wg")
         def scope(buffers, out_smem):
@@ -155,10 +165,15 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     row_slice, col_slice = pl.ds(mi * tm, tm), pl.ds(ni * cta_n, cta_n)
 
                     def context(run):
-                        @functools.partial(pl.run_scoped, acc=plgpu.ACC((tm, tn), jnp.float32))
-                        def _(acc):
-                            run(acc)
-                            result = acc[...].astype(dtype)
+                        @functools.partial(pl.run_scoped,
+                                           accs=[plgpu.ACC((tm, tn), jnp.float32) for _ in range(parts)])
+                        def _(accs):
+                            run(tuple(accs))
+                            if swiglu:
+                                gate, up = accs[0][...], accs[1][...]
+                                result = (gate / (1.0 + jnp.exp(-gate)) * up).astype(dtype)
+                            else:
+                                result = accs[0][...].astype(dtype)
                             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
                             piece = 0
                             for pm in range(tm // config.epi_m):
@@ -174,22 +189,25 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                         out_smem.at[wg, slot],
                                         out_gmem.at[row_slice, col_slice].at[:, wg_cols].at[rs, cs])
 
-                    def step(_, a_smem, b_smem, acc):
-                        b = (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
-                             else b_smem.at[:, wg_cols])
-                        plgpu.wgmma(acc, a_smem, b)
+                    def step(_, a_smem, *rest):
+                        b_tiles, accs = rest[:-1], rest[-1]
+                        for b_smem, acc in zip(b_tiles, accs):
+                            b = (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
+                                 else b_smem.at[:, wg_cols])
+                            plgpu.wgmma(acc, a_smem, b)
                         plgpu.wgmma_wait(0)
-                        return acc
+                        return accs
 
-                    b_tile = b_gmem.at[group].at[col_slice, :] if transposed else b_gmem.at[group].at[:, col_slice]
-                    pipeline(step, context)(a_gmem.at[row_slice, :], b_tile, allocations=buffers)
+                    pipeline(step, context)(a_gmem.at[row_slice, :],
+                                            *(weight_tile(b_gmem, group, ni, p) for p in range(parts)),
+                                            allocations=buffers)
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     if num_sms is None:  # the interpreter simulates every SM's threads: two are enough there
         num_sms = 2 if interpret is not None else getattr(jax.devices()[0], "core_count", None) or 132
     kernel = plgpu.kernel(
-        body, out_type=jax.ShapeDtypeStruct((m, n), dtype), grid=(num_sms,), grid_names=("sm",), num_threads=3,
-        thread_name="wg", interpret=interpret,
+        body, out_type=jax.ShapeDtypeStruct((m, out_n), dtype), grid=(num_sms,), grid_names=("sm",),
+        num_threads=3, thread_name="wg", interpret=interpret,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
     return kernel(tile_groups.astype(jnp.int32), rows, weights)

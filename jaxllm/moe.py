@@ -70,20 +70,26 @@ def default_grouped_matmul_impl() -> str:
     return "tiled" if _hopper() else "ragged_dot"
 
 
-# the tiled kernel's block sizes: the first whose columns and contraction divide both expert shapes (gate+up and
-# down share one row tiling). The first is for Qwen3-30B-A3B's shapes (D 2048, F 768); the last takes the small
-# test models (multiples of 128 / 64).
+# the tiled kernel's block sizes, as (gate+up with SwiGLU fused, down) pairs sharing one row tiling: the first pair
+# whose shapes divide both expert GEMMs is used. The first is the best of a sweep on an H100 at Qwen3-30B-A3B's
+# shapes (D 2048, F 768; scripts/bench_moe.py --tune-tiled, docs/BENCHMARKS.md); the last takes small test models.
 TILED_CONFIGS = (
-    TileConfig(tile_m=128, tile_n=128, tile_k=64, stages=4, epi_m=64, epi_n=64, band=4),
-    TileConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, epi_m=64, epi_n=64, band=1),
+    (TileConfig(tile_m=128, tile_n=64, tile_k=64, stages=4, band=8),
+     TileConfig(tile_m=128, tile_n=128, tile_k=64, stages=3, band=8)),
+    (TileConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, band=1),) * 2,
 )
 
 
-def tiled_config(hidden: int, ffn: int) -> TileConfig | None:
-    """The `TILED_CONFIGS` entry that takes gate+up ([2F, D]: N 2F, K D) and down ([D, F]: N D, K F), or None."""
-    for config in TILED_CONFIGS:
-        if all(n % (2 * config.tile_n) == 0 and k % config.tile_k == 0 for n, k in ((2 * ffn, hidden), (hidden, ffn))):
-            return config
+def _fits(config: TileConfig, out_n: int, k: int) -> bool:
+    return out_n % (2 * config.tile_n) == 0 and k % config.tile_k == 0 and config.tile_n % config.epi_n == 0
+
+
+def tiled_configs(hidden: int, ffn: int) -> tuple[TileConfig, TileConfig] | None:
+    """The `TILED_CONFIGS` pair for gate+up with SwiGLU (F outputs, contraction D) and down (D outputs,
+    contraction F), or None when no pair divides these shapes."""
+    for gate_up, down in TILED_CONFIGS:
+        if _fits(gate_up, ffn, hidden) and _fits(down, hidden, ffn) and gate_up.tile_m == down.tile_m:
+            return gate_up, down
     return None
 
 
@@ -108,7 +114,7 @@ def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, 
     if impl not in GROUPED_MATMUL_IMPLS:
         raise ValueError(f"grouped matmul impl must be one of {GROUPED_MATMUL_IMPLS} or None, got {impl!r}")
     n, k = weights.shape[1:]
-    tiled = next((c for c in TILED_CONFIGS if n % (2 * c.tile_n) == 0 and k % c.tile_k == 0), None)
+    tiled = next((c for pair in TILED_CONFIGS for c in pair[::-1] if _fits(c, n, k)), None)
     if impl == "tiled" and tiled is not None and rows.dtype == weights.dtype:
         plan = tile_plan(group_sizes, rows.shape[0], tiled.tile_m)
         padded = jnp.zeros((plan.num_rows, k), rows.dtype).at[plan.padded_row].set(rows, unique_indices=True)
@@ -180,10 +186,12 @@ def _swiglu(gate_up_rows: jax.Array) -> jax.Array:
 
 
 def _tiled_experts(tokens: jax.Array, plan: Dispatch, gate_up: jax.Array, down: jax.Array, top_k: int,
-                   config: TileConfig, layer: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+                   configs: tuple[TileConfig, TileConfig], layer: jax.Array | None) -> tuple[jax.Array, jax.Array]:
     """The experts on the tiled kernel: (output rows [R, D] in its tile-aligned layout, the row of each flat
     (token, expert) slot in them [N*k]). gate_up/down: one layer's [E, ...] or, with `layer`, the whole [L, E, ...]
-    stacks, read in place (the tile table is offset to layer * E)."""
+    stacks, read in place (the tile table is offset to layer * E). The first GEMM applies SwiGLU in its epilogue
+    (from float32: transformers rounds gate and up to the model dtype first; the difference is one bf16 rounding)."""
+    config = configs[0]
     num_experts = plan.group_sizes.shape[0]
     tiles = tile_plan(plan.group_sizes, plan.order.shape[0], config.tile_m)
     groups = tiles.tile_groups
@@ -195,8 +203,8 @@ def _tiled_experts(tokens: jax.Array, plan: Dispatch, gate_up: jax.Array, down: 
     source = source.at[tiles.padded_row].set(plan.order // top_k, unique_indices=True)
     rows = jnp.take(tokens, source, axis=0, mode="fill", fill_value=0)
     interpret = _interpret_params()
-    hidden = _swiglu(tiled_grouped_matmul(rows, gate_up, groups, config, interpret=interpret))
-    out = tiled_grouped_matmul(hidden, down, groups, config, interpret=interpret)
+    hidden = tiled_grouped_matmul(rows, gate_up, groups, configs[0], swiglu=True, interpret=interpret)
+    out = tiled_grouped_matmul(hidden, down, groups, configs[1], interpret=interpret)
     return out, tiles.padded_row[plan.inverse]
 
 
@@ -221,9 +229,9 @@ def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: 
         layer = None
     if quantized:
         gate_up, down = (out_in_weights(w, x.dtype) for w in (gate_up, down))
-    config = tiled_config(d, gate_up.shape[-2] // 2)
-    if impl == "tiled" and config is not None and gate_up.dtype == x.dtype:
-        out, row_of_slot = _tiled_experts(tokens, plan, gate_up, down, top_k, config, layer)
+    configs = tiled_configs(d, gate_up.shape[-2] // 2)
+    if impl == "tiled" and configs is not None and gate_up.dtype == x.dtype:
+        out, row_of_slot = _tiled_experts(tokens, plan, gate_up, down, top_k, configs, layer)
     else:
         if layer is not None:
             gate_up, down = gate_up[layer], down[layer]

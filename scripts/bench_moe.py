@@ -93,9 +93,10 @@ def group_sizes_for(kind: str, rows: int, experts: int, top_k: int, seed: int = 
     return jnp.asarray(counts, jnp.int32)
 
 
-def time_tiled(record, x, w, sizes, config, name: str = "tiled") -> None:
+def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = False) -> None:
     """Times `jaxllm.grouped_gemm.tiled_grouped_matmul` on x's rows moved into its tile-aligned layout (the move is
-    not timed: moe_block builds that layout in its dispatch) and checks it against the per-group reference."""
+    not timed: moe_block builds that layout in its dispatch) and checks it against the per-group reference (not
+    with `swiglu`: its output is silu(gate) * up; tests/test_llm_grouped_gemm.py checks that)."""
     import jax
     import jax.numpy as jnp
 
@@ -104,10 +105,12 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled") -> None:
 
     plan = grouped_gemm.tile_plan(sizes, x.shape[0], config.tile_m)
     padded = jnp.zeros((plan.num_rows, x.shape[1]), x.dtype).at[plan.padded_row].set(x)
-    kernel = jit(lambda a, b, g: grouped_gemm.tiled_grouped_matmul(a, b, g, config), compiler_options=compiler_options())
+    kernel = jit(lambda a, b, g: grouped_gemm.tiled_grouped_matmul(a, b, g, config, swiglu=swiglu),
+                 compiler_options=compiler_options())
     back = jax.jit(lambda out: jnp.take(out, plan.padded_row, axis=0))
-    record(name, kernel, padded, w, plan.tile_groups, extra={"config": config._asdict(), "padded_rows": plan.num_rows},
-           check=name == "tiled", view=back)
+    record(name + "_swiglu" * swiglu, kernel, padded, w, plan.tile_groups,
+           extra={"config": config._asdict(), "padded_rows": plan.num_rows},
+           check=name == "tiled" and not swiglu, view=back)
     del padded
 
 
@@ -188,7 +191,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                       compiler_options=opts), x, w_kn, sizes)
                 del w_kn
             if "tiled" in args.candidates:
-                time_tiled(record, x, w, sizes, moe.tiled_config(d, f) or grouped_gemm.TileConfig())
+                pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
+                if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
+                    time_tiled(record, x, w, sizes, pair[0], swiglu=True)
+                time_tiled(record, x, w, sizes, pair[1])
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
                 fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)
@@ -216,14 +222,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.tune_tiled:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             routing, tune_start = "uniform", time.perf_counter()
-            for tm, tn, tk, stages, band in itertools.product((128,), (128, 64), (64, 128), (4, 3, 5, 6), (4, 8, 1)):
-                config = grouped_gemm.TileConfig(tile_m=tm, tile_n=tn, tile_k=tk, stages=stages, band=band)
+            # 128-deep k steps and 6 stages overflow shared memory (measured 2026-11-28); band 1 was slowest
+            for swiglu, tn, tk, stages, band in itertools.product((shape_name == "gate_up",), (128, 64), (64, 32),
+                                                                   (3, 4, 5), (8, 16)):
+                config = grouped_gemm.TileConfig(tile_m=128, tile_n=tn, tile_k=tk, stages=stages, band=band)
                 if time.perf_counter() - tune_start > args.tune_seconds:
                     log("tiled tuning: time budget spent")
                     break
-                if n % (2 * tn) or k % tk:
+                if (n // (1 + swiglu)) % (2 * tn) or k % tk:
                     continue
-                time_tiled(record, x, w, sizes, config, name="tiled_tune")
+                time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=swiglu)
         if args.tune:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu

@@ -20,14 +20,17 @@ case $stage in
     run moe_test 120 python3 -m pytest -q -x tests/test_llm_moe.py -k "mgpu or tiny or fp8"
     run moe_kernels 420 python3 scripts/bench_moe.py --tune --tune-seconds 120 --out "$out/moe_kernels.json"
     ;;
-  tiled)  # our grouped GEMM (jaxllm.grouped_gemm): correctness, kernels side by side, the block, then the encoders
-    run tiled_test 150 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py tests/test_llm_moe.py -k "gpu or tiled"
-    run moe_tiled 300 python3 scripts/bench_moe.py --candidates dense mgpu tiled --tune-tiled --tune-seconds 80 \
-      --block-impls mgpu tiled --out "$out/moe_tiled.json"
+  tiled)  # our grouped GEMM (jaxllm.grouped_gemm): correctness, kernels side by side, the block, encoders, trainer
+    run tiled_test 120 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py tests/test_llm_moe.py -k "gpu or tiled"
+    run moe_tiled 150 python3 scripts/bench_moe.py --candidates dense mgpu tiled --routings uniform --tune-tiled \
+      --tune-seconds 40 --block-impls mgpu tiled --out "$out/moe_tiled.json"
     for model in qwen3-30b-a3b qwen3-4b; do
-      run "encoder_$model" 150 python3 scripts/bench_encoder.py --ragged --model "$model" --dtypes bfloat16 \
+      run "encoder_$model" 130 python3 scripts/bench_encoder.py --ragged --model "$model" --dtypes bfloat16 \
         --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_$model.json"
     done
+    run train_30b_bfloat16 170 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype bfloat16 \
+      --skip-n 8 --num-envs 128 --max-updates 4 --compile-cache off --run-dir "$out/run30b-bfloat16"
+    tail -n 3 "$out/run30b-bfloat16/metrics.jsonl" 2>/dev/null
     ;;
   check)  # after a change to the sparse block: the GPU kernel test, the block alone, the 30B encoder in bf16
     run moe_test 120 python3 -m pytest -q tests/test_llm_moe.py -k "mgpu or tiny or fp8"

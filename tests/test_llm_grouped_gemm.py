@@ -53,10 +53,27 @@ def test_tiled_kernel_equals_ragged_dot_interpreted():
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
 
 
+def test_tiled_kernel_fuses_swiglu_interpreted():
+    """With swiglu, the kernel's output is silu(gate) * up of the float32 products (gate over up in the weights)."""
+    rng = np.random.default_rng(1)
+    sizes, f = np.array([0, 90, 40]), 128
+    x = jnp.asarray(rng.normal(size=(int(sizes.sum()), 128)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(3, 2 * f, 128)) * 0.1, jnp.bfloat16)
+    plan = tile_plan(jnp.asarray(sizes, jnp.int32), x.shape[0], SMALL.tile_m)
+    rows = jnp.zeros((plan.num_rows, 128), x.dtype).at[plan.padded_row].set(x)
+    out = tiled_grouped_matmul(rows, w, plan.tile_groups, SMALL, swiglu=True, interpret=interpreter())
+    assert out.shape == (plan.num_rows, f)
+    gu = np.asarray(moe.grouped_matmul(x.astype(jnp.float32), w.astype(jnp.float32), jnp.asarray(sizes, jnp.int32),
+                                       "ragged_dot"))
+    want = gu[:, :f] / (1 + np.exp(-gu[:, :f])) * gu[:, f:]
+    np.testing.assert_allclose(np.asarray(out[plan.padded_row], np.float32), want, rtol=1e-2,
+                               atol=1e-2 * np.abs(want).max())
+
+
 def test_moe_block_tiled_reads_the_layer_stack_in_place():
     """moe_block on the tiled kernel, given the whole [L, E, ...] stacks and a layer index, equals the ragged_dot
     block on that layer's slice; no op slices the stacks (the kernel reads them in place)."""
-    e, d, f, n, layers = 4, 128, 64, 40, 3
+    e, d, f, n, layers = 4, 128, 128, 40, 3
     ks = jax.random.split(jax.random.key(1), 4)
     x = jax.random.normal(ks[0], (n, d), jnp.float32).astype(jnp.bfloat16)
     stack = {"router": (jax.random.normal(ks[1], (layers, d, e)) * 0.3).astype(jnp.bfloat16),
@@ -82,7 +99,7 @@ def test_tiled_kernel_names_the_shape_it_cannot_take():
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
 def test_tiled_kernel_equals_ragged_dot_on_gpu():
     rng = np.random.default_rng(5)
-    config = moe.TILED_CONFIGS[0]
+    config = moe.TILED_CONFIGS[0][1]
     for k, n, draw in ((2048, 1536, "random"), (768, 2048, "random"), (768, 2048, "one")):
         sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16) if draw == "random" else np.eye(16, dtype=int)[3] * 3001
         sizes[2] = 0
@@ -97,3 +114,8 @@ def test_tiled_kernel_equals_ragged_dot_on_gpu():
         got = np.asarray(out[plan.padded_row], np.float32)
         want = np.asarray(moe.grouped_matmul(x, w, s, "ragged_dot"), np.float32)
         assert np.abs(got - want).max() / np.abs(want).max() < 1e-2, (k, n, draw)
+        if n == 1536:  # gate+up with SwiGLU fused, at its own config
+            fused = jax.jit(lambda a, b, g: tiled_grouped_matmul(a, b, g, moe.TILED_CONFIGS[0][0], swiglu=True))
+            got = np.asarray(fused(rows, w, plan.tile_groups)[plan.padded_row], np.float32)
+            want = np.asarray(jax.nn.silu(jnp.asarray(want[:, :768])) * want[:, 768:])
+            assert np.abs(got - want).max() / np.abs(want).max() < 2e-2, "swiglu"
