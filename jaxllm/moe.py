@@ -74,8 +74,8 @@ def default_grouped_matmul_impl() -> str:
 # whose shapes divide both expert GEMMs is used. The first is the best of a sweep on an H100 at Qwen3-30B-A3B's
 # shapes (D 2048, F 768; scripts/bench_moe.py --tune-tiled, docs/BENCHMARKS.md); the last takes small test models.
 TILED_CONFIGS = (
-    (TileConfig(tile_m=128, tile_n=64, tile_k=64, stages=4, band=8),
-     TileConfig(tile_m=128, tile_n=128, tile_k=64, stages=3, band=8)),
+    (TileConfig(tile_m=128, tile_n=64, tile_k=64, stages=4, band=16),
+     TileConfig(tile_m=128, tile_n=128, tile_k=64, stages=4, band=8)),
     (TileConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, band=1),) * 2,
 )
 
