@@ -90,6 +90,25 @@ def test_moe_block_tiled_reads_the_layer_stack_in_place():
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
 
 
+def test_moe_block_tiled_takes_fp8_expert_stacks():
+    """fp8 experts (e4m3 stacks with scales) go through the tiled kernel after the layer's dequantisation, and
+    equal the ragged_dot block on the same dequantised layer."""
+    from jaxllm.fp8 import out_in_weights, quantize_out_in
+
+    e, d, f, n, layers = 4, 128, 128, 24, 2
+    ks = jax.random.split(jax.random.key(2), 4)
+    x = jax.random.normal(ks[0], (n, d), jnp.float32).astype(jnp.bfloat16)
+    router = (jax.random.normal(ks[1], (d, e)) * 0.3).astype(jnp.bfloat16)
+    gate_up = quantize_out_in((jax.random.normal(ks[2], (layers, e, 2 * f, d)) * 0.1).astype(jnp.bfloat16))
+    down = quantize_out_in((jax.random.normal(ks[3], (layers, e, d, f)) * 0.1).astype(jnp.bfloat16))
+    got = moe.moe_block(x, {"router": router, "gate_up": gate_up, "down": down}, 2, False, impl="tiled",
+                        layer=jnp.int32(1))
+    layer = {"router": router, **{name: out_in_weights(jax.tree.map(lambda a: a[1], w), jnp.bfloat16)
+                                  for name, w in (("gate_up", gate_up), ("down", down))}}
+    want = np.asarray(moe.moe_block(x, layer, 2, False, impl="ragged_dot"), np.float32)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+
+
 def test_tiled_kernel_names_the_shape_it_cannot_take():
     rows = jnp.zeros((128, 96), jnp.bfloat16)
     with pytest.raises(ValueError, match="contraction 96 must be a multiple of tile_k 64"):
