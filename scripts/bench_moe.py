@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["dense", "mgpu", "mgpu_kn", "tiled", "cudnn", "padded", "ragged_dot"])
     p.add_argument("--block-impls", nargs="+", default=None, choices=["ragged_dot", "mgpu", "tiled"],
                    help="grouped GEMMs to time the whole sparse block with (default: the backend's default)")
+    p.add_argument("--profile-block", type=Path, default=None,
+                   help="trace one call of each timed block into DIR/<impl> and log where its GPU time goes")
     p.add_argument("--block-layers", type=int, default=4,
                    help="the sparse block reads layer 1 of a stack of this many layers, as the model does")
     p.add_argument("--tune", action="store_true", help="sweep ragged_dot_mgpu's tilings (uniform routing)")
@@ -284,6 +286,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             row["max_rel_err_vs_first"] = float(np.abs(np.asarray(out, np.float32) - reference).max()
                                                 / (np.abs(reference).max() + 1e-9))
+        if args.profile_block is not None:
+            from scripts.kernel_times import profile_call
+
+            row["profile"] = profile_call(lambda: fn(tokens, block_params, layer), args.profile_block / impl)
         result.setdefault("moe_blocks", []).append(row)
         log(f"whole sparse block ({args.tokens} tokens, stack of {nl}): {row}")
         del out
