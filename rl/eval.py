@@ -13,15 +13,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 
-from rl.jit import compile_program
 from rl.llm import LLMArgs, make_llm_encoder
 from rl.modes import MODES, OTHER_PROMPT, describe
-from rl.play import episode_results, no_episodes, play_windows, summarise, trainer_window
+from rl.play import episode_results, no_episodes, play_windows, summarise, trainer_start, trainer_window
 from rl.runs import restore_policy
-from rl.trainer import RolloutCarry
 from rl.trajectories import RecordedRollout
 
 __doc__ = __doc__.replace("{modes}", describe())
@@ -38,7 +35,7 @@ def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=N
     the window's ablation key (a prompt variant's random tokens, `rl.variants`).
     """
     env, n = trainer.env, num_episodes
-    reset = compile_program(lambda key: env.reset(key, jnp.arange(n)), runs_llm=False)
+    start = trainer_start(trainer, n)
     run_window = trainer_window(trainer, encode, zero=zero, keyed=keyed, record=_recorded)
 
     def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs(), on_window=None, on_progress=None):
@@ -47,20 +44,19 @@ def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=N
         `rl.trajectories.TrajectoryWriter.add_rollout`. on_progress: called after every window with (steps played,
         episodes finished)."""
         window = (skip_n or max_steps) if encode is not None else min(64, max_steps)  # skip_n 0: encode once
-        k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
-        obs, state = reset(k_reset)
         keep = on_window is not None
         step = lambda carry, seen, length: run_window(carry, seen, params, jnp.int32(mode), llm_args, length=length,
                                                       keep=keep)
-        carry, seen = play_windows(step, RolloutCarry(state, obs, None, key), no_episodes(n, len(env.achievement_names)),
+        carry, seen = play_windows(step, start(seed), no_episodes(n, len(env.achievement_names)),
                                    max_steps, window, on_window=on_window, on_progress=on_progress)
         return episode_results(seen, carry.env_state)
 
     return play
 
 
-def _recorded(carry: RolloutCarry, steps) -> RecordedRollout:
-    """The samples of a window that `--save-trajectories` keeps (`carry`: the one after the window)."""
+def _recorded(carry, steps) -> RecordedRollout:
+    """The samples of a window that `--save-trajectories` keeps (`carry`: the trainer's `RolloutCarry` after the
+    window)."""
     tr = steps.transition
     return RecordedRollout(tr.obs, carry.obs, tr.action, tr.reward, tr.done, tr.log_prob)
 
@@ -264,7 +260,7 @@ def main(argv=None) -> int:
         from rl.video import record_video
 
         try:
-            written.append(record_video(args.run_dir, args.video, episodes=args.video_episodes, seed=args.seed,
+            written.append(record_video(restore_policy(args.run_dir, purpose="record"), args.video, episodes=args.video_episodes, seed=args.seed,
                                         max_steps=args.video_max_steps, fps=args.video_fps, say=say))
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)

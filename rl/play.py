@@ -129,6 +129,21 @@ def first_episodes(seen: Episodes, info) -> Episodes:
                     pick(info.episode_length, seen.lengths), pick(info.achievements, seen.achievements))
 
 
+def trainer_start(trainer, n: int) -> Callable[[int], Any]:
+    """start(seed) -> the carry a play of `n` envs on the trainer's scan starts from: fresh worlds (the reset key
+    split from `PRNGKey(seed)`, the rest the play's key), no hidden state yet (`Trainer.play_carry`)."""
+    from rl.jit import compile_program
+
+    reset = compile_program(lambda key: trainer.env.reset(key, jnp.arange(n)), runs_llm=False)
+
+    def start(seed: int):
+        k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
+        obs, state = reset(k_reset)
+        return trainer.play_carry(obs, state, key)
+
+    return start
+
+
 def trainer_window(trainer, encode: Callable | None = None, *, zero=None, keyed: bool = False,
                    record: Callable | None = None) -> Callable:
     """The jitted window of a play on the trainer's own scan (`Trainer.run_window`: its envs, policy sampling and

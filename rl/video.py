@@ -107,15 +107,12 @@ def write_video(frames: list[np.ndarray], out: Path, fps: float) -> Path:
     return out
 
 
-def record_video(run_dir: Path, out: Path, *, episodes: int = 1, seed: int = 1234, max_steps: int = 300,
+def record_video(policy: Any, out: Path, *, episodes: int = 1, seed: int = 1234, max_steps: int = 300,
                  fps: float = 6.0, say=lambda text: None) -> Path:
-    """Play `episodes` episodes (one env each, one after the other in the video) with the latest checkpoint of
-    `run_dir` and write them to `out` (.gif or .mp4). Each env's video ends with its first episode, or after
-    `max_steps` steps."""
-    from rl.runs import restore_policy
-
+    """Play `episodes` episodes (one env each, one after the other in the video) with a restored run's policy
+    (`rl.runs.restore_policy(run_dir, purpose="record")`: a `RunPolicy`) and write them to `out` (.gif or .mp4).
+    Each env's video ends with its first episode, or after `max_steps` steps."""
     check_video_path(out)
-    policy = restore_policy(run_dir, purpose="record")
     n = episodes
     say(f"recording {n} episode{'s' if n > 1 else ''} of update {policy.step}'s policy (up to {max_steps} steps "
         f"each) ...")
@@ -130,8 +127,7 @@ def play_frames(policy: Any, n: int, seed: int, max_steps: int) -> list[list[np.
     (`rl.play`) on the trainer's own scan, the hidden state refreshed from the window's first states every skip_n
     steps (0: once) and never ablated, so the play's keys are those of training. An env's frames end with its
     first episode, or after `max_steps` steps."""
-    from rl.play import no_episodes, play_windows, trainer_window
-    from rl.trainer import RolloutCarry
+    from rl.play import no_episodes, play_windows, trainer_start, trainer_window
 
     cfg, trainer, llm = policy.cfg, policy.trainer, policy.llm
     env = trainer.env
@@ -139,8 +135,6 @@ def play_frames(policy: Any, n: int, seed: int, max_steps: int) -> list[list[np.
     run_window = trainer_window(trainer, policy.encode, record=lambda carry, steps: (steps.states, steps.info))
     render = _pixel_renderer(cfg.env)
     obs_text = _observation_text(cfg, llm)
-    k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
-    obs, state = compile_program(lambda k: env.reset(k, jnp.arange(n)), runs_llm=False)(k_reset)
     font = _font()
     per_env: list[list[np.ndarray]] = [[] for _ in range(n)]
     done = np.zeros(n, bool)
@@ -164,7 +158,7 @@ def play_frames(policy: Any, n: int, seed: int, max_steps: int) -> list[list[np.
 
     step = lambda carry, seen, length: run_window(carry, seen, policy.params, None, policy.llm_args,  # noqa: E731
                                                   length=length, keep=True)
-    play_windows(step, RolloutCarry(state, obs, None, key), no_episodes(n, len(env.achievement_names)), max_steps,
+    play_windows(step, trainer_start(trainer, n)(seed), no_episodes(n, len(env.achievement_names)), max_steps,
                  window, on_window=add_frames)
     return per_env
 
