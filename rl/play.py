@@ -22,12 +22,15 @@ splits envs over devices; the play loop calls into it (`Trainer.run_window`) rat
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxllm.compile import jit as jit_with_options
+from rl.jit import compile_program
 from rl.modes import ablate
 
 
@@ -88,22 +91,6 @@ def sampled_steps(apply: Callable, env, params, carry: PlayCarry, length: int) -
     return PlayCarry(state, obs, hidden, key), Played(info)
 
 
-def fold_episodes(seen: "Episodes", carry, out) -> "Episodes":
-    """The default fold of a window: the episodes that ended in it (`out.info`, [T, B]) added to `seen`."""
-    return first_episodes(seen, out.info)
-
-
-def play_window(steps: Callable, carry, seen, length: int, refresh: Callable | None = None,
-                fold: Callable = fold_episodes) -> tuple[Any, Any, Any]:
-    """One window of a play (pure; a tool jits it): `refresh(carry) -> carry` (the hidden-state source, None: the
-    hidden state is held), `steps(carry, length) -> (carry, out)`, `fold(seen, carry, out) -> seen`. Returns
-    (carry, seen, out)."""
-    if refresh is not None:
-        carry = refresh(carry)
-    carry, out = steps(carry, length)
-    return carry, fold(seen, carry, out), out
-
-
 class Episodes(NamedTuple):
     """Each env's first episode: its return, length and achievements once `finished`."""
 
@@ -129,11 +116,25 @@ def first_episodes(seen: Episodes, info) -> Episodes:
                     pick(info.episode_length, seen.lengths), pick(info.achievements, seen.achievements))
 
 
+def fold_episodes(seen: Episodes, carry, out) -> Episodes:
+    """The default fold of a window: the episodes that ended in it (`out.info`, [T, B]) added to `seen`."""
+    return first_episodes(seen, out.info)
+
+
+def play_window(steps: Callable, carry, seen, length: int, refresh: Callable | None = None,
+                fold: Callable = fold_episodes) -> tuple[Any, Any, Any]:
+    """One window of a play (pure; a tool jits it): `refresh(carry) -> carry` (the hidden-state source, None: the
+    hidden state is held), `steps(carry, length) -> (carry, out)`, `fold(seen, carry, out) -> seen`. Returns
+    (carry, seen, out)."""
+    if refresh is not None:
+        carry = refresh(carry)
+    carry, out = steps(carry, length)
+    return carry, fold(seen, carry, out), out
+
+
 def trainer_start(trainer, n: int) -> Callable[[int], Any]:
     """start(seed) -> the carry a play of `n` envs on the trainer's scan starts from: fresh worlds (the reset key
     split from `PRNGKey(seed)`, the rest the play's key), no hidden state yet (`Trainer.play_carry`)."""
-    from rl.jit import compile_program
-
     reset = compile_program(lambda key: trainer.env.reset(key, jnp.arange(n)), runs_llm=False)
 
     def start(seed: int):
@@ -154,10 +155,6 @@ def trainer_window(trainer, encode: Callable | None = None, *, zero=None, keyed:
     None plays the run's own vectors with the key stream of training, a mode index ablates them; `zero`, `keyed`
     as there). `keep` (static): also return `record(carry after the window, Steps with the raw states)`. The
     returned carry holds no hidden state (the next window refreshes it)."""
-    from functools import partial
-
-    from jaxllm.compile import jit
-
     def run(carry, seen, params, mode, llm_args, length: int, keep: bool = False):
         refresh = None if encode is None else partial(refresh_hidden, encode, llm_args, mode=mode, zero=zero,
                                                       keyed=keyed)
@@ -166,7 +163,7 @@ def trainer_window(trainer, encode: Callable | None = None, *, zero=None, keyed:
         result = carry._replace(hidden=None), seen
         return result + (record(carry, out),) if keep else result
 
-    return jit(run, compiler_options=trainer.compiler_options, static_argnames=("length", "keep"))
+    return jit_with_options(run, compiler_options=trainer.compiler_options, static_argnames=("length", "keep"))
 
 
 def play_windows(run_window: Callable, carry: Any, seen: Any, max_steps: int, window: int, *,
