@@ -133,9 +133,10 @@ def prompt_text(value: str) -> str:
 
 def add_dataclass_options(parser: argparse.ArgumentParser, fields: type | Sequence[dataclasses.Field],
                           groups: Sequence[str], choices: dict[str, Sequence[str]] | None = None,
-                          types: dict[str, Any] | None = None) -> None:
+                          types: dict[str, Any] | None = None, *, defaults: bool = False) -> None:
     """One `--field-name` option per field (of a dataclass, or a sequence of fields), under its metadata's group (in
-    `groups` order), with its metadata's help and its default shown (the parser's own default may be SUPPRESS: only
+    `groups` order; a group not listed: the parser's own options), with its metadata's help and its default shown.
+    `defaults`: the field's default is the option's default too; otherwise the parser's own (e.g. SUPPRESS: only
     given flags land)."""
     choices, types = choices or {}, types or {}
     sections = {g: parser.add_argument_group(g) for g in groups}
@@ -157,6 +158,8 @@ def add_dataclass_options(parser: argparse.ArgumentParser, fields: type | Sequen
             kw["type"] = types[f.name]
             kw["metavar"] = PROMPT_METAVAR if types[f.name] is prompt_text else kw["metavar"]
         kw["metavar"] = f.metadata.get("metavar", kw["metavar"])
+        if defaults:
+            kw["default"] = f.default
         action = section.add_argument("--" + f.name.replace("_", "-"), **kw)
         action.shown_default = f.default
 

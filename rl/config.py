@@ -154,6 +154,18 @@ class LLMConfig:
     llm_capacity: int = _opt(0, LLM, "tokens per packed LLM pass (0 = jaxllm.default_capacity)", applies="llm")
     llm_chunk: int = _opt(64, LLM, "prompts per LLM call with --llm-encode bucketed", applies="llm")
 
+    def check(self) -> None:
+        """ValueError (one line naming the flag) for a setting outside its choices or range."""
+        _choice("obs_format", self.obs_format, OBS_FORMATS)
+        _choice("template_assembly", self.template_assembly, TEMPLATE_ASSEMBLIES)
+        _choice("pooling", self.pooling, POOLINGS)
+        _choice("llm_dtype", self.llm_dtype, LLM_DTYPES)
+        _choice("llm_encode", self.llm_encode, LLM_ENCODES)
+        if self.llm_capacity < 0:
+            raise ValueError(f"--llm-capacity must be >= 0 (tokens per packed LLM pass; 0 = automatic), got "
+                             f"{self.llm_capacity}")
+        check_at_least_one(self, ("llm_chunk",))
+
     def encode_options(self) -> dict[str, Any]:
         """The keyword arguments of `rl.encoders.make_ids_encoder` (and `make_inscan_encoder`) these settings give."""
         return dict(layer=self.llm_layer, pooling=self.pooling, method=self.llm_encode, capacity=self.llm_capacity,
@@ -265,18 +277,11 @@ class TrainConfig(Sectioned):
         over that many devices."""
         _choice("env", self.env, ENV_NAMES)
         _choice("encoder", self.encoder, ENCODERS)
-        _choice("obs_format", self.obs_format, OBS_FORMATS)
-        _choice("template_assembly", self.template_assembly, TEMPLATE_ASSEMBLIES)
-        _choice("pooling", self.pooling, POOLINGS)
-        _choice("llm_dtype", self.llm_dtype, LLM_DTYPES)
-        _choice("llm_encode", self.llm_encode, LLM_ENCODES)
-        if self.llm_capacity < 0:
-            raise ValueError(f"--llm-capacity must be >= 0 (tokens per packed LLM pass; 0 = automatic), got "
-                             f"{self.llm_capacity}")
+        self.llm.check()
         _choice("fusion", self.fusion, FUSIONS)
         _choice("shuffle", self.shuffle, SHUFFLES)
         check_at_least_one(self, ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
-                                  "checkpoint_every", "reset_ratio", "width", "keep_checkpoints", "llm_chunk",
+                                  "checkpoint_every", "reset_ratio", "width", "keep_checkpoints",
                                   "samples_per_file"))
         if self.devices < 0:
             raise ValueError(f"--devices must be >= 0 (0 = all visible devices), got {self.devices}")

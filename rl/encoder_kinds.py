@@ -16,7 +16,8 @@ interface only and never ask which kind they hold:
     what it is             `describe` (one line for the run's output), `preflight` (refuse what cannot run)
 
 The jit-side methods (`reset_reads`, `advance`) are pure functions of their arguments; the host-side ones take
-the `Trainer` they serve (its mesh, env, sharded jits).
+the `rl.update_parts.UpdateParts` of the trainer they serve (its mesh, env, sharded jits, the pieces of an update):
+the trainer imports this module and hands those parts over; nothing here knows the trainer itself.
 """
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ from jaxllm.compile import compiler_options
 from rl.config import HiddenConfig, LLMConfig
 from rl.encoders import VLLMEncoder, make_token_fn
 from rl.llm import LLMArgs, LLMSetup, load_llm, make_llm_encoder
+from rl.play import zero_on_reset
 from rl.sharding import ENV_AXIS, from_process_local_rows, process_local_rows
 from rl.trajectories import RecordedRollout
+from rl.update_parts import UpdateParts
 
-Trainer = Any  # rl.trainer.Trainer, which imports this module: the host-side methods receive the one they serve
 Update = Callable[[Any, LLMArgs], tuple]  # (runner, llm_args) -> (runner, metrics[, RecordedRollout or None])
 
 
@@ -95,31 +97,31 @@ class Encoder:
         """The LLM arrays every jitted call takes as arguments (empty without an in-scan LLM)."""
         return LLMArgs()
 
-    def attach(self, trainer: Trainer) -> None:
-        """Build this kind's jitted helpers on `trainer`'s mesh (called once by the trainer it serves)."""
+    def attach(self, parts: UpdateParts) -> None:
+        """Build this kind's jitted helpers on the trainer's mesh (`parts.sharded`; called once by the trainer it
+        serves)."""
 
     # jit side (pure) --------------------------------------------------------------------------
     def reset_reads(self, hidden, window: LLMWindow | None, done, block_slots: Callable) -> jax.Array | None:
         """The hidden state [B, D] after a step whose `done` [B] envs start a new episode: a new episode never
         sees its predecessor's vector. Here: zeros ("no LLM reading yet")."""
-        if hidden is None:
-            return None
-        return jnp.where(done[:, None], jnp.zeros_like(hidden), hidden)
+        return zero_on_reset(hidden, done)
 
     def advance(self, llm_args: LLMArgs, hidden, window, next_state, k_env, env_index, env) -> tuple:
         """(hidden, window) after one step of the rollout's scan (the window's clock). Here: unchanged."""
         return hidden, window
 
     # host side --------------------------------------------------------------------------------
-    def start(self, trainer: Trainer, llm_args: LLMArgs, env_state, key) -> tuple:
+    def start(self, parts: UpdateParts, llm_args: LLMArgs, env_state, key) -> tuple:
         """(hidden [B, D] or None, window or None) that the run's first step reads (the first window opens)."""
         return None, None
 
-    def make_update(self, trainer: Trainer) -> Update:
-        """The function that runs one training update: by default the trainer's single jitted update."""
-        return trainer.update
+    def make_update(self, parts: UpdateParts) -> Update:
+        """The function that runs one training update: by default the trainer's single jitted update
+        (`parts.update`)."""
+        return parts.update
 
-    def share_meter(self, trainer: Trainer, llm_args: LLMArgs, current_state: Callable[[], Any]):
+    def share_meter(self, parts: UpdateParts, llm_args: LLMArgs, current_state: Callable[[], Any]):
         """What measures the share of an update's time spent in the LLM (`rl.llm_share`: `due(k)`, `measure()`,
         `value_for(update_seconds)`); `current_state()` gives the state the next update starts from. Here: 0."""
         from rl.llm_share import FixedShare
@@ -180,11 +182,11 @@ class InScanEncoder(Encoder):
         return (f"LLM: {s.model} ({size} parameters, {dtype}, hidden size {self.llm.hidden_size}); prompt head "
                 f"{len(self.llm.template.prefix_ids)} tokens (cached once), re-encoded every {self.skip_n} steps")
 
-    def attach(self, trainer: Trainer) -> None:
+    def attach(self, parts: UpdateParts) -> None:
         rep, env = P(), P(ENV_AXIS)
-        self.encode_states = trainer.sharded(self.encode, (rep, rep, env), env)
-        open_window = lambda args, es, key: self.open(LLMArgs(*args), es, key, trainer.env_index(), trainer.env)
-        self.open_window = trainer.sharded(open_window, (rep, env, rep), (env, self.window_specs))
+        self.encode_states = parts.sharded(self.encode, (rep, rep, env), env)
+        open_window = lambda args, es, key: self.open(LLMArgs(*args), es, key, parts.env_index(), parts.env)
+        self.open_window = parts.sharded(open_window, (rep, env, rep), (env, self.window_specs))
 
     def open(self, llm_args: LLMArgs, env_state, key, env_index, env) -> tuple:
         """A window starts on `env_state`: the envs' hidden states [B, D] and the new `LLMWindow` (clock =
@@ -218,15 +220,15 @@ class InScanEncoder(Encoder):
 
         return jax.lax.cond(window.clock == 0, new_window, lambda h, w: (h, w), hidden, window)
 
-    def start(self, trainer, llm_args, env_state, key):
-        return self.open_window(trainer.place_llm_args(llm_args), env_state, jax.random.fold_in(key, 1))
+    def start(self, parts, llm_args, env_state, key):
+        return self.open_window(parts.place_llm_args(llm_args), env_state, jax.random.fold_in(key, 1))
 
-    def share_meter(self, trainer, llm_args, current_state):
+    def share_meter(self, parts, llm_args, current_state):
         """Two throwaway updates timed back to back, without and with LLM windows (`rl.llm_share.LLMShare`)."""
         from rl.llm_share import LLMShare
 
-        return LLMShare(lambda clock: trainer.update_from_clock(current_state(), llm_args, clock),
-                        trainer.num_steps, self.skip_n)
+        return LLMShare(lambda clock: parts.update_from_clock(current_state(), llm_args, clock),
+                        parts.num_steps, self.skip_n)
 
 
 class HTTPEncoder(Encoder):
@@ -265,30 +267,30 @@ class HTTPEncoder(Encoder):
         return (f"LLM: {self.settings.model} on the embedding server {self.hidden.vllm_url}; prompt head "
                 f"{len(self.llm.template.prefix_ids)} tokens")
 
-    def attach(self, trainer: Trainer) -> None:
+    def attach(self, parts: UpdateParts) -> None:
         env = P(ENV_AXIS)
-        self._tokens = trainer.sharded(make_token_fn(self.llm.template), env, (env, env))
+        self._tokens = parts.sharded(make_token_fn(self.llm.template), env, (env, env))
 
-    def hidden_of(self, trainer: Trainer, env_state) -> jax.Array:
+    def hidden_of(self, parts: UpdateParts, env_state) -> jax.Array:
         """Hidden states from the server, placed split over the mesh like every per-env array.
         Each process sends only its own envs' prompts (all of them when there is one process)."""
         ids, lengths = (process_local_rows(x) for x in self._tokens(env_state.env_state))
-        return from_process_local_rows(self.client(ids, lengths), trainer.mesh, trainer.env.num_envs)
+        return from_process_local_rows(self.client(ids, lengths), parts.mesh, parts.env.num_envs)
 
-    def start(self, trainer, llm_args, env_state, key):
-        return self.hidden_of(trainer, env_state), None
+    def start(self, parts, llm_args, env_state, key):
+        return self.hidden_of(parts, env_state), None
 
     def advance(self, llm_args, hidden, window, next_state, k_env, env_index, env):
         raise RuntimeError("the vllm encoder rolls out on the host; use Trainer.step")
 
-    def make_update(self, trainer: Trainer) -> Update:
-        skip_n, windows = self.skip_n, trainer.num_steps // self.skip_n
+    def make_update(self, parts: UpdateParts) -> Update:
+        skip_n, windows = self.skip_n, parts.num_steps // self.skip_n
         rep, steps = P(), P(None, ENV_AXIS)
-        specs, carry_specs = trainer.runner_specs, trainer.carry_specs
-        run_window = trainer.sharded(lambda p, c: trainer.run_window(p, c, skip_n, env_index=trainer.env_index()),
-                                     (rep, carry_specs), (carry_specs, steps))
-        finish = trainer.sharded(lambda runner, c, k, chunks: trainer.finish_update(runner, c, k, *concat_steps(chunks)),
-                                 (specs, carry_specs, rep, steps), (specs, rep))
+        specs, carry_specs = parts.runner_specs, parts.carry_specs
+        run_window = parts.sharded(lambda p, c: parts.run_window(p, c, skip_n, env_index=parts.env_index()),
+                                   (rep, carry_specs), (carry_specs, steps))
+        finish = parts.sharded(lambda runner, c, k, chunks: parts.finish_update(runner, c, k, *concat_steps(chunks)),
+                               (specs, carry_specs, rep, steps), (specs, rep))
 
         def update(runner, llm_args):
             t0 = self.client.seconds
@@ -298,15 +300,15 @@ class HTTPEncoder(Encoder):
             for _ in range(windows):
                 carry, out = run_window(runner.params, carry)
                 chunks.append((out.transition, out.info))
-                carry = carry._replace(hidden=self.hidden_of(trainer, carry.env_state))
+                carry = carry._replace(hidden=self.hidden_of(parts, carry.env_state))
             runner, metrics = finish(runner, carry._replace(key=key), k_ppo, chunks)
             self._last_seconds = self.client.seconds - t0
-            samples = recorded_rollout(concat_steps([tr for tr, _ in chunks]), runner.obs) if trainer.records else None
+            samples = recorded_rollout(concat_steps([tr for tr, _ in chunks]), runner.obs) if parts.records else None
             return runner, metrics, samples
 
         return update
 
-    def share_meter(self, trainer, llm_args, current_state):
+    def share_meter(self, parts, llm_args, current_state):
         """The server's seconds during the latest update over the update's seconds."""
         from rl.llm_share import ServerShare
 

@@ -13,16 +13,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 
-from jaxllm.compile import jit as jit_with_options
-from rl.jit import compile_program
 from rl.llm import LLMArgs, make_llm_encoder
-from rl.modes import MODES, OTHER_PROMPT, ablate, describe
-from rl.play import Episodes, episode_results, first_episodes, no_episodes, play_windows, summarise
+from rl.modes import MODES, OTHER_PROMPT, describe
+from rl.play import episode_results, no_episodes, play_windows, summarise, trainer_start, trainer_window
 from rl.runs import restore_policy
-from rl.trainer import RolloutCarry
 from rl.trajectories import RecordedRollout
 
 __doc__ = __doc__.replace("{modes}", describe())
@@ -30,7 +26,7 @@ __doc__ = __doc__.replace("{modes}", describe())
 def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=None, keyed: bool = False):
     """Episode player: play(params, seed, max_steps, mode, llm_args) -> numpy results (`rl.play`).
 
-    Every env plays one episode, in windows of the trainer's own scan (`Trainer.run_window`: the trainer's
+    Every env plays one episode, in windows of the trainer's own scan (`rl.play.trainer_window`: the trainer's
     envs, policy sampling and hidden-state handling); `encode` (llm_params, cache, raw_states) -> h refreshes
     the hidden state at the start of every `skip_n`-step window (0: once, at the start), and `mode` (an index
     into `rl.modes.MODES`) picks the ablation applied to it (one compile for all modes; `zero`: the policy's zero
@@ -39,21 +35,8 @@ def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=N
     the window's ablation key (a prompt variant's random tokens, `rl.variants`).
     """
     env, n = trainer.env, num_episodes
-    reset = compile_program(lambda key: env.reset(key, jnp.arange(n)), runs_llm=False)
-
-    def run_window(carry: RolloutCarry, seen: Episodes, params, mode, llm_params, cache, window, keep=False):
-        if encode is not None:
-            key, k = jax.random.split(carry.key)
-            extra = (k,) if keyed else ()
-            hidden = ablate(encode(llm_params, cache, carry.env_state.env_state, *extra), mode, k, zero)
-            carry = carry._replace(hidden=hidden, key=key)
-        carry, steps = trainer.run_window(params, carry, window)
-        out = carry._replace(hidden=None), first_episodes(seen, steps.info)
-        tr = steps.transition
-        return out + (RecordedRollout(tr.obs, carry.obs, tr.action, tr.reward, tr.done, tr.log_prob),) if keep else out
-
-    run_window = jit_with_options(run_window, compiler_options=trainer.compiler_options,
-                                  static_argnames=("window", "keep"))
+    start = trainer_start(trainer, n)
+    run_window = trainer_window(trainer, encode, zero=zero, keyed=keyed, record=_recorded)
 
     def play(params, seed: int, max_steps: int, mode: int = 0, llm_args=LLMArgs(), on_window=None, on_progress=None):
         """on_window: called with every window's `RecordedRollout` of device arrays (obs [T, B, O], the observation
@@ -61,16 +44,21 @@ def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=N
         `rl.trajectories.TrajectoryWriter.add_rollout`. on_progress: called after every window with (steps played,
         episodes finished)."""
         window = (skip_n or max_steps) if encode is not None else min(64, max_steps)  # skip_n 0: encode once
-        k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
-        obs, state = reset(k_reset)
         keep = on_window is not None
-        step = lambda carry, seen, length: run_window(carry, seen, params, jnp.int32(mode), *llm_args, window=length,
+        step = lambda carry, seen, length: run_window(carry, seen, params, jnp.int32(mode), llm_args, length=length,
                                                       keep=keep)
-        carry, seen = play_windows(step, RolloutCarry(state, obs, None, key), no_episodes(n, len(env.achievement_names)),
+        carry, seen = play_windows(step, start(seed), no_episodes(n, len(env.achievement_names)),
                                    max_steps, window, on_window=on_window, on_progress=on_progress)
         return episode_results(seen, carry.env_state)
 
     return play
+
+
+def _recorded(carry, steps) -> RecordedRollout:
+    """The samples of a window that `--save-trajectories` keeps (`carry`: the trainer's `RolloutCarry` after the
+    window)."""
+    tr = steps.transition
+    return RecordedRollout(tr.obs, carry.obs, tr.action, tr.reward, tr.done, tr.log_prob)
 
 
 def evaluate(run_dir: Path, num_episodes: int = 32, seed: int = 1234, max_steps: int = 10_000,
@@ -272,7 +260,7 @@ def main(argv=None) -> int:
         from rl.video import record_video
 
         try:
-            written.append(record_video(args.run_dir, args.video, episodes=args.video_episodes, seed=args.seed,
+            written.append(record_video(restore_policy(args.run_dir, purpose="record"), args.video, episodes=args.video_episodes, seed=args.seed,
                                         max_steps=args.video_max_steps, fps=args.video_fps, say=say))
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)

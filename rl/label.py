@@ -36,13 +36,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rl.config import LLM_DTYPES, LLM_ENCODES, OBS_FORMATS, POOLINGS, LLMConfig, Sectioned
+from rl.config import CHOICES, LLMConfig, Sectioned
 from rl.files import atomic_write, npz_headers
 from rl.llm import comparable
 from rl.trajectories import (HIDDEN_KEY, LABELLING_KEY, TrajectoryError, load_arrays, meta_array,
                              read_meta, save_npz_atomic, trajectory_env)
 
 DATA_AXIS = "samples"
+LABEL_OWN_LLM_FLAGS = ("llm_layer", "template_assembly")  # LLMConfig fields whose flag rl.label writes itself / lacks
 
 
 @dataclass(frozen=True, init=False)
@@ -516,34 +517,20 @@ Example:
 def build_parser() -> argparse.ArgumentParser:
     from render.envs import ENV_NAMES
 
-    from rl.cli import PROMPT_METAVAR, Parser, add_compile_cache_option, prompt_text
+    from rl.cli import Parser, add_compile_cache_option, add_dataclass_options, prompt_text
 
     p = Parser(prog="python -m rl.label", description=DESCRIPTION)
     p.add_argument("inputs", metavar="IN_DIR_OR_GLOB", help="a directory of .npz files, a glob pattern or one file")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory (same file names)")
-    p.add_argument("--model", default=LLMConfig.model, metavar="TEXT",
-                   help="checkpoint directory, hub id or preset (tiny, qwen3-4b)")
     d = LabelConfig()
+    # the LLM section's flags, as rl.train has them (rl.config.LLMConfig: a new LLM setting appears here too), but
+    # --llm-layer, which takes a list here, and --template-assembly (observations have one template assembly)
+    add_dataclass_options(p, [f for f in dataclasses.fields(LLMConfig) if f.name not in LABEL_OWN_LLM_FLAGS], (),
+                          CHOICES, types={"system_prompt": prompt_text}, defaults=True)
     p.add_argument("--llm-layer", default=str(d.llm_layer), dest="llm_layer", metavar="N[,N...]",
                    help="hidden state index (HF numbering: 0 embeddings, k after k layers; -1 final, normed); "
                         "several (8,16,24,-1) are labelled from one pass: `hidden_state` holds the first, "
                         "`hidden_state_L<k>` the others")
-    p.add_argument("--pooling", choices=POOLINGS, default=d.pooling,
-                   help="how the prompt's token states become one vector: last token or mean")
-    p.add_argument("--obs-format", choices=OBS_FORMATS, default=d.obs_format, dest="obs_format",
-                   help="text rendering of the game state (docs/RENDER.md)")
-    p.add_argument("--llm-dtype", choices=LLM_DTYPES, default=d.llm_dtype, dest="llm_dtype",
-                   help="LLM weights/compute dtype: auto = the checkpoint's; fp8 = W8A8 matmuls")
-    p.add_argument("--llm-encode", choices=LLM_ENCODES, default=d.llm_encode, dest="llm_encode",
-                   help="how a chunk's prompts meet the LLM, as in rl.train: bucketed (padded to a few lengths) "
-                        "or packed (end to end)")
-    p.add_argument("--llm-capacity", type=int, default=d.llm_capacity, dest="llm_capacity", metavar="N",
-                   help="tokens per packed pass (0: jaxllm.default_capacity)")
-    p.add_argument("--llm-chunk", type=int, default=d.llm_chunk, dest="llm_chunk", metavar="N",
-                   help="prompts per bucketed LLM call")
-    p.add_argument("--system-prompt", default=None, dest="system_prompt", type=prompt_text, metavar=PROMPT_METAVAR,
-                   help="system prompt: its text, or @FILE to read it from a file (default: render's prompt for the "
-                        "env and format)")
     p.add_argument("--batch", type=int, default=1024, metavar="N",
                    help="observations per chunk, all devices together (a rerun resumes at whole chunks)")
     p.add_argument("--devices", type=int, default=0, metavar="N", help="devices to use (0: all visible)")
@@ -562,10 +549,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    for flag, value, low in (("--batch", args.batch, 1), ("--devices", args.devices, 0),
-                             ("--llm-capacity", args.llm_capacity, 0), ("--llm-chunk", args.llm_chunk, 1)):
+    for flag, value, low in (("--batch", args.batch, 1), ("--devices", args.devices, 0)):
         if value < low:
             parser.error(f"{flag} must be >= {low}, got {value}")
+    llm_settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(LLMConfig)
+                    if f.name not in LABEL_OWN_LLM_FLAGS}
+    try:
+        LLMConfig(**llm_settings).check()
+    except ValueError as e:
+        parser.error(str(e))
     apply_compile_cache(args)
     try:
         shard = parse_shard(args.shard)
@@ -580,11 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    cfg = LabelConfig(model=args.model, llm_layer=layers[0], more_layers=layers[1:], pooling=args.pooling,
-                      obs_format=args.obs_format,
-                      llm_dtype=args.llm_dtype, llm_encode=args.llm_encode, llm_capacity=args.llm_capacity,
-                      llm_chunk=args.llm_chunk,
-                      system_prompt=args.system_prompt, batch=args.batch, devices=args.devices, env=args.env)
+    cfg = LabelConfig(**llm_settings, llm_layer=layers[0], more_layers=layers[1:], batch=args.batch,
+                      devices=args.devices, env=args.env)
     try:
         files = shard_files(input_files(args.inputs), shard)
         if not files:

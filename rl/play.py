@@ -1,18 +1,94 @@
-"""Playing episodes with a trained policy: the one host loop and episode bookkeeping of rl.eval, rl.video and
-rl.offline eval.
+"""Playing episodes with a trained policy: THE play loop of rl.eval, rl.video, the probe's base states
+(rl.probe.states) and rl.offline eval.
+
+A play is a host loop of jitted windows (`play_windows`). One window (`play_window`) is three steps, each written
+once here:
+
+1. the hidden-state source refreshes the policy's hidden state from the window's first states
+   (`refresh_hidden`: every window, so a window of skip_n steps is the run's refresh cadence; with an ablation mode,
+   through `rl.modes.ablate`);
+2. `length` env+policy steps with the hidden state held, a reset env reading zeros (`zero_on_reset`): a tool's
+   `steps(carry, length) -> (carry, out)`, either the trainer's own window scan (`Trainer.run_window`: eval and
+   video play exactly as in training) or `sampled_steps` (a policy without a trainer: the probe);
+3. the window folded into what the play keeps (`fold`; by default each env's first episode, `first_episodes`).
 
 Every env plays one episode from a fresh world and only that first episode counts (short episodes are not
-over-counted). A tool supplies a jitted `run_window(carry, seen, length) -> (carry, seen[, extra])` that plays
-`length` steps of all envs (its policy, its hidden-state source and rules) and folds the window's `StepInfo`
-into `seen` with `first_episodes`; `play_windows` runs the windows until every env finished or `max_steps`.
+over-counted); `play_windows` runs the windows until every env finished or `max_steps`. rl.offline eval refreshes
+each env on its own clock inside its steps (`steps`, no `refresh`); the rest is the same loop.
+
+The trainer's rollout (`rl.trainer.Trainer.rollout`) keeps its own scan: it is the program being timed, its LLM
+windows run inside the scan (`lax.cond` on a clock that carries across rollouts, reset pools) and its shard_map
+splits envs over devices; the play loop calls into it (`Trainer.run_window`) rather than the other way round.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxllm.compile import jit as jit_with_options
+from rl.jit import compile_program
+from rl.modes import ablate
+
+
+class PlayCarry(NamedTuple):
+    """What a play carries from one step to the next (the field names of `rl.trainer.RolloutCarry`, whose
+    window-less form eval and video carry)."""
+
+    env_state: Any  # rl.envs.EnvBatchState
+    obs: jax.Array  # [B, O]
+    hidden: jax.Array | None  # [B, D] the policy reads, else None
+    key: jax.Array  # PRNG key of the play
+
+
+class Played(NamedTuple):
+    """What `sampled_steps` stacks, one row per step (the fields of `rl.trainer.Steps` it fills)."""
+
+    info: Any  # rl.envs.StepInfo [T, B]
+
+
+def zero_on_reset(hidden: jax.Array | None, done: jax.Array) -> jax.Array | None:
+    """The hidden state [B, D] after a step whose `done` [B] envs start a new episode: zeros for those ("no LLM
+    reading yet": a new episode never reads its predecessor's vector) until the next refresh."""
+    if hidden is None:
+        return None
+    return jnp.where(done[:, None], jnp.zeros_like(hidden), hidden)
+
+
+def refresh_hidden(encode: Callable, llm_args, carry, mode=None, zero=None, keyed: bool = False):
+    """`carry` with the hidden state the policy reads from the window's first states:
+    `encode(*llm_args, raw_states[, key]) -> [B, D]`. `mode` None: as the run reads it (the play's key untouched,
+    as in training); a mode (traced index into `rl.modes.MODES`): a key is drawn from `carry.key` for the ablation
+    (`rl.modes.ablate`, `zero`: the policy's zero) and, `keyed`, passed to `encode` too (a prompt variant's random
+    tokens)."""
+    raw = carry.env_state.env_state
+    if mode is None:
+        return carry._replace(hidden=encode(*llm_args, raw))
+    key, k = jax.random.split(carry.key)
+    hidden = ablate(encode(*llm_args, raw, *((k,) if keyed else ())), mode, k, zero)
+    return carry._replace(hidden=hidden, key=key)
+
+
+def sampled_steps(apply: Callable, env, params, carry: PlayCarry, length: int) -> tuple[PlayCarry, Played]:
+    """`length` steps of a policy without a trainer: `apply(params, obs, hidden) -> (distribution, value)` samples
+    its action (its distribution's own sampler), `env` (`rl.envs.BatchedEnv`) steps, a done env restarts and reads
+    zeros (`zero_on_reset`). The window's keys: one split of `carry.key`, then one key per step."""
+    key, k = jax.random.split(carry.key)
+
+    def step(c, k):
+        state, obs, hidden = c
+        k_act, k_env = jax.random.split(k)
+        pi, _ = apply(params, obs, hidden)
+        action = pi.sample(seed=k_act)
+        obs, state, _, done, info = env.step(k_env, state, action)
+        return (state, obs, zero_on_reset(hidden, done)), info
+
+    (state, obs, hidden), info = jax.lax.scan(step, (carry.env_state, carry.obs, carry.hidden),
+                                              jax.random.split(k, length))
+    return PlayCarry(state, obs, hidden, key), Played(info)
 
 
 class Episodes(NamedTuple):
@@ -40,14 +116,65 @@ def first_episodes(seen: Episodes, info) -> Episodes:
                     pick(info.episode_length, seen.lengths), pick(info.achievements, seen.achievements))
 
 
-def play_windows(run_window: Callable, carry: Any, seen: Episodes, max_steps: int, window: int, *,
+def fold_episodes(seen: Episodes, carry, out) -> Episodes:
+    """The default fold of a window: the episodes that ended in it (`out.info`, [T, B]) added to `seen`."""
+    return first_episodes(seen, out.info)
+
+
+def play_window(steps: Callable, carry, seen, length: int, refresh: Callable | None = None,
+                fold: Callable = fold_episodes) -> tuple[Any, Any, Any]:
+    """One window of a play (pure; a tool jits it): `refresh(carry) -> carry` (the hidden-state source, None: the
+    hidden state is held), `steps(carry, length) -> (carry, out)`, `fold(seen, carry, out) -> seen`. Returns
+    (carry, seen, out)."""
+    if refresh is not None:
+        carry = refresh(carry)
+    carry, out = steps(carry, length)
+    return carry, fold(seen, carry, out), out
+
+
+def trainer_start(trainer, n: int) -> Callable[[int], Any]:
+    """start(seed) -> the carry a play of `n` envs on the trainer's scan starts from: fresh worlds (the reset key
+    split from `PRNGKey(seed)`, the rest the play's key), no hidden state yet (`Trainer.play_carry`)."""
+    reset = compile_program(lambda key: trainer.env.reset(key, jnp.arange(n)), runs_llm=False)
+
+    def start(seed: int):
+        k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
+        obs, state = reset(k_reset)
+        return trainer.play_carry(obs, state, key)
+
+    return start
+
+
+def trainer_window(trainer, encode: Callable | None = None, *, zero=None, keyed: bool = False,
+                   record: Callable | None = None) -> Callable:
+    """The jitted window of a play on the trainer's own scan (`Trainer.run_window`: its envs, policy sampling and
+    reset rule; compiled with the trainer's XLA options): run(carry, seen, params, mode, llm_args, length,
+    keep=False) -> (carry, seen[, record(carry, steps)]).
+
+    `encode` (None: no hidden state) refreshes the hidden state at every window start (`refresh_hidden`: `mode`
+    None plays the run's own vectors with the key stream of training, a mode index ablates them; `zero`, `keyed`
+    as there). `keep` (static): also return `record(carry after the window, Steps with the raw states)`. The
+    returned carry holds no hidden state (the next window refreshes it)."""
+    def run(carry, seen, params, mode, llm_args, length: int, keep: bool = False):
+        refresh = None if encode is None else partial(refresh_hidden, encode, llm_args, mode=mode, zero=zero,
+                                                      keyed=keyed)
+        steps = lambda c, n: trainer.run_window(params, c, n, keep_states=keep)  # noqa: E731
+        carry, seen, out = play_window(steps, carry, seen, length, refresh)
+        result = carry._replace(hidden=None), seen
+        return result + (record(carry, out),) if keep else result
+
+    return jit_with_options(run, compiler_options=trainer.compiler_options, static_argnames=("length", "keep"))
+
+
+def play_windows(run_window: Callable, carry: Any, seen: Any, max_steps: int, window: int, *,
                  clip_last: bool = False, on_window: Callable | None = None,
-                 on_progress: Callable | None = None) -> tuple[Any, Episodes]:
-    """Run `run_window(carry, seen, length)` until every env finished an episode or `max_steps` steps were played.
-    `length` is `window` (`clip_last`: the last window only up to `max_steps`). `on_window` gets every window's
-    third output (e.g. the recorded rollout); `on_progress` (steps played, episodes finished) after each window."""
+                 on_progress: Callable | None = None,
+                 finished: Callable[[Any], bool] = lambda seen: bool(seen.finished.all())) -> tuple[Any, Any]:
+    """Run `run_window(carry, seen, length)` until `finished(seen)` (default: every env finished an episode) or
+    `max_steps` steps were played. `length` is `window` (`clip_last`: the last window only up to `max_steps`).
+    `on_window` gets every window's third output (e.g. the recorded rollout); `on_progress` (steps played, episodes finished) after each window."""
     steps = 0
-    while steps < max_steps and not bool(seen.finished.all()):
+    while steps < max_steps and not finished(seen):
         length = min(window, max_steps - steps) if clip_last else window
         out = run_window(carry, seen, length)
         carry, seen = out[:2]

@@ -20,6 +20,12 @@ Several devices (`--devices`, docs/MULTIGPU.md): every jitted function is a `jax
 else is replicated (`RunnerState.specs`, `RolloutCarry.specs`); each device steps, renders, encodes and
 acts for its own envs, with random keys derived from global env indices, and the PPO losses and
 gradients are averaged over all devices. The result equals a one-device run of the same global batch up to float reassociation.
+
+The rollout is the trainer's own scan (`_act`, `run_window`), not `rl.play`'s loop: it is the timed program, its LLM
+windows open inside the scan on a clock that carries across rollouts (with reset pools), and it runs inside the
+update's shard_map; sharing the play loop would need a GPU run to show its speed unchanged. The play loop builds on
+it instead: eval and video play through `run_window` (`rl.play.trainer_window`), so they act exactly as in training.
+The encoder kind gets what it builds with as one explicit value (`rl.update_parts.UpdateParts`), never the trainer.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from rl.networks import make_network
 from rl.ppo import PPOHyper, Transition, make_optimizer, ppo_update
 from rl.sharding import ENV_AXIS, keys_per_index, make_mesh, replicated
 from rl.trajectories import RecordedRollout
+from rl.update_parts import UpdateParts
 
 
 class RunnerState(NamedTuple):
@@ -139,8 +146,9 @@ class Trainer:
         self.update = self.sharded(functools.partial(self._update, record=self.records), (self.runner_specs, rep),
                                    (self.runner_specs, rep, recorded) if self.records else (self.runner_specs, rep))
         self._reset = self.sharded(lambda key: self.env.reset(key, self.env_index()), rep, (env, env))
-        self.encoder.attach(self)
-        self._run_update = self.encoder.make_update(self)
+        self.parts = self._update_parts()
+        self.encoder.attach(self.parts)
+        self._run_update = self.encoder.make_update(self.parts)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, encoder=None, vllm_encoder=None) -> "Trainer":
@@ -153,6 +161,15 @@ class Trainer:
                    records=cfg.save_trajectories is not None)
 
     # setup ------------------------------------------------------------------------------------
+    def _update_parts(self) -> UpdateParts:
+        """What the encoder builds with (`rl.update_parts`): the one value the trainer hands its encoder, so the
+        encoder kinds never see the trainer."""
+        return UpdateParts(mesh=self.mesh, env=self.env, sharded=self.sharded, env_index=self.env_index,
+                           place_llm_args=self.place_llm_args, num_steps=self.num_steps, records=self.records,
+                           runner_specs=self.runner_specs, carry_specs=self.carry_specs, run_window=self.run_window,
+                           finish_update=self.finish_update, update=self.update,
+                           update_from_clock=self.update_from_clock)
+
     def sharded(self, fn, in_specs, out_specs):
         """`fn` jitted as a shard_map over the env axis: per-env arguments (spec P(ENV_AXIS)) arrive as
         this device's rows, replicated ones (P()) whole. Replication is not type-checked (craftax's own
@@ -181,7 +198,7 @@ class Trainer:
         key = jax.random.PRNGKey(self.seed)
         key, k_net, k_env = jax.random.split(key, 3)
         obs, env_state = self._reset(k_env)
-        hidden, window = self.encoder.start(self, llm_args, env_state, k_env)
+        hidden, window = self.encoder.start(self.parts, llm_args, env_state, k_env)
         # init reads only shapes; zeros (not obs[:1]) since with several processes obs is not all on this host
         dummy_h = None if hidden is None else jnp.zeros((1,) + hidden.shape[1:], hidden.dtype)
         params = self.network.init(k_net, jnp.zeros((1,) + obs.shape[1:], obs.dtype), dummy_h)
@@ -216,6 +233,11 @@ class Trainer:
             env_index = jnp.arange(carry.obs.shape[0])
         carry, steps = jax.lax.scan(lambda c, _: self._act(params, c, env_index, llm_args), carry, None, length)
         return carry, steps if keep_states else steps._replace(states=None)
+
+    def play_carry(self, obs: jax.Array, env_state: EnvBatchState, key: jax.Array) -> RolloutCarry:
+        """The carry a play on `run_window` starts from (`rl.play.trainer_start`): these envs, no hidden state yet
+        (the play's first window refreshes it), no LLM window (a reset env reads zeros)."""
+        return RolloutCarry(env_state, obs, None, key)
 
     def rollout(self, params, carry: RolloutCarry, llm_args: LLMArgs, keep_states: bool = False, env_index=None):
         """One rollout of num_steps steps from `carry` -> (RolloutCarry, Transition [T, B], StepInfo [T, B],
@@ -265,7 +287,7 @@ class Trainer:
         """What the training loop (`rl.loop.run_loop`) drives: `dispatch` with these LLM arguments (placed:
         `place_llm_args`) and `on_rollout`, whether it is pipelined, and the encoder's LLM time-share meter."""
         return Updates(functools.partial(self.dispatch, llm_args=llm_args, on_rollout=on_rollout),
-                       self.encoder.pipelined, functools.partial(self.encoder.share_meter, self, llm_args))
+                       self.encoder.pipelined, functools.partial(self.encoder.share_meter, self.parts, llm_args))
 
     def step(self, runner: RunnerState, llm_args=LLMArgs(), on_rollout: Callable | None = None):
         """Advance one update; returns (runner, metrics as numpy).

@@ -9,7 +9,6 @@ reading along. GIF needs only Pillow; MP4 needs imageio's ffmpeg plugin (`pip in
 from __future__ import annotations
 
 import textwrap
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.jit import compile_llm, compile_program
+from rl.jit import compile_program
 
 PANEL_WIDTH = 560  # pixels of the text panel
 FRAME_HEIGHT = 480  # pixels of the game view after scaling
@@ -108,57 +107,60 @@ def write_video(frames: list[np.ndarray], out: Path, fps: float) -> Path:
     return out
 
 
-def record_video(run_dir: Path, out: Path, *, episodes: int = 1, seed: int = 1234, max_steps: int = 300,
+def record_video(policy: Any, out: Path, *, episodes: int = 1, seed: int = 1234, max_steps: int = 300,
                  fps: float = 6.0, say=lambda text: None) -> Path:
-    """Play `episodes` episodes (one env each, one after the other in the video) with the latest checkpoint of
-    `run_dir` and write them to `out` (.gif or .mp4). Each env's video ends with its first episode, or after
-    `max_steps` steps."""
-    from rl.runs import restore_policy
-    from rl.trainer import RolloutCarry
-
+    """Play `episodes` episodes (one env each, one after the other in the video) with a restored run's policy
+    (`rl.runs.restore_policy(run_dir, purpose="record")`: a `RunPolicy`) and write them to `out` (.gif or .mp4).
+    Each env's video ends with its first episode, or after `max_steps` steps."""
     check_video_path(out)
-    policy = restore_policy(run_dir, purpose="record")
-    cfg, trainer, runner, step, llm, llm_args = (policy.cfg, policy.trainer, policy.runner, policy.step, policy.llm,
-                                                 policy.llm_args)
-    env, n = trainer.env, episodes
-    window = cfg.skip_n if llm is not None else 16
-    encode = compile_llm(policy.encode) if policy.encode is not None else None
+    n = episodes
+    say(f"recording {n} episode{'s' if n > 1 else ''} of update {policy.step}'s policy (up to {max_steps} steps "
+        f"each) ...")
+    frames = [f for env_frames in play_frames(policy, n, seed, max_steps) for f in env_frames]
+    write_video(frames, out, fps)
+    say(f"wrote {out} ({len(frames)} frames at {fps:g} fps)")
+    return Path(out)
 
-    @partial(compile_program, runs_llm=False)
-    def play_window(carry):
-        return trainer.run_window(runner.params, carry, window, keep_states=True)
 
+def play_frames(policy: Any, n: int, seed: int, max_steps: int) -> list[list[np.ndarray]]:
+    """Each of `n` envs' frames (`compose_frame`) while `policy` (`rl.runs.RunPolicy`) plays: the one play loop
+    (`rl.play`) on the trainer's own scan, the hidden state refreshed from the window's first states every skip_n
+    steps (0: once) and never ablated, so the play's keys are those of training. An env's frames end with its
+    first episode, or after `max_steps` steps."""
+    from rl.play import no_episodes, play_windows, trainer_start, trainer_window
+
+    cfg, trainer, llm = policy.cfg, policy.trainer, policy.llm
+    env = trainer.env
+    window = (cfg.skip_n or max_steps) if llm is not None else 16
+    run_window = trainer_window(trainer, policy.encode, record=lambda carry, steps: (steps.states, steps.info))
     render = _pixel_renderer(cfg.env)
     obs_text = _observation_text(cfg, llm)
-    k_reset, key = jax.random.split(jax.random.PRNGKey(seed))
-    obs, state = compile_program(lambda k: env.reset(k, jnp.arange(n)), runs_llm=False)(k_reset)
-    carry = RolloutCarry(state, obs, None, key)
     font = _font()
     per_env: list[list[np.ndarray]] = [[] for _ in range(n)]
     done = np.zeros(n, bool)
-    t = 0
-    say(f"recording {n} episode{'s' if n > 1 else ''} of update {step}'s policy (up to {max_steps} steps each) ...")
-    while t < max_steps and not done.all():
-        raw = carry.env_state.env_state
-        if encode is not None:
-            carry = carry._replace(hidden=encode(*llm_args, raw))
-        texts = [obs_text(jax.tree.map(lambda x: x[i], raw)) for i in range(n)]
-        carry, steps = play_window(carry)
-        info, states = steps.info, steps.states
+    played = [0]  # steps before the current window
+
+    def add_frames(window_out) -> None:
+        states, info = window_out
+        t = played[0]
+        first = jax.tree.map(lambda x: x[0], states)  # the window's first states: what the LLM read
+        texts = [obs_text(jax.tree.map(lambda x: x[i], first)) for i in range(n)]
         pixels = np.asarray(jax.vmap(render, in_axes=1, out_axes=1)(states))  # [T, B, H, W, 3]
         ended = np.asarray(info.episode_length > 0)
         for k in range(min(window, max_steps - t)):
             for i in np.flatnonzero(~done):
                 caption = f"episode {i + 1}, step {t + k + 1}" + (
-                    f"; the LLM read this at step {t + 1} (every {window} steps)" if encode is not None else "")
+                    f"; the LLM read this at step {t + 1} (every {window} steps)" if llm is not None else "")
                 per_env[i].append(compose_frame(pixels[k, i], texts[i], caption, font))
                 if ended[k, i]:
                     done[i] = True
-        t += window
-    frames = [f for env_frames in per_env for f in env_frames]
-    write_video(frames, out, fps)
-    say(f"wrote {out} ({len(frames)} frames at {fps:g} fps)")
-    return Path(out)
+        played[0] += window
+
+    step = lambda carry, seen, length: run_window(carry, seen, policy.params, None, policy.llm_args,  # noqa: E731
+                                                  length=length, keep=True)
+    play_windows(step, trainer_start(trainer, n)(seed), no_episodes(n, len(env.achievement_names)), max_steps,
+                 window, on_window=add_frames)
+    return per_env
 
 
 def _observation_text(cfg: Any, llm: Any):

@@ -102,7 +102,8 @@ TOOLS = {"train": {"rl.train"}, "eval": {"rl.eval"}, "label": {"rl.label"}, "plo
          "offline": {"rl.offline.__main__", "rl.offline.train", "rl.offline.evaluate"},
          "probe": {"rl.probe.__main__", "rl.probe.core", "rl.probe.forward", "rl.probe.states", "rl.probe.policy",
                    "rl.probe.parts"}}
-MAX_FLOORS = 9  # rl's import layers (longest chain of rl modules, each on top of what it imports); 12 before issue 34
+MAX_FLOORS = 8  # rl's import layers (longest chain of rl modules, each on top of what it imports); 12 before issue 34,
+# 9 before rl.video took a restored policy instead of restoring it
 
 
 def _tool_of(module: str) -> str | None:

@@ -165,9 +165,9 @@ def test_per_env_shuffle_needs_num_steps_divisible_by_num_minibatches():
 
 
 def test_eval_keeps_each_envs_first_episode():
-    """rl.eval plays in the trainer's windows (done envs restart): only each env's first finished episode counts."""
+    """rl.eval plays (rl.play) in the trainer's windows (done envs restart): only each env's first finished episode counts."""
     from rl.envs import StepInfo
-    from rl.eval import Episodes, first_episodes
+    from rl.play import Episodes, first_episodes
 
     # 3 steps x 3 envs: env 0 ends at steps 1 and 2, env 1 never, env 2 at step 0
     length = jnp.array([[0, 0, 5], [4, 0, 0], [7, 0, 0]], jnp.int32)

@@ -22,7 +22,7 @@ from rl.jit import compile_llm, compile_program
 from rl.llm import load_labelled_llm, make_obs_encoder
 from rl.modes import MODES, OTHER_PROMPT, ablate, check_modes
 from rl.offline.policy import OfflinePolicy, load_policy
-from rl.play import episode_results, first_episodes, no_episodes, play_windows, summarise
+from rl.play import episode_results, first_episodes, no_episodes, play_window, play_windows, summarise
 
 DEFAULT_MODES = {"real": ("real", "zero", "shuffled"), "zero": ("zero",), "shuffle": ("shuffled",),
                  "none": ("real",)}
@@ -39,7 +39,9 @@ def build_encoder(labelling: dict, env: str, system_prompt: str | None = None):
 
 def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, window: int = 64,
                 keyed: bool = False):
-    """play(seed, max_steps, mode, llm_params, cache) -> numpy results of `num_envs` first episodes (`rl.play`);
+    """play(seed, max_steps, mode, llm_params, cache) -> numpy results of `num_envs` first episodes (`rl.play`'s
+    loop: `play_window`s in `play_windows`; the hidden state is refreshed inside the steps, each env on its own
+    clock, from its observation, since the policy learned from labelled observations);
     `mode` indexes `rl.modes.MODES` (zero: the dataset's mean hidden state, zero after z-scoring). `keyed`: `encode`
     also takes a key (a prompt variant's random tokens)."""
     from rl.envs import BatchedEnv
@@ -70,9 +72,11 @@ def make_player(policy: OfflinePolicy, num_envs: int, encode: Callable | None, w
 
     @partial(compile_, static_argnames="length")
     def run_window(carry, seen, params, mode, llm_params, cache, length: int):
-        carry, info = jax.lax.scan(partial(step, params=params, mode=mode, llm_params=llm_params, cache=cache),
-                                   carry, None, length)
-        return carry, first_episodes(seen, info)
+        steps = lambda c, n: jax.lax.scan(partial(step, params=params, mode=mode, llm_params=llm_params,  # noqa: E731
+                                                  cache=cache), c, None, n)
+        carry, seen, _ = play_window(steps, carry, seen, length, fold=lambda seen, carry, info: first_episodes(seen,
+                                                                                                             info))
+        return carry, seen
 
     reset = compile_program(lambda key: env.reset(key, jnp.arange(num_envs)), runs_llm=False)
 

@@ -4,18 +4,28 @@
 restarts in a fresh world); env i's state is kept at a random step in [window, steps], so the states are spread
 over episode time (and over the floors the policy reaches), not bunched at the start. With an LLM the
 hidden state is refreshed from the current states every `skip_n` steps (the in-scan encoder on the run's
-template), as the run computes it.
+template), as the run computes it. The play is `rl.play`'s loop: `refresh_hidden`, `sampled_steps` (the policy
+has no trainer: an offline one plays here too), and a fold that keeps each env's state after its picked window.
 """
 from __future__ import annotations
 
 from functools import partial
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from rl.envs import BatchedEnv
 from rl.jit import compile_llm, compile_program
+from rl.play import PlayCarry, play_window, play_windows, refresh_hidden, sampled_steps
 from rl.probe.parts import ProbePolicy
+
+
+class Kept(NamedTuple):
+    """What the base-state play keeps: each env's state, taken after the window its countdown reaches 0 in."""
+
+    states: Any  # raw EnvStates [n]
+    windows_left: jax.Array  # int32 [n]: windows still to play before env i's state is taken
 
 
 def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024):
@@ -25,40 +35,34 @@ def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024):
     window = max(1, min(window, steps))
     chunks = max(1, steps // window)
     k_reset, k_pick, key = jax.random.split(jax.random.PRNGKey(seed), 3)
-    pick = jax.random.randint(k_pick, (n,), 0, chunks)  # the chunk after which env i's state is kept
+    pick = jax.random.randint(k_pick, (n,), 0, chunks)  # the window after which env i's state is kept
     obs, state = env.reset(k_reset)
-    kept = state.env_state
     llm_args = policy.llm.args if policy.uses_hidden else None
-    advance = _advance(policy, env, window)
-    for c in range(chunks):
-        key, k = jax.random.split(key)
-        state, obs, kept = advance(policy.params, llm_args, state, obs, kept, pick == c, k)
-    return kept
+    run = _window(policy, env)
+    _, kept = play_windows(lambda carry, seen, length: run(policy.params, llm_args, carry, seen, length),
+                           PlayCarry(state, obs, None, key), Kept(state.env_state, pick), chunks * window, window,
+                           finished=lambda seen: False)
+    return kept.states
 
 
-def _advance(policy: ProbePolicy, env: BatchedEnv, window: int):
+def keep_picked(seen: Kept, carry: PlayCarry, out) -> Kept:
+    """The fold of a window: the states after it kept for the envs whose countdown is 0."""
+    take = seen.windows_left == 0
+    mask = lambda a: take.reshape(take.shape + (1,) * (a.ndim - 1))  # noqa: E731
+    states = jax.tree.map(lambda new, old: jnp.where(mask(new), new, old), carry.env_state.env_state, seen.states)
+    return Kept(states, seen.windows_left - 1)
+
+
+def _window(policy: ProbePolicy, env: BatchedEnv):
+    """The jitted window: run(params, llm_args, carry, seen, length) -> (carry, seen)."""
     llm = policy.llm
+    encode = None if llm is None else (lambda p, c, raw: llm.encode_ids(p, c, *jax.vmap(llm.template)(raw)))
 
-    @partial(compile_llm if llm is not None else partial(compile_program, runs_llm=False))
-    def advance(params, llm_args, state, obs, kept, take, key):
-        hidden = None
-        if llm is not None:
-            ids, lengths = jax.vmap(llm.template)(state.env_state)
-            hidden = llm.encode_ids(*llm_args, ids, lengths)
+    @partial(compile_llm if llm is not None else partial(compile_program, runs_llm=False), static_argnames="length")
+    def run(params, llm_args, carry, seen, length: int):
+        refresh = None if encode is None else partial(refresh_hidden, encode, llm_args)
+        carry, seen, _ = play_window(partial(sampled_steps, policy.apply, env, params), carry, seen, length, refresh,
+                                     fold=keep_picked)
+        return carry, seen
 
-        def step(carry, k):
-            state, obs, hidden = carry
-            k_act, k_env = jax.random.split(k)
-            pi, _ = policy.apply(params, obs, hidden)
-            action = pi.sample(seed=k_act)
-            obs, state, _, done, _ = env.step(k_env, state, action)
-            if hidden is not None:  # a new episode never reads its predecessor's vector (zeros until the window ends)
-                hidden = jnp.where(done[:, None], 0.0, hidden)
-            return (state, obs, hidden), None
-
-        (state, obs, _), _ = jax.lax.scan(step, (state, obs, hidden), jax.random.split(key, window))
-        mask = lambda a: take.reshape(take.shape + (1,) * (a.ndim - 1))
-        kept = jax.tree.map(lambda new, old: jnp.where(mask(new), new, old), state.env_state, kept)
-        return state, obs, kept
-
-    return advance
+    return run
