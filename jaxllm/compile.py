@@ -62,6 +62,21 @@ class _JitWithOptions:
     def lower(self, *args, **kwargs):
         return (self._without if self.fell_back else self._with).lower(*args, **kwargs)
 
+    def compile_ahead(self, *args, **kwargs):
+        """The executable for these arguments' shapes, compiled now (`compile_ahead`), falling back as a call does."""
+        if not self.fell_back:
+            try:
+                return self._with.lower(*args, **kwargs).compile()
+            except Exception as e:  # noqa: BLE001 - as in __call__
+                name = self._rejected(e)
+                if name is None:
+                    raise
+                warnings.warn(f"this JAX/XLA does not accept the compiler option {name}="
+                              f"{self.options[name]!r} ({str(e).splitlines()[0]}); compiling without it",
+                              stacklevel=2)
+                self.fell_back = True
+        return self._without.lower(*args, **kwargs).compile()
+
 
 def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **jit_kwargs) -> Callable:
     """`jax.jit(fn, **jit_kwargs)` compiled with XLA `compiler_options` (e.g. `compiler_options(dtype)`); an option
@@ -69,6 +84,16 @@ def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **ji
     if not compiler_options:
         return jax.jit(fn, **jit_kwargs)
     return _JitWithOptions(fn, compiler_options, jit_kwargs)
+
+
+def compile_ahead(jitted: Callable, *args, **kwargs) -> Callable:
+    """The executable of `jitted` (a function from `jit`) for these arguments (arrays, or `jax.ShapeDtypeStruct`s
+    for their shapes), compiled now: `jitted.lower(*args).compile()`, an option the installed XLA rejects dropped
+    as a call drops it. XLA releases the GIL while it compiles, so threads calling this compile several programs at
+    once. Call the executable with arguments of exactly those shapes and dtypes."""
+    if isinstance(jitted, _JitWithOptions):
+        return jitted.compile_ahead(*args, **kwargs)
+    return jitted.lower(*args, **kwargs).compile()
 
 
 def default_cache_dir() -> Path:

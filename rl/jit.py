@@ -3,6 +3,7 @@ the offline update) runs (tests/test_compile_rule.py). Below every tool and the 
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 
@@ -18,3 +19,41 @@ def compile_program(fn: Callable, *, runs_llm: bool = True, **jit_kwargs) -> Cal
 def compile_llm(fn: Callable, **jit_kwargs) -> Callable:
     """`compile_program(fn, runs_llm=True)`: how every program that runs the LLM is compiled. Outermost jits only."""
     return compile_program(fn, runs_llm=True, **jit_kwargs)
+
+
+class CompileAhead:
+    """Programs compiling in background threads while the caller does other work (XLA releases the GIL while it
+    compiles): `start(name, jitted, *args)` begins compiling `jitted` (from `compile_program`) for those arguments'
+    shapes; `get(name)` returns the executable, saying first what it waits for if the compile has not finished."""
+
+    def __init__(self, say: Callable[[str], None] = lambda text: None, workers: int = 4):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="compile")
+        self._jobs: dict = {}
+        self._say = say
+
+    def start(self, name: str, jitted: Callable, *args) -> None:
+        from jaxllm.compile import compile_ahead
+
+        def job():
+            t0 = time.perf_counter()
+            return compile_ahead(jitted, *args), time.perf_counter() - t0
+
+        self._jobs[name] = (self._pool.submit(job), time.perf_counter())
+
+    def get(self, name: str) -> Callable:
+        """The executable of `name` (waiting for its compile; re-raises what the compile raised)."""
+        future, started = self._jobs[name]
+        if not future.done():
+            self._say(f"waiting for the {name} program to compile (started {time.perf_counter() - started:.0f} s "
+                      f"ago; compiled once per run) ...")
+        executable, _seconds = future.result()
+        return executable
+
+    def seconds(self, name: str) -> float:
+        """How long `name` took to compile (waits for it)."""
+        return self._jobs[name][0].result()[1]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
