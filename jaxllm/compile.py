@@ -19,14 +19,23 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-GPU_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_triton_gemm": False}
+# xla_gpu_autotune_level (XLA's flag: 0 = off; 1 = on; 2 = on+init; 3 = on+init+reinit; 4 = on+init+reinit+check,
+# the default): 2 still times every candidate GEMM algorithm on initialised inputs and keeps the fastest (the
+# steady-state speed), but skips re-initialising the outputs between candidates and checking each candidate's
+# result against a reference (issue 35: the cold start of the 4B trainer spent its first encode in the autotuner).
+# scripts/gpu_issue35.sh autotune measures it against level 4 (XLA_FLAGS wins over these options).
+GPU_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 2}
 
 
-def compiler_options(backend: str | None = None, *, runs_llm: bool = True) -> dict[str, Any]:
+def compiler_options(backend: str | None = None, *, runs_llm: bool = True,
+                     xla_flags: str | None = None) -> dict[str, Any]:
     """XLA options for an outermost jit on `backend` (default: JAX's default backend): `GPU_COMPILER_OPTIONS` on
-    a GPU for a program that `runs_llm`, none elsewhere (XLA's defaults)."""
+    a GPU for a program that `runs_llm`, none elsewhere (XLA's defaults). An option that `xla_flags` (default: the
+    XLA_FLAGS environment variable) sets is left to it: the user's flag wins."""
     backend = backend or jax.default_backend()
-    return dict(GPU_COMPILER_OPTIONS) if backend == "gpu" and runs_llm else {}
+    options = dict(GPU_COMPILER_OPTIONS) if backend == "gpu" and runs_llm else {}
+    user = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    return {k: v for k, v in options.items() if f"--{k}=" not in user and f"--{k} " not in f"{user} "}
 
 
 class _JitWithOptions:
