@@ -39,13 +39,13 @@ def compiler_options(backend: str | None = None, *, runs_llm: bool = True,
 
 
 class _JitWithOptions:
-    """`jax.jit(fn, compiler_options=options)`, or plain `jax.jit(fn)` once XLA rejected one of the options."""
+    """`jax.jit(fn, compiler_options=options)`; an option XLA rejects is dropped (one warning) and the rest kept."""
 
     def __init__(self, fn: Callable, options: Mapping[str, Any], jit_kwargs: dict[str, Any]):
+        self._fn, self._jit_kwargs = fn, jit_kwargs
         self.options = dict(options)
-        self._with = jax.jit(fn, compiler_options=self.options, **jit_kwargs)
-        self._without = jax.jit(fn, **jit_kwargs)
-        self.fell_back = False
+        self._jitted = jax.jit(fn, compiler_options=self.options, **jit_kwargs)
+        self.fell_back = False  # an option was dropped
 
     def _rejected(self, error: Exception) -> str | None:
         """The option `error` names when XLA refused it, else None."""
@@ -54,37 +54,38 @@ class _JitWithOptions:
             return None
         return next((name for name in self.options if name in text), None)
 
+    def _drop_rejected(self, error: Exception) -> bool:
+        """Drop the option `error` says XLA refused (warning once, naming it); False when it names none."""
+        name = self._rejected(error)
+        if name is None:
+            return False
+        warnings.warn(f"this JAX/XLA does not accept the compiler option {name}={self.options[name]!r} "
+                      f"({str(error).splitlines()[0]}); compiling without it", stacklevel=3)
+        del self.options[name]
+        self.fell_back = True
+        self._jitted = jax.jit(self._fn, compiler_options=self.options or None, **self._jit_kwargs)
+        return True
+
     def __call__(self, *args, **kwargs):
-        if not self.fell_back:
+        while True:
             try:
-                return self._with(*args, **kwargs)
+                return self._jitted(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - XLA reports a refused option as a runtime error
-                name = self._rejected(e)
-                if name is None:
+                if not self._drop_rejected(e):
                     raise
-                warnings.warn(f"this JAX/XLA does not accept the compiler option {name}="
-                              f"{self.options[name]!r} ({str(e).splitlines()[0]}); compiling without it",
-                              stacklevel=2)
-                self.fell_back = True
-        return self._without(*args, **kwargs)
 
     def lower(self, *args, **kwargs):
-        return (self._without if self.fell_back else self._with).lower(*args, **kwargs)
+        return self._jitted.lower(*args, **kwargs)
 
     def compile_ahead(self, *args, **kwargs):
-        """The executable for these arguments' shapes, compiled now (`compile_ahead`), falling back as a call does."""
-        if not self.fell_back:
+        """The executable for these arguments' shapes, compiled now (`compile_ahead`), dropping a refused option as a
+        call does."""
+        while True:
             try:
-                return self._with.lower(*args, **kwargs).compile()
+                return self._jitted.lower(*args, **kwargs).compile()
             except Exception as e:  # noqa: BLE001 - as in __call__
-                name = self._rejected(e)
-                if name is None:
+                if not self._drop_rejected(e):
                     raise
-                warnings.warn(f"this JAX/XLA does not accept the compiler option {name}="
-                              f"{self.options[name]!r} ({str(e).splitlines()[0]}); compiling without it",
-                              stacklevel=2)
-                self.fell_back = True
-        return self._without.lower(*args, **kwargs).compile()
 
 
 def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **jit_kwargs) -> Callable:
