@@ -170,26 +170,23 @@ def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int 
     edits = build.edit_names(entries)
     pairs_program = build.make_pairs(policy, edits, width)
     ahead = CompileAhead(say)
-    try:
-        shapes = (base_state_shapes(policy, n_pairs) if states is None else
-                  jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), states))
-        say(f"compiling the probe's programs in the background: the pairs of all {len(entries)} kinds (one "
-            f"program){'' if policy.llm is None else ', the LLM on a kind' + chr(39) + 's prompts'}, the policy's "
-            f"heads ...")
-        _start_compiles(ahead, policy, prober, pairs_program, shapes, n, (width, read_width))
-        t_play = time.perf_counter()
-        if states is None:
-            states = play_states(policy, n_pairs, seed, play_steps, say=say)
-        t_play = time.perf_counter() - t_play
-        pairs_exec = ahead.get("pairs")
-        heads_exec = ahead.get("heads")
-        say(f"probing {len(entries)} kinds of {n} pairs under {len(prober.modes)} mode(s) ...")
-        t_kinds = time.perf_counter()
-        results, shared = _run_entries(policy, prober, entries, states, seed, show, pairs_exec, heads_exec,
-                                       ahead, width, read_width, say)
-        t_kinds = time.perf_counter() - t_kinds
-    finally:
-        ahead.close()
+    shapes = (base_state_shapes(policy, n_pairs) if states is None else
+              jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), states))
+    llm_part = "" if policy.llm is None else ", the LLM on a kind's prompts"
+    say(f"compiling the probe's programs in the background: the pairs of all {len(entries)} kinds (one "
+        f"program){llm_part}, the policy's heads ...")
+    _start_compiles(ahead, policy, prober, pairs_program, shapes, n, (width, read_width))
+    t_play = time.perf_counter()
+    if states is None:
+        states = play_states(policy, n_pairs, seed, play_steps, say=say)
+    t_play = time.perf_counter() - t_play
+    pairs_exec = ahead.get("pairs")
+    heads_exec = ahead.get("heads")
+    say(f"probing {len(entries)} kinds of {n} pairs under {len(prober.modes)} mode(s) ...")
+    t_kinds = time.perf_counter()
+    results, shared = _run_entries(policy, prober, entries, states, seed, show, pairs_exec, heads_exec,
+                                   ahead, width, read_width, say)
+    t_kinds = time.perf_counter() - t_kinds
     ordered = {name: results[name] for name in kinds if name in results}
     total = time.perf_counter() - t_start
     say(f"probe done in {total:.1f} s (load excluded): play {t_play:.1f} s, kinds {t_kinds:.1f} s "

@@ -36,9 +36,9 @@ def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024, say=l
     llm_args = policy.llm.args if policy.uses_hidden else None
     advance = _advance(policy, env, window)
     last = int(pick.max())
+    llm_part = " (the LLM on each window's states)" if policy.uses_hidden else ""
     say(f"playing {n} envs x {last + 1} of {chunks} windows of {window} steps with the policy for base states"
-        f"{' (the LLM on each window' + chr(39) + 's states)' if policy.uses_hidden else ''}; the first window "
-        f"compiles the play ...")
+        f"{llm_part}; the first window compiles the play ...")
     t0 = time.perf_counter()
     report = max(1, (last + 1) // 8)
     for c in range(last + 1):
