@@ -19,24 +19,33 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-GPU_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_triton_gemm": False}
+# xla_gpu_autotune_level (XLA's flag: 0 = off; 1 = on; 2 = on+init; 3 = on+init+reinit; 4 = on+init+reinit+check,
+# the default): 2 still times every candidate GEMM algorithm on initialised inputs and keeps the fastest (the
+# steady-state speed), but skips re-initialising the outputs between candidates and checking each candidate's
+# result against a reference (issue 35: the cold start of the 4B trainer spent its first encode in the autotuner).
+# scripts/gpu_issue35.sh autotune measures it against level 4 (XLA_FLAGS wins over these options).
+GPU_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 2}
 
 
-def compiler_options(backend: str | None = None, *, runs_llm: bool = True) -> dict[str, Any]:
+def compiler_options(backend: str | None = None, *, runs_llm: bool = True,
+                     xla_flags: str | None = None) -> dict[str, Any]:
     """XLA options for an outermost jit on `backend` (default: JAX's default backend): `GPU_COMPILER_OPTIONS` on
-    a GPU for a program that `runs_llm`, none elsewhere (XLA's defaults)."""
+    a GPU for a program that `runs_llm`, none elsewhere (XLA's defaults). An option that `xla_flags` (default: the
+    XLA_FLAGS environment variable) sets is left to it: the user's flag wins."""
     backend = backend or jax.default_backend()
-    return dict(GPU_COMPILER_OPTIONS) if backend == "gpu" and runs_llm else {}
+    options = dict(GPU_COMPILER_OPTIONS) if backend == "gpu" and runs_llm else {}
+    user = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    return {k: v for k, v in options.items() if f"--{k}=" not in user and f"--{k} " not in f"{user} "}
 
 
 class _JitWithOptions:
-    """`jax.jit(fn, compiler_options=options)`, or plain `jax.jit(fn)` once XLA rejected one of the options."""
+    """`jax.jit(fn, compiler_options=options)`; an option XLA rejects is dropped (one warning) and the rest kept."""
 
     def __init__(self, fn: Callable, options: Mapping[str, Any], jit_kwargs: dict[str, Any]):
+        self._fn, self._jit_kwargs = fn, jit_kwargs
         self.options = dict(options)
-        self._with = jax.jit(fn, compiler_options=self.options, **jit_kwargs)
-        self._without = jax.jit(fn, **jit_kwargs)
-        self.fell_back = False
+        self._jitted = jax.jit(fn, compiler_options=self.options, **jit_kwargs)
+        self.fell_back = False  # an option was dropped
 
     def _rejected(self, error: Exception) -> str | None:
         """The option `error` names when XLA refused it, else None."""
@@ -45,22 +54,38 @@ class _JitWithOptions:
             return None
         return next((name for name in self.options if name in text), None)
 
+    def _drop_rejected(self, error: Exception) -> bool:
+        """Drop the option `error` says XLA refused (warning once, naming it); False when it names none."""
+        name = self._rejected(error)
+        if name is None:
+            return False
+        warnings.warn(f"this JAX/XLA does not accept the compiler option {name}={self.options[name]!r} "
+                      f"({str(error).splitlines()[0]}); compiling without it", stacklevel=3)
+        del self.options[name]
+        self.fell_back = True
+        self._jitted = jax.jit(self._fn, compiler_options=self.options or None, **self._jit_kwargs)
+        return True
+
     def __call__(self, *args, **kwargs):
-        if not self.fell_back:
+        while True:
             try:
-                return self._with(*args, **kwargs)
+                return self._jitted(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - XLA reports a refused option as a runtime error
-                name = self._rejected(e)
-                if name is None:
+                if not self._drop_rejected(e):
                     raise
-                warnings.warn(f"this JAX/XLA does not accept the compiler option {name}="
-                              f"{self.options[name]!r} ({str(e).splitlines()[0]}); compiling without it",
-                              stacklevel=2)
-                self.fell_back = True
-        return self._without(*args, **kwargs)
 
     def lower(self, *args, **kwargs):
-        return (self._without if self.fell_back else self._with).lower(*args, **kwargs)
+        return self._jitted.lower(*args, **kwargs)
+
+    def compile_ahead(self, *args, **kwargs):
+        """The executable for these arguments' shapes, compiled now (`compile_ahead`), dropping a refused option as a
+        call does."""
+        while True:
+            try:
+                return self._jitted.lower(*args, **kwargs).compile()
+            except Exception as e:  # noqa: BLE001 - as in __call__
+                if not self._drop_rejected(e):
+                    raise
 
 
 def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **jit_kwargs) -> Callable:
@@ -69,6 +94,16 @@ def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **ji
     if not compiler_options:
         return jax.jit(fn, **jit_kwargs)
     return _JitWithOptions(fn, compiler_options, jit_kwargs)
+
+
+def compile_ahead(jitted: Callable, *args, **kwargs) -> Callable:
+    """The executable of `jitted` (a function from `jit`) for these arguments (arrays, or `jax.ShapeDtypeStruct`s
+    for their shapes), compiled now: `jitted.lower(*args).compile()`, an option the installed XLA rejects dropped
+    as a call drops it. XLA releases the GIL while it compiles, so threads calling this compile several programs at
+    once. Call the executable with arguments of exactly those shapes and dtypes."""
+    if isinstance(jitted, _JitWithOptions):
+        return jitted.compile_ahead(*args, **kwargs)
+    return jitted.lower(*args, **kwargs).compile()
 
 
 def default_cache_dir() -> Path:

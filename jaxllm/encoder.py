@@ -201,6 +201,18 @@ def pass_capacities(capacity: int, max_len: int, levels: int = 4, *, fine: bool 
     return tuple(sorted(set(halvings + between)))
 
 
+def packed_plan(batch: int, max_len: int, capacity: int | None, dtype) -> tuple:
+    """The static plan of `encode_packed` on ids [batch, max_len] of a model with embedding `dtype`: the attention
+    implementation, the capacity, the pass sizes and what each pass's shape depends on (cuDNN's grid per size; the
+    windowed XLA form's key window depends on `max_len` itself). Two ids widths of equal plans give the same
+    vectors bit for bit: nothing past a prompt's length is read, so only the plan sees the width."""
+    capacity = default_capacity(batch, max_len) if capacity is None else int(capacity)
+    impl = default_packed_attention_impl(dtype).removesuffix("_split")
+    sizes = pass_capacities(capacity, max_len)
+    per_pass = tuple(segment_grid(s, max_len, batch) for s in sizes) if impl == "cudnn" else max_len
+    return impl, capacity, sizes, per_pass
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-int(n) // multiple) * multiple
 

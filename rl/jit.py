@@ -3,6 +3,9 @@ the offline update) runs (tests/test_compile_rule.py). Below every tool and the 
 """
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future
 from typing import Callable
 
 
@@ -18,3 +21,53 @@ def compile_program(fn: Callable, *, runs_llm: bool = True, **jit_kwargs) -> Cal
 def compile_llm(fn: Callable, **jit_kwargs) -> Callable:
     """`compile_program(fn, runs_llm=True)`: how every program that runs the LLM is compiled. Outermost jits only."""
     return compile_program(fn, runs_llm=True, **jit_kwargs)
+
+
+class CompileAhead:
+    """Programs compiling in background threads while the caller does other work (XLA releases the GIL while it
+    compiles): `start(name, jitted, *args)` begins compiling `jitted` (from `compile_program`) for those arguments'
+    shapes, `submit(name, fn)` runs any compiling function; `get(name)` returns the executable, saying first what
+    it waits for if the compile has not finished. The threads are daemons: a process that stops (an error, Ctrl-C)
+    does not wait for a compile nobody will use."""
+
+    def __init__(self, say: Callable[[str], None] = lambda text: None):
+        self._jobs: dict[str, tuple[Future, float]] = {}
+        self._say = say
+
+    def start(self, name: str, jitted: Callable, *args) -> None:
+        from jaxllm.compile import compile_ahead
+
+        self.submit(name, lambda: compile_ahead(jitted, *args))
+
+    def submit(self, name: str, compile_fn: Callable[[], Callable]) -> None:
+        """Run `compile_fn` (which compiles and returns an executable) in a background thread under `name`."""
+        future: Future = Future()
+
+        def job():
+            t0 = time.perf_counter()
+            try:
+                result = compile_fn()
+            except BaseException as e:  # noqa: BLE001 - handed to whoever asks for it
+                future.set_exception(e)
+            else:
+                future.set_result((result, time.perf_counter() - t0))
+
+        threading.Thread(target=job, name=f"compile-{name}", daemon=True).start()
+        self._jobs[name] = (future, time.perf_counter())
+
+    def done(self, name: str) -> bool:
+        """Whether `name` finished compiling (or failed)."""
+        return self._jobs[name][0].done()
+
+    def get(self, name: str) -> Callable:
+        """The executable of `name` (waiting for its compile; re-raises what the compile raised)."""
+        future, started = self._jobs[name]
+        if not future.done():
+            self._say(f"waiting for the {name} program to compile (started {time.perf_counter() - started:.0f} s "
+                      f"ago) ...")
+        executable, _seconds = future.result()
+        return executable
+
+    def seconds(self, name: str) -> float:
+        """How long `name` took to compile (waits for it)."""
+        return self._jobs[name][0].result()[1]

@@ -70,6 +70,7 @@ class Progress:
         self.rate = UpdateRate()
         self.last: dict | None = None
         self._open_line = False
+        self.update_compiled = False  # `compiled_ahead`: the first update runs without compiling
 
     def say(self, text: str) -> None:
         """A message on its own line (ends a pending status line first)."""
@@ -90,9 +91,16 @@ class Progress:
             self.say(text)
 
     def compiling(self, backend: str) -> None:
-        """Right before the first update: it compiles first."""
-        where = "about a minute on a GPU" if backend == "gpu" else "a minute or more on a CPU"
-        self.step(f"compiling the first update ({where}) ...")
+        """Right before the first update: it compiles first, unless `compiled_ahead` said it is compiled."""
+        if self.update_compiled:
+            self.step("running the first update (compiled) ...")
+            return
+        self.step(f"compiling the first update ({compile_hint(backend)}) ...")
+
+    def compiled_ahead(self, seconds: float) -> None:
+        """The update was compiled before the first update (in the background, `seconds` of it)."""
+        self.update_compiled = True
+        self.step(f"the update is compiled ({seconds:.0f} s in the background)")
 
     def record(self, rec: dict) -> None:
         """Account one update's metrics record and show the status line."""
@@ -118,7 +126,7 @@ class Progress:
         parts = [f"[update {update}/{self.num_updates}] {rec['timestep']:,} steps"]
         per_update = self.rate.seconds_per_update
         if per_update is None:
-            parts.append(f"{rec['sps']:,.0f} SPS (includes compilation)")
+            parts.append(f"{rec['sps']:,.0f} SPS ({'first update' if self.update_compiled else 'includes compilation'})")
         else:  # smoothed: say over what
             parts.append(f"{self.batch_size / per_update:,.0f} SPS (last {len(self.rate.recent)} updates)")
         parts.append(f"elapsed {_duration(elapsed)}")
@@ -201,3 +209,13 @@ class StatusLine:
         if self._open:
             print(file=self.stream, flush=True)
             self._open = False
+
+
+def compile_hint(backend: str, what: str = "update") -> str:
+    """How long compiling a program takes where it runs, for the setup lines: the first time, and from the
+    persistent compilation cache (`--compile-cache`) after."""
+    if what == "update":
+        first = "about a minute on a GPU" if backend == "gpu" else "a minute or more on a CPU"
+    else:
+        first = "~30 s on a GPU" if backend == "gpu" else "~30 s on a CPU"
+    return f"first time {first}; seconds from the compile cache after"

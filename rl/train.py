@@ -27,7 +27,7 @@ from rl.config import (CHOICES, GROUPS, PRESETS, RESUME_OVERRIDABLE, SECTION_OF,
 from rl.encoder_kinds import kind_of, load_encoder
 from rl.interrupt import StopOnInterrupt
 from rl.loop import RunOutputs, StopRule, TrainingDiverged, run_loop
-from rl.progress import Progress
+from rl.progress import Progress, compile_hint
 from rl.rundir import Checkpoints, MetricsLog, RunDirError, open_run_files
 from rl.tracking import TrackingOptions, Trackers, TrackingUnavailable
 from rl.sharding import (check_same_on_all_processes, is_main_process,
@@ -142,6 +142,20 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
     return OpenRun(cfg, run_dir, ckpt, log, start, recorder)
 
 
+def start_update_compile(trainer, llm_args, progress: Progress, backend: str):
+    """Compile the trainer's update in a background thread (`rl.jit.CompileAhead`) while the run sets up (the env
+    reset, the first states' LLM call): the two compiles overlap instead of following each other. None where the
+    update is not one jitted program (the HTTP kind's host loop)."""
+    if not trainer.runs_update:
+        return None
+    from rl.jit import CompileAhead
+
+    ahead = CompileAhead(progress.step)
+    progress.step(f"compiling the update in the background ({compile_hint(backend)}) ...")
+    ahead.submit("update", lambda: trainer.compile_update(llm_args))
+    return ahead
+
+
 def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
           time_limit: float | None = None, quiet: bool = False, tracking: TrackingOptions | None = None,
           should_stop: Callable[[], bool] | None = None) -> Path:
@@ -175,16 +189,24 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
             progress.starting(f"{cfg.env}, {cfg.num_envs:,} envs x {cfg.num_steps} steps per update, "
                               f"{cfg.num_updates:,} updates ({cfg.total_timesteps:,} env steps)",
                               cfg.devices, jax.default_backend())
+            backend = jax.default_backend()
             if cfg.uses_llm:
-                progress.step(f"loading the LLM ({cfg.model}) and its tokenizer ...")
+                progress.step(f"loading the LLM ({cfg.model}) and its tokenizer (reading the weights, then the "
+                              f"prompt head's cache) ...")
             encoder = load_encoder(cfg.hidden, cfg.llm, cfg.env)
             if cfg.uses_llm:
                 progress.step(encoder.describe())
-                progress.step("resetting the envs and encoding their first states ...")
             trainer = Trainer(cfg.envs, cfg.ppo, encoder, devices=cfg.devices, fusion=cfg.fusion,
                               records=run.recorder is not None)
             llm_args = trainer.place_llm_args(encoder.jit_args())
+            ahead = start_update_compile(trainer, llm_args, progress, backend)
+            if cfg.uses_llm:
+                progress.step(f"resetting the envs and encoding their first states (compiles the LLM call: "
+                              f"{compile_hint(backend, 'llm')}) ...")
             state = trainer.init_state(llm_args)
+            if ahead is not None:
+                ahead.get("update")
+                progress.compiled_ahead(ahead.seconds("update"))
             updates = trainer.updates(llm_args, run.recorder.add_rollout if run.recorder else None)
             outputs = RunOutputs(run.run_dir, run.ckpt, run.log, progress, trackers, batch_size=cfg.batch_size,
                                  achievement_names=trainer.env.achievement_names,

@@ -206,6 +206,27 @@ class Trainer:
         return self.place(RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32),
                                       window))
 
+    def runner_shapes(self, llm_args=LLMArgs()) -> RunnerState:
+        """The runner `init_state(llm_args)` returns, as `jax.ShapeDtypeStruct`s with its shardings: traced, nothing
+        runs (what compiling the update ahead needs)."""
+        shapes = jax.eval_shape(self.init_state, llm_args)
+        return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                            shapes, shapes.shardings(self.mesh))
+
+    @property
+    def runs_update(self) -> bool:
+        """Whether a training update is the one jitted `update` (every kind whose LLM, if any, runs in the scan); the
+        HTTP kind runs a host loop of windows instead."""
+        return self._run_update is self.update
+
+    def compile_update(self, llm_args=LLMArgs()) -> Any:
+        """Compile the update now for the runner `init_state(llm_args)` returns (`jaxllm.compile.compile_ahead`; XLA
+        releases the GIL, so a thread can run this while the main thread sets the run up). The update's later calls
+        on such a runner find it compiled (jax's own cache of the jitted function); returns the executable."""
+        from jaxllm.compile import compile_ahead
+
+        return compile_ahead(self.update, self.runner_shapes(llm_args), LLMArgs(*llm_args))
+
     # rollout ----------------------------------------------------------------------------------
     def _act(self, params, carry: RolloutCarry, env_index, llm_args: LLMArgs | None = None):
         """One env+policy step. With `llm_args` the encoder's window advances (in-scan: its clock ticks, and the

@@ -10,7 +10,11 @@ from jaxllm import compile as jcompile
 
 
 def test_a_gpu_turns_triton_gemms_off_and_a_cpu_gets_no_options():
-    assert jcompile.compiler_options(backend="gpu") == {"xla_gpu_enable_triton_gemm": False}
+    assert jcompile.compiler_options(backend="gpu", xla_flags="") == {"xla_gpu_enable_triton_gemm": False,
+                                                                      "xla_gpu_autotune_level": 2}
+    # a flag the user sets in XLA_FLAGS wins over the option (issue 35: the autotune stage compares levels)
+    assert jcompile.compiler_options(backend="gpu", xla_flags="--xla_gpu_autotune_level=4") == {
+        "xla_gpu_enable_triton_gemm": False}
     assert jcompile.compiler_options(backend="cpu") == {}
     assert jcompile.compiler_options(backend="gpu", runs_llm=False) == {}  # plain PPO: XLA's defaults
 
@@ -45,3 +49,17 @@ def test_persistent_cache_keeps_a_configured_directory_and_can_be_turned_off(tmp
         assert jax.config.jax_compilation_cache_dir == configured
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert jcompile.default_cache_dir() == tmp_path / "craftax-llm" / "jax"
+
+
+def test_a_rejected_option_is_dropped_and_the_others_kept():
+    """issue 35: the LLM programs carry two options; XLA refusing one must not drop the other (Triton GEMMs off)."""
+    f = jcompile.jit(lambda x: x * 2, compiler_options={"xla_no_such_option_for_the_test": True,
+                                                        "xla_gpu_enable_triton_gemm": False})
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        np.testing.assert_array_equal(f(jnp.ones(3)), 2 * np.ones(3))
+    assert f.options == {"xla_gpu_enable_triton_gemm": False} and f.fell_back
+    g = jcompile.jit(lambda x: x + 1, compiler_options={"xla_no_such_option_for_the_test": True})
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        np.testing.assert_array_equal(jcompile.compile_ahead(g, jnp.ones(2))(jnp.ones(2)), 2 * np.ones(2))

@@ -200,9 +200,12 @@ def test_all_modes_prompt_only_and_injected_text(llm_policy, states):
     said = []
     probe = probe_policy(policy, ["health", "prompt:health", "prompt:enemy_adjacent_text",
                                   "prompt:nonsense_text"], states=states, show=1, say=said.append)
-    # issue 37 item 13: the progress names every kind, the injected-text ones too
-    assert said == ["  health ...", "  prompt:health ...", "  prompt:enemy_adjacent_text ...",
-                    "  prompt:nonsense_text ..."]
+    # issue 37 item 13: the progress names every kind, the injected-text ones too (issue 35: with its time)
+    per_kind = [line for line in said if line.startswith("  [")]
+    assert [line.split("] ", 1)[1].split(": ")[0] for line in per_kind] == [
+        "health", "prompt:health", "prompt:enemy_adjacent_text", "prompt:nonsense_text"]
+    assert "the LLM vectors of health reused" in per_kind[1]  # prompt:health: the same ids as health
+    assert said[-1].startswith("probe done in ") and "load excluded" in said[-1]
     k = probe["kinds"]
     assert list(k["health"].modes) == ["real", "zero", "noise", "shuffled", "other_prompt"]
     for mode, s in k["health"].modes.items():  # V does not read the hidden state: every mode is exact
@@ -213,6 +216,39 @@ def test_all_modes_prompt_only_and_injected_text(llm_policy, states):
         assert s["real"]["kl"] > 0 and s["zero"]["kl"] == 0.0, name  # only the LLM's text changed
     low, high = k["prompt:enemy_adjacent_text"].texts[0]
     assert high == low + "Warning: a zombie is adjacent to you and attacking.\n"
+
+
+def test_probe_equals_each_kind_evaluated_alone(llm_policy, states):
+    """The one pairs program (every edit behind one switch), the shared LLM call, the reused vectors of prompt-only
+    kinds and the injected texts give what each kind gives built by its own builder and evaluated alone
+    (`Prober.evaluate`: prepare, encode, heads), bit for bit."""
+    from rl.probe import prompts
+    from rl.probe.core import _result
+
+    kinds = ["health", "zombie_adjacent", "table_in_view", "prompt:health", "prompt:zombie_adjacent",
+             "prompt:enemy_adjacent_text", "prompt:nonsense_text"]
+    probe = probe_policy(llm_policy, kinds, states=states)
+    prober = Prober(llm_policy)
+    key = jax.random.PRNGKey(0)
+    for i, name in enumerate(kinds):
+        k_pairs, k_mode = jax.random.split(jax.random.fold_in(key, i))
+        if name in prompts.INJECTION_NAMES:
+            inj = prompts.injection(name)
+            ids = np.asarray(llm_policy.llm.tokenizer([inj.text], add_special_tokens=False)["input_ids"][0], np.int32)
+            ok = np.ones(N, bool)
+            if inj.needs_no_adjacent_zombie:
+                ok = ~np.asarray(jax.vmap(lambda s: prompts.zombie_adjacent(CLASSIC, s))(states))
+            values, logp = prober.evaluate(states, states, k_mode, inject=ids)
+        else:
+            kind = P.kind(name.removeprefix(prompts.PREFIX))
+            low, high, ok = jax.vmap(kind.builder(CLASSIC))(jax.random.split(k_pairs, N), states)
+            values, logp = prober.evaluate(low, high, k_mode, prompt_only=name.startswith(prompts.PREFIX))
+        want = _result(name, probe["kinds"][name].expected_sign, "", prober.modes, values, logp, np.asarray(ok), [])
+        got = probe["kinds"][name]
+        diff = {m: {k: (got.modes[m][k], want.modes[m][k]) for k in want.modes[m] if got.modes[m][k] != want.modes[m][k]}
+                for m in want.modes}
+        assert not any(diff.values()) and got.built == want.built, (name, diff)
+    assert list(probe["kinds"]) == kinds
 
 
 def test_injected_ids_equal_the_tokenizer_on_the_joined_text(llm_policy, states):
@@ -315,3 +351,35 @@ def corrupt_middle(path):
     mid = len(data) // 2
     data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
     path.write_bytes(bytes(data))
+
+
+def test_one_ids_width_where_the_llm_plan_allows(llm_policy):
+    """Kinds without injected text read the injected width (one LLM compile) only where the LLM's static plan is
+    the same at both widths; otherwise the template's width."""
+    import dataclasses
+
+    from rl.probe import build, prompts
+    from rl.probe.core import ids_widths
+
+    t = llm_policy.llm.template.max_len
+    wide = t + prompts.MAX_INJECTED
+    with_text, _ = build.plan_entries(llm_policy, ["health", "prompt:nonsense_text"])
+    without, _ = build.plan_entries(llm_policy, ["health", "prompt:health"])
+    same = dataclasses.replace(llm_policy, llm=dataclasses.replace(llm_policy.llm, plan=lambda b, w: "one plan"))
+    unknown = dataclasses.replace(llm_policy, llm=dataclasses.replace(llm_policy.llm, plan=None))
+    assert ids_widths(same, with_text, 4) == (wide, wide)
+    assert ids_widths(unknown, with_text, 4) == (wide, t)
+    assert ids_widths(same, without, 4) == (t, t)
+    # on the CPU the windowed attention reads max_len: the plans differ, each width keeps its compile
+    assert ids_widths(llm_policy, with_text, 4) == (wide, t)
+
+
+def test_packed_plan_sees_the_width_only_through_the_attention():
+    """jaxllm.encoder.packed_plan: cuDNN's grid is the same for close widths; the XLA form's window is not."""
+    import jax.numpy as jnp
+
+    from jaxllm.encoder import packed_plan
+
+    impl, capacity, sizes, per_pass = packed_plan(256, 1138, None, jnp.float32)
+    assert impl == "xla" and capacity == 32768 and per_pass == 1138 and sizes[-1] == 32768
+    assert packed_plan(256, 1138, None, jnp.float32) != packed_plan(256, 1170, None, jnp.float32)

@@ -318,3 +318,38 @@ def test_failed_checkpoint_save_stops_the_run_at_once(full_run, tmp_path):
     original = Checkpoints(full_run).restore(Trainer.from_config(cfg).init_state(), 2)
     for x, y in zip(jax.tree.leaves(restored), jax.tree.leaves(original)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_update_compiled_ahead_is_not_compiled_again():
+    """issue 35: `Trainer.compile_update` (run in a thread by rl.train while the run sets up) compiles the program
+    that the update's first call then runs: no backend compile happens at that call, and its result equals an
+    update of a trainer that compiled on its first call."""
+    from rl.config import PRESETS, TrainConfig
+    from rl.encoder_kinds import load_encoder
+    from rl.llm import LLMArgs
+
+    cfg = TrainConfig(**PRESETS["test"], encoder="none")
+
+    def trainer():
+        return Trainer(cfg.envs, cfg.ppo, load_encoder(cfg.hidden, cfg.llm, cfg.env), devices=1)
+
+    ahead, plain = trainer(), trainer()
+    assert ahead.runs_update
+    ahead.compile_update(LLMArgs())
+    state = ahead.init_state(LLMArgs())
+    plain_state = plain.init_state(LLMArgs())
+
+    def compiles_of(update, runner):
+        """(the update's results, the backend compiles its call ran)"""
+        seen = []
+        listener = lambda name, seconds, **kw: seen.append(name) if "backend_compile" in name else None  # noqa: E731
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        try:
+            return jax.device_get(update(runner, LLMArgs())), seen
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listener)
+
+    got, compiled = compiles_of(ahead.update, state)
+    want, compiled_plain = compiles_of(plain.update, plain_state)
+    assert compiled == [] and compiled_plain  # the listener sees a first call's compile
+    jax.tree.map(np.testing.assert_array_equal, got, want)

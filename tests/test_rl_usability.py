@@ -121,8 +121,10 @@ def test_run_talks(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert main(BASE + ["--run-dir", str(run_dir)]) == 0
     err = capsys.readouterr().err
-    assert "compiling the first update" in err and "8 envs x 8 steps" in err
-    assert "[update 1/4] 64 steps" in err and "(includes compilation)" in err.splitlines()[2]
+    assert "compiling the update in the background" in err and "8 envs x 8 steps" in err
+    assert "running the first update (compiled)" in err  # issue 35: compiled while the run set up
+    first = next(ln for ln in err.splitlines() if ln.startswith("[update 1/"))
+    assert "[update 1/4] 64 steps" in first and "(first update)" in first
     assert "ETA" in err and "elapsed" in err
     assert "finished 4 updates" in err and f"python -m rl.eval {run_dir}" in err and f"rl.plot {run_dir}" in err
     assert main(BASE + ["--run-dir", str(tmp_path / "quiet"), "--quiet"]) == 0
@@ -356,9 +358,11 @@ def test_llm_share_of_a_cpu_run_agrees_with_the_updates_with_and_without_a_windo
     status = [ln for ln in err.splitlines() if ln.startswith("[update")]
     assert rows[0]["llm_time_share"] is None and "LLM - of time" in status[0]
     assert all(r["llm_time_share"] is not None for r in rows[1:]) and "LLM -" not in status[-1]
-    setup = ["envs x 64 steps per update", "loading the LLM (tiny)", "LLM: tiny (", "resetting the envs and encoding",
-             "compiling the first update", "[update 1/9]"]  # a line before each step of the setup, in order
-    at = [next(i for i, ln in enumerate(err.splitlines()) if s in ln) for s in setup]
+    setup = ["envs x 64 steps per update", "loading the LLM (tiny)", "LLM: tiny (", "compiling the update in the "
+             "background", "resetting the envs and encoding", "the update is compiled", "running the first update",
+             "[update 1/9]"]  # a line before each step of the setup, in order (and one while it waits, if it does)
+    lines = [ln for ln in err.splitlines() if not ln.startswith("waiting for the update program")]
+    at = [next(i for i, ln in enumerate(lines) if s in ln) for s in setup]
     assert at == sorted(at) and at[-1] - at[0] == len(setup) - 1
     t = {r["update"]: r["seconds"] for r in rows}
     with_window = min(t[u] for u in (2, 4, 6, 8))  # the fastest of each: moments when other programs ran left out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    from rl.cli import Parser
+    from rl.cli import Parser, add_compile_cache_option, apply_compile_cache
 
     p = Parser(prog="python -m rl.probe", description=__doc__)
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (rl.train or rl.offline train)")
@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the base states' play and of the edits")
     p.add_argument("--play-steps", type=int, default=1024, dest="play_steps", metavar="N",
                    help="steps the policy plays; each base state is taken at a random step of them")
+    add_compile_cache_option(p)
     args = p.parse_args(argv)
     say = lambda text: print(text, file=sys.stderr, flush=True)
     for name, value in (("--pairs", args.pairs), ("--play-steps", args.play_steps)):
@@ -39,6 +40,7 @@ def main(argv=None) -> int:
             p.error(f"{name} must be >= 1, got {value}")
     if args.show < 0:
         p.error(f"--show must be >= 0, got {args.show}")
+    apply_compile_cache(args)
     try:
         return _run(args, say)
     except (FileNotFoundError, ValueError) as e:

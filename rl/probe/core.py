@@ -1,23 +1,25 @@
-"""The probe of one policy: base states, every pair kind built and evaluated (one jitted call per kind, all modes),
-prompt-only edits, the texts of the first pairs, and value diagnostics on trajectory files."""
+"""The probe of one policy: base states, every pair kind built and evaluated (the same compiled programs for every
+kind, all modes), prompt-only edits, the texts of the first pairs, and value diagnostics on trajectory files."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.jit import compile_llm, compile_program
+from rl.jit import CompileAhead, compile_llm, compile_program
 from rl.probe import pairs as pairs_mod
 from rl.probe import prompts
-from rl.probe.forward import make_forward, make_prepare, modes_for, pad_ids
+from rl.probe import build
+from rl.probe.forward import encode_fn, make_encode, make_heads, make_prepare, modes_for, pad_ids
 from rl.probe.metrics import STAT_KEYS, pair_stats
 from rl.probe.parts import ProbePolicy
-from rl.probe.states import play_states
+from rl.probe.states import base_state_shapes, play_states
 
 
 def all_kinds(uses_hidden: bool) -> tuple[str, ...]:
@@ -58,26 +60,26 @@ class KindResult:
 
 
 class Prober:
-    """The compiled pieces for one policy (prepare, forward, per-kind pair builders) and `evaluate`."""
+    """The compiled pieces for one policy: `prepare` (observations and ids of given states), `encode` (the LLM on
+    both sides, shared by every kind), `heads` (the policy under every mode), and `evaluate`."""
 
     def __init__(self, policy: ProbePolicy, modes: tuple[str, ...] | None = None):
         self.policy = policy
         self.modes = tuple(modes or modes_for(policy))
         self.prepare = make_prepare(policy)
-        self.forward = make_forward(policy, self.modes)
-        self._builders: dict[str, Callable] = {}
+        self.encode = make_encode(policy, self.modes)
+        self.heads = make_heads(policy, self.modes)
         llm = policy.llm
         if llm is not None:
             self._tail = prompts.tail_length(llm.template, llm.tokenizer)
 
-    def builder(self, kind: pairs_mod.PairKind) -> Callable | None:
-        """Jitted (states [N], key) -> (low, high, ok) of `kind` on this env; None where it does not exist."""
-        if kind.name not in self._builders:
-            edit = kind.builder(self.policy.env)
-            self._builders[kind.name] = None if edit is None else compile_program(
-                lambda states, key: jax.vmap(edit)(jax.random.split(key, states.player_position.shape[0]), states),
-                runs_llm=False)
-        return self._builders[kind.name]
+    def vectors(self, ids_lo, ids_hi, len_lo, len_hi, encode=None):
+        """(real, other) hidden vectors of both sides (None, None without an LLM); `encode`: a compiled executable
+        of `self.encode` to run instead."""
+        if self.policy.llm is None:
+            return None, None
+        llm = self.policy.llm
+        return (encode or self.encode)(llm.args, llm.other_args, ids_lo, ids_hi, len_lo, len_hi)
 
     def evaluate(self, low, high, key, prompt_only: bool = False, inject: np.ndarray | None = None):
         """(values [M, 2, N], log-probs [M, 2, N, A]) as numpy: the pairs (low[i], high[i]) under every mode.
@@ -94,9 +96,8 @@ class Prober:
                 ids_lo, len_lo)
             width = ids_lo.shape[1] + prompts.MAX_INJECTED  # one width (one compile) for every injected text
             ids_lo, ids_hi = (pad_ids(x, width, llm.template.pad_id) for x in (ids_lo, ids_hi))
-        llm_args = (self.policy.llm.args, self.policy.llm.other_args) if self.policy.llm else (None, None)
-        out = self.forward(self.policy.params, *llm_args, obs_lo, obs_hi, ids_lo, ids_hi, len_lo, len_hi, key)
-        return jax.device_get(out)
+        real, other = self.vectors(ids_lo, ids_hi, len_lo, len_hi)
+        return jax.device_get(self.heads(self.policy.params, obs_lo, obs_hi, real, other, key))
 
 
 def _texts(policy: ProbePolicy, states) -> list[str]:
@@ -112,56 +113,136 @@ def _take(states, idx):
     return jax.tree.map(lambda a: a[np.asarray(idx)], states)
 
 
+def ids_widths(policy: ProbePolicy, entries: list[build.Entry], n: int) -> tuple[int, int]:
+    """(the pairs program's ids width, the width the LLM reads for a kind without injected text). Injected texts
+    need MAX_INJECTED more slots; every kind reads that one width (one compile of the LLM call) where the LLM's
+    static plan is the same at both widths (`ProbeLLM.plan`: then the vectors are the same bit for bit), else the
+    others keep the template's width (two compiles)."""
+    llm = policy.llm
+    if llm is None:
+        return 0, 0
+    t = int(llm.template.max_len)
+    if not any(e.inject for e in entries):
+        return t, t
+    wide = t + prompts.MAX_INJECTED
+    same = llm.plan is not None and llm.plan(2 * n, t) == llm.plan(2 * n, wide)
+    return wide, wide if same else t
+
+
+def _start_compiles(ahead: CompileAhead, policy: ProbePolicy, prober: Prober, pairs_program, state_shapes, n: int,
+                    widths: tuple[int, int]) -> None:
+    """Begin compiling the pairs program, the LLM call at each ids width the kinds read, and the heads, for `n`
+    pairs of base states shaped `state_shapes` (`CompileAhead`: background threads)."""
+    from render.observation import OBS_SIZES
+
+    sds = jax.ShapeDtypeStruct
+    key = jax.random.PRNGKey(0)
+    ahead.start("pairs", pairs_program, state_shapes, key, sds((), jnp.int32), sds((), jnp.bool_),
+                sds((), jnp.int32))
+    obs = sds((n, OBS_SIZES[policy.env]), jnp.float32)
+    llm = policy.llm
+    real = other = None
+    if llm is not None:
+        lengths = sds((n,), jnp.int32)
+        for w in sorted(set(widths)):
+            ids = sds((n, w), jnp.int32)
+            args = (llm.args, llm.other_args, ids, ids, lengths, lengths)
+            ahead.start(f"LLM encode (width {w})", prober.encode, *args)
+        real, other = jax.eval_shape(encode_fn(policy, prober.modes), *args)
+    ahead.start("heads", prober.heads, policy.params, obs, obs, real, other, key)
+
+
 def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int = 0, play_steps: int = 1024,
                  show: int = 0, modes=None, states=None, say=lambda text: None) -> dict[str, Any]:
     """Probe `policy`: {"kinds": {name: KindResult}, "not_built": {name: why}}. `states` (raw EnvStates [N])
-    replaces the policy's own play (tests)."""
-    prober = Prober(policy, modes)
+    replaces the policy's own play (tests).
+
+    The programs (the pairs of every kind, the LLM on a kind's prompts, the policy's heads) compile in background
+    threads while the policy plays for base states; then every kind runs the same executables. A prompt-only kind
+    whose ids equal its state kind's (an edit that draws nothing at random) reuses that kind's vectors."""
+    t_start = time.perf_counter()
     kinds = list(kinds or all_kinds(policy.uses_hidden))
     check_kinds(kinds)
+    prober = Prober(policy, modes)
+    entries, not_built = build.plan_entries(policy, kinds)
+    n = n_pairs if states is None else int(states.player_position.shape[0])
+    width, read_width = ids_widths(policy, entries, n)
+    edits = build.edit_names(entries)
+    pairs_program = build.make_pairs(policy, edits, width)
+    ahead = CompileAhead(say)
+    shapes = (base_state_shapes(policy, n_pairs) if states is None else
+              jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), states))
+    llm_part = "" if policy.llm is None else ", the LLM on a kind's prompts"
+    say(f"compiling the probe's programs in the background: the pairs of all {len(entries)} kinds (one "
+        f"program){llm_part}, the policy's heads ...")
+    _start_compiles(ahead, policy, prober, pairs_program, shapes, n, (width, read_width))
+    t_play = time.perf_counter()
     if states is None:
-        say(f"playing {n_pairs} envs x {play_steps} steps with the policy for base states ...")
-        states = play_states(policy, n_pairs, seed, play_steps)
-    n = states.player_position.shape[0]
-    results: dict[str, KindResult] = {}
-    not_built: dict[str, str] = {}
+        states = play_states(policy, n_pairs, seed, play_steps, say=say)
+    t_play = time.perf_counter() - t_play
+    pairs_exec = ahead.get("pairs")
+    heads_exec = ahead.get("heads")
+    say(f"probing {len(entries)} kinds of {n} pairs under {len(prober.modes)} mode(s) ...")
+    t_kinds = time.perf_counter()
+    results, shared = _run_entries(policy, prober, entries, states, seed, show, pairs_exec, heads_exec,
+                                   ahead, width, read_width, say)
+    t_kinds = time.perf_counter() - t_kinds
+    ordered = {name: results[name] for name in kinds if name in results}
+    total = time.perf_counter() - t_start
+    say(f"probe done in {total:.1f} s (load excluded): play {t_play:.1f} s, kinds {t_kinds:.1f} s "
+        f"({shared} of {len(entries)} reused another kind's LLM vectors)")
+    return {"kinds": ordered, "not_built": {k: not_built[k] for k in kinds if k in not_built}}
+
+
+def _run_entries(policy, prober, entries, states, seed, show, pairs_exec, heads_exec, ahead, width, read_width,
+                 say):
+    """Every entry through the pairs, encode and heads executables: ({name: KindResult}, how many reused)."""
     key = jax.random.PRNGKey(seed)
-    for i, name in enumerate(kinds):
-        k_pairs, k_mode = jax.random.split(jax.random.fold_in(key, i))
-        prompt_only = name.startswith(prompts.PREFIX)
-        if prompt_only and not policy.uses_hidden:
-            not_built[name] = "prompt-only edits need a policy that reads an LLM hidden state"
-            continue
-        if name in prompts.INJECTION_NAMES:
-            say(f"  {name} ...")
-            inj = prompts.injection(name)
-            ids = np.asarray(policy.llm.tokenizer([inj.text], add_special_tokens=False)["input_ids"][0], np.int32)
-            ok = np.ones(n, bool)
-            if inj.needs_no_adjacent_zombie:
-                ok = ~np.asarray(compile_program(jax.vmap(lambda s: prompts.zombie_adjacent(policy.env, s)),
-                                                  runs_llm=False)(states))
-            values, logp = prober.evaluate(states, states, k_mode, inject=ids)
-            low_texts = _texts(policy, _take(states, np.flatnonzero(ok)[:show])) if show else []
-            texts = [(t, t + inj.text) for t in low_texts]
-            results[name] = _result(name, inj.expected_sign, f"text + {inj.text.strip()!r}", prober.modes, values,
-                                    logp, ok, texts)
-            continue
-        kind = pairs_mod.kind(name[len(prompts.PREFIX):] if prompt_only else name)
-        build = prober.builder(kind)
-        if build is None:
-            not_built[name] = f"{policy.env} has no {', '.join(kind.fields)} for this edit"
-            continue
-        say(f"  {name} ...")
-        low, high, ok = build(states, k_pairs)
-        ok = np.asarray(ok)
-        values, logp = prober.evaluate(low, high, k_mode, prompt_only=prompt_only)
+    edits = build.edit_names(entries)
+    results: dict[str, KindResult] = {}
+    kept: dict[str, tuple] = {}  # state kind -> (ids/lengths it encoded, its vectors): for prompt-only reuse
+    shared = 0
+    for j, entry in enumerate(entries):
+        t0 = time.perf_counter()
+        k_pairs, k_mode = jax.random.split(jax.random.fold_in(key, entry.index))
+        p = pairs_exec(states, k_pairs, jnp.int32(edits.index(entry.edit)), jnp.bool_(entry.prompt_only),
+                       jnp.int32(entry.inject))
+        what = ""
+        if policy.llm is None:
+            real, other = None, None
+        else:
+            w = width if entry.inject else read_width
+            ids = tuple(x[:, :w] if w < width else x for x in (p.ids_low, p.ids_high)) + (p.len_low, p.len_high)
+            source = kept.get(entry.edit) if entry.prompt_only and not entry.inject else None
+            if source is not None and _same(source[0], ids):
+                real, other = source[1]
+                shared += 1
+                what = f", the LLM vectors of {entry.edit} reused (the same prompts)"
+            else:
+                real, other = prober.vectors(*ids, encode=ahead.get(f"LLM encode (width {w})"))
+                what = f", LLM on {4 if other is not None else 2} x {p.ok.shape[0]} prompts"
+            if not entry.prompt_only:
+                kept[entry.name] = (ids, (real, other))
+        values, logp = jax.device_get(heads_exec(policy.params, p.obs_low, p.obs_high, real, other, k_mode))
+        ok = np.asarray(p.ok)
         texts = []
         if show:
             idx = np.flatnonzero(ok)[:show]
-            texts = list(zip(_texts(policy, _take(low, idx)), _texts(policy, _take(high, idx))))
-        doc = ("observation of low; LLM reads: " if prompt_only else "") + kind.doc
-        results[name] = _result(name, kind.expected_sign, doc, prober.modes, values, logp, ok, texts)
-    return {"kinds": results, "not_built": not_built}
+            if entry.inject:
+                inj = prompts.INJECTIONS[entry.inject - 1]
+                texts = [(t, t + inj.text) for t in _texts(policy, _take(p.low, idx))]
+            else:
+                texts = list(zip(_texts(policy, _take(p.low, idx)), _texts(policy, _take(p.high, idx))))
+        results[entry.name] = _result(entry.name, entry.expected_sign, entry.doc, prober.modes, values, logp, ok,
+                                      texts)
+        say(f"  [{j + 1}/{len(entries)}] {entry.name}: {time.perf_counter() - t0:.1f} s{what}")
+    return results, shared
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Whether two (ids_low, ids_high, len_low, len_high) tuples hold the same values (one small device check)."""
+    return all(x.shape == y.shape for x, y in zip(a, b)) and bool(
+        jnp.all(jnp.asarray([jnp.array_equal(x, y) for x, y in zip(a, b)])))
 
 
 def _result(name, sign, doc, modes, values, logp, ok, texts) -> KindResult:

@@ -20,6 +20,9 @@ class ProbeLLM:
     tokenizer: Any
     obs_format: str
     system_prompt: Any  # what build_template took (None = the template's default)
+    # (batch, ids width) -> the LLM call's static plan; two widths of equal plans give the same vectors bit for bit
+    # (`jaxllm.encoder.packed_plan`). None: unknown, the probe keeps each width's own compile
+    plan: Callable[[int, int], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,14 @@ def _llm_parts(cfg, model, tokenizer, template, prefix_cache, *, labels: bool = 
 
         raw = encode_ids
         encode_ids = lambda *a: raw(*a).astype(jnp.float16).astype(jnp.float32)  # noqa: E731
+    plan = None
+    if cfg.llm_encode == "packed":
+        from jaxllm.encoder import packed_plan
+
+        dtype = model.params["embed_tokens"].dtype
+        plan = lambda batch, width: packed_plan(batch, width, cfg.llm_capacity or None, dtype)  # noqa: E731
     return ProbeLLM(template, encode_ids, LLMArgs(model.params, prefix_cache), other.jit_args,
-                    tokenizer, cfg.obs_format, cfg.system_prompt)
+                    tokenizer, cfg.obs_format, cfg.system_prompt, plan)
 
 
 def check_run_dir(run_dir: Path) -> Path:
@@ -72,7 +78,9 @@ def _load_online(run_dir: Path) -> ProbePolicy:
     shape = lambda t: jax.tree.map(lambda a: tuple(a.shape), t)
     if jax.tree.structure(expected) != jax.tree.structure(params) or shape(expected) != shape(params):
         raise ValueError(f"the checkpoint of {run_dir} does not fit the network its config.json describes")
-    params = jax.tree.map(jax.numpy.asarray, params)
+    # on one device, as the LLM's arrays: params restored onto the trainer's mesh would make every program's
+    # outputs mesh-sharded, so the play's second window (fed its own outputs) compiled the play again
+    params = jax.device_put(jax.tree.map(jax.numpy.asarray, params), jax.devices()[0])
     parts = None if llm is None else _llm_parts(cfg, llm.model, llm.tokenizer, llm.template, llm.prefix_cache)
     return ProbePolicy(str(run_dir), cfg.env, params, network.apply, parts, cfg.skip_n, cfg.gamma)
 

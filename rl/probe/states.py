@@ -6,9 +6,12 @@ over episode time (and over the floors the policy reaches), not bunched at the s
 hidden state is refreshed from the current states every `skip_n` steps (the in-scan encoder on the run's
 template), as the run computes it. The play is `rl.play`'s loop: `refresh_hidden`, `sampled_steps` (the policy
 has no trainer: an offline one plays here too), and a fold that keeps each env's state after its picked window.
+Once env i's state is kept its later play is never read: the LLM skips its prompts (length 0), and the play stops
+after the last window that keeps a state.
 """
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -28,8 +31,8 @@ class Kept(NamedTuple):
     windows_left: jax.Array  # int32 [n]: windows still to play before env i's state is taken
 
 
-def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024):
-    """Raw EnvStates [n] of `policy` playing (see module docstring); deterministic in `seed`."""
+def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024, say=lambda text: None):
+    """Raw EnvStates [n] of `policy` playing (see module docstring); deterministic in `seed`. `say`: progress."""
     env = BatchedEnv(policy.env, n, reset_ratio=1)
     window = (policy.skip_n or steps) if policy.uses_hidden else 16
     window = max(1, min(window, steps))
@@ -37,12 +40,37 @@ def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024):
     k_reset, k_pick, key = jax.random.split(jax.random.PRNGKey(seed), 3)
     pick = jax.random.randint(k_pick, (n,), 0, chunks)  # the window after which env i's state is kept
     obs, state = env.reset(k_reset)
+    # committed to the device as the play's own outputs are: the second window then reuses the first's compile
+    obs, state = jax.device_put((obs, state), jax.devices()[0])
     llm_args = policy.llm.args if policy.uses_hidden else None
     run = _window(policy, env)
-    _, kept = play_windows(lambda carry, seen, length: run(policy.params, llm_args, carry, seen, length),
-                           PlayCarry(state, obs, None, key), Kept(state.env_state, pick), chunks * window, window,
-                           finished=lambda seen: False)
+    last = int(pick.max())
+    llm_part = " (the LLM on each window's states)" if policy.uses_hidden else ""
+    say(f"playing {n} envs x {last + 1} of {chunks} windows of {window} steps with the policy for base states"
+        f"{llm_part}; the first window compiles the play ...")
+    t0, played = time.perf_counter(), [0]
+    report = max(1, (last + 1) // 8)
+
+    def run_window(carry, seen, length):
+        carry, seen = run(policy.params, llm_args, carry, seen, length)
+        c = played[0]
+        played[0] += 1
+        if c == 0 or (c + 1) % report == 0 or c == last:
+            jax.block_until_ready(seen)
+            say(f"  played window {c + 1}/{last + 1}: {time.perf_counter() - t0:.1f} s"
+                f"{' (first window with its compile)' if c == 0 else ''}")
+        return carry, seen
+
+    _, kept = play_windows(run_window, PlayCarry(state, obs, None, key), Kept(state.env_state, pick),
+                           (last + 1) * window, window, finished=lambda seen: False)
     return kept.states
+
+
+def base_state_shapes(policy: ProbePolicy, n: int):
+    """The shapes and dtypes of `play_states`' result (no play, nothing compiled)."""
+    env = BatchedEnv(policy.env, n, reset_ratio=1)
+    _, state = jax.eval_shape(env.reset, jax.random.PRNGKey(0))
+    return state.env_state
 
 
 def keep_picked(seen: Kept, carry: PlayCarry, out) -> Kept:
@@ -56,11 +84,17 @@ def keep_picked(seen: Kept, carry: PlayCarry, out) -> Kept:
 def _window(policy: ProbePolicy, env: BatchedEnv):
     """The jitted window: run(params, llm_args, carry, seen, length) -> (carry, seen)."""
     llm = policy.llm
-    encode = None if llm is None else (lambda p, c, raw: llm.encode_ids(p, c, *jax.vmap(llm.template)(raw)))
 
     @partial(compile_llm if llm is not None else partial(compile_program, runs_llm=False), static_argnames="length")
     def run(params, llm_args, carry, seen, length: int):
-        refresh = None if encode is None else partial(refresh_hidden, encode, llm_args)
+        refresh = None
+        if llm is not None:
+            def encode(p, c, raw):
+                ids, lengths = jax.vmap(llm.template)(raw)
+                # a kept env's prompt is not computed (its later play is never read)
+                return llm.encode_ids(p, c, ids, jnp.where(seen.windows_left >= 0, lengths, 0))
+
+            refresh = partial(refresh_hidden, encode, llm_args)
         carry, seen, _ = play_window(partial(sampled_steps, policy.apply, env, params), carry, seen, length, refresh,
                                      fold=keep_picked)
         return carry, seen
