@@ -182,7 +182,7 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
                 progress.step(encoder.describe())
                 progress.step("resetting the envs and encoding their first states ...")
             trainer = Trainer(cfg.envs, cfg.ppo, encoder, devices=cfg.devices, fusion=cfg.fusion,
-                              records=run.recorder is not None)
+                              records=run.recorder is not None, speed=cfg.speed)
             llm_args = trainer.place_llm_args(encoder.jit_args())
             state = trainer.init_state(llm_args)
             updates = trainer.updates(llm_args, run.recorder.add_rollout if run.recorder else None)
