@@ -271,7 +271,9 @@ def main(argv=None) -> int:
         jobs = train_jobs(names, bt_args, rl_train_runs.parse_variants(args.variants))
         meta["rl_train_commands"] = {j.name: rl_train_runs.command(j, Path("RUN_DIR"), args.train_updates,
                                                                    Path("CACHE")) for j in jobs}
-        warm = rl_train_runs.Warmup(jobs, workdir, workdir / "compile_cache", args.warm_workers, args.train_timeout)
+        slowest_first = sorted(jobs, key=lambda j: "--env-unroll" not in j.flags)  # unrolled scans compile longest
+        warm = rl_train_runs.Warmup(slowest_first, workdir, workdir / "compile_cache", args.warm_workers,
+                                    args.train_timeout)
     try:
         preps = prepare_all(names, ppo, bt_args, args)  # every program compiled (first call timed) before any timing
         if warm is not None:

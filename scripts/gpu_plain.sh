@@ -51,7 +51,7 @@ fi
 
 say "table: ppo.py, harness, rl.train records at 1,024 and 128 (auto-reset) envs + ${#variants[@]} candidates (limit ${limit}s)"
 timeout "$limit" "$py" scripts/bench_reference.py "${reference[@]}" --only none-1024 none-128-autoreset "${sizes[@]}" \
-  --rl-train --train-dir "$runs" --train-timeout 240 --variants "${variants[@]}" --out "$out/table.json" \
+  --rl-train --train-dir "$runs" --train-timeout 300 --variants "${variants[@]}" --out "$out/table.json" \
   2>&1 | tee "$out/table.log"
 rc=${PIPESTATUS[0]}
 say "bench_reference exited with $rc (124: ran out of its ${limit}s; table.json keeps the rows finished)"

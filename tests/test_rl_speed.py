@@ -82,7 +82,8 @@ def test_training_metrics_are_bit_equal_with_every_speed_setting(tmp_path):
     base = records("base")
     fast = records("fast", "--env-unroll", "16", "--lazy-reset", "true", "--rollout-unroll", "2",
                    "--trainer-xla", COMMAND_BUFFERS)
-    assert len(base) == 3 and base == fast
+    batched = records("batched", "--batch-resets", "true")
+    assert len(base) == 3 and base == fast == batched
     saved = json.loads((tmp_path / "fast" / "config.json").read_text())
     assert saved["env_unroll"] == 16 and saved["lazy_reset"] is True
 
