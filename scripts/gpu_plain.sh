@@ -9,7 +9,8 @@
 #                                     envs only: 4,096 worlds at once; 128 auto-reset envs would hold 8,192)
 #   unroll12     --env-unroll 12      Craftax's inner scans (mob slots etc., <= 12 steps) fully unrolled
 #   cmdbuf       --trainer-xla ...    XLA command buffers (CUDA graphs) that also take while loops and conditionals
-#   lazy_cmdbuf  both: the lazy draw's conditional runs inside a command buffer, with no host round trip
+#   lazy_cmdbuf  both (128 envs): the lazy draw's conditional runs inside a command buffer, no host round trip
+#   unroll12_batch (1,024 envs), unroll12_lazy (128 envs): the structural candidates together
 # Everything compiles first, in parallel (rl.train runs into one persistent compilation cache), then each timing runs
 # alone on the card. The upstream checkout is not in git: carry it (`.reference/Craftax_Baselines`, an ignored folder;
 # git clone --depth 1 https://github.com/MichaelTMatthews/Craftax_Baselines .reference/Craftax_Baselines).
@@ -29,8 +30,10 @@ ref_dir=${REFERENCE_DIR:-.reference/Craftax_Baselines}
 runs=${GPU_PLAIN_RUNS:-/tmp/gpu_plain_runs}   # rl.train run directories (checkpoints: not under OUT)
 rm -rf "$runs"
 cmdbuf="xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
-variants=("lazy@none-128-autoreset=--lazy-reset true" "batch@none-1024=--batch-resets true" "unroll12=--env-unroll 12"
-          "cmdbuf=--trainer-xla $cmdbuf" "lazy_cmdbuf@none-128-autoreset=--lazy-reset true --trainer-xla $cmdbuf")
+one=none-1024 few=none-128-autoreset
+variants=("lazy@$few=--lazy-reset true" "batch@$one=--batch-resets true" "unroll12=--env-unroll 12"
+          "cmdbuf@$one=--trainer-xla $cmdbuf" "lazy_cmdbuf@$few=--lazy-reset true --trainer-xla $cmdbuf"
+          "unroll12_batch@$one=--env-unroll 12 --batch-resets true" "unroll12_lazy@$few=--env-unroll 12 --lazy-reset true")
 
 if [ "$tiny" = 1 ]; then  # CPU: the project's venv, Classic at 8 envs, one timed update per loop
   py=${PYTHON:-python3}
