@@ -42,16 +42,17 @@ RESET_HIDDEN = ("auto", "pool", "zero")
 
 # Flags that `--resume` accepts (they do not change results: the server's address, which kernels build the ids,
 # where the rollouts are recorded).
-RESUME_OVERRIDABLE = ("vllm_url", "template_assembly", "save_trajectories", "samples_per_file")
+RESUME_OVERRIDABLE = ("vllm_url", "template_assembly", "save_trajectories", "samples_per_file", "rollout_unroll",
+                      "env_unroll", "lazy_reset", "batch_resets", "trainer_xla")
 # Fields that may differ between a run directory's config and a resumed run.
 RESUME_MUTABLE = RESUME_OVERRIDABLE + ("run_dir",)
 
 
 # Option groups (--help lists the fields under these headings, in this order).
-ENV, PPO, LLM, HTTP, DEVICES, RUN, RECORD = (
+ENV, PPO, LLM, HTTP, DEVICES, RUN, RECORD, SPEED = (
     "environment", "PPO", "LLM encoder (--encoder inscan|vllm)", "HTTP embedding server (--encoder vllm)", "devices",
-    "run directory", "recording")
-GROUPS = (ENV, PPO, LLM, HTTP, DEVICES, RUN, RECORD)
+    "run directory", "recording", "program shape (same results, other kernels; docs/BENCHMARKS.md)")
+GROUPS = (ENV, PPO, LLM, HTTP, DEVICES, RUN, RECORD, SPEED)
 
 
 def _opt(default: Any, group: str, help: str, applies: str | None = None, metavar: str | None = None) -> Any:
@@ -193,6 +194,43 @@ class RecordConfig:
     samples_per_file: int = _opt(8192, RECORD, "samples per trajectory file of --save-trajectories")
 
 
+@dataclass(frozen=True)
+class SpeedConfig:
+    """How the trainer's jitted programs are shaped: each setting changes the kernels XLA launches, never the results
+    (same-seed metrics are bit-equal on a CPU: tests/test_rl_speed.py). The rollout is launch-bound on a GPU (a Craftax
+    step is ~2,500 small kernels), so these aim at fewer, larger kernels."""
+
+    rollout_unroll: int = _opt(1, SPEED, "env steps per iteration of the rollout's scan (lax.scan unroll)")
+    env_unroll: int = _opt(0, SPEED, "fully unroll Craftax's own inner scans of at most this many steps in the env "
+                                     "step and reset (0 = off; 12 = all of them): fewer launches, longer compile")
+    lazy_reset: bool = _opt(False, SPEED, "draw a step's fresh worlds (optimistic resets) only when an env finished "
+                                          "(lax.cond): saves world generation on steps where none did")
+    batch_resets: bool = _opt(False, SPEED, "draw a rollout's fresh worlds for all its steps in one batched call before "
+                                            "its scan (the same worlds): world generation leaves the step loop; holds "
+                                            "num_steps x num_envs / reset_ratio worlds at once (1,024 envs: ~1.3 GB)")
+    trainer_xla: str = _opt("", SPEED, "XLA options of the trainer's programs, 'name=value name=value', e.g. "
+                                       "xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
+                                       "CONDITIONAL,WHILE (one the installed XLA refuses is dropped with a warning)",
+                            metavar="OPTIONS")
+
+    def xla_options(self) -> dict[str, Any]:
+        """`trainer_xla` as a dict of XLA compiler options (ints and true/false converted; ValueError when malformed)."""
+        return parse_xla_options(self.trainer_xla)
+
+
+def parse_xla_options(text: str) -> dict[str, Any]:
+    """'name=value name=value' -> {name: value}: integers become int, true/false bool, anything else stays a string."""
+    out: dict[str, Any] = {}
+    for item in text.split():
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"--trainer-xla: {item!r} is not name=value (separate several with spaces)")
+        low = value.lower()
+        out[name] = (low == "true") if low in ("true", "false") else int(value) if value.lstrip("-").isdigit() \
+            else value
+    return out
+
+
 class Sectioned:
     """Base of a frozen dataclass whose fields are sections (frozen dataclasses of settings) and plain settings:
     every setting also goes by its flat name, the name of its flag.
@@ -246,6 +284,7 @@ class TrainConfig(Sectioned):
     llm: LLMConfig = LLMConfig()
     run: RunConfig = RunConfig()
     record: RecordConfig = RecordConfig()
+    speed: SpeedConfig = SpeedConfig()
 
     # derived -----------------------------------------------------------------------------
     @property
@@ -282,7 +321,10 @@ class TrainConfig(Sectioned):
         _choice("shuffle", self.shuffle, SHUFFLES)
         check_at_least_one(self, ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
                                   "checkpoint_every", "reset_ratio", "width", "keep_checkpoints",
-                                  "samples_per_file"))
+                                  "samples_per_file", "rollout_unroll"))
+        if self.env_unroll < 0:
+            raise ValueError(f"--env-unroll must be >= 0 (0 = off), got {self.env_unroll}")
+        self.speed.xla_options()
         if self.devices < 0:
             raise ValueError(f"--devices must be >= 0 (0 = all visible devices), got {self.devices}")
         if self.num_updates < 1:

@@ -14,6 +14,10 @@ global indices) behaves exactly like the whole batch on one device.
 
 Everything here is a pure function of explicit state, works on whatever batch it is given (a
 per-device shard included) and runs under jit / lax.scan.
+
+Two settings change the kernels, never the results (`rl.config.SpeedConfig`): `env_unroll` fully unrolls Craftax's
+own short inner scans in the step and the reset (`rl.unroll`), and `lazy_reset` draws a step's fresh worlds under a
+`lax.cond` that runs only when an env finished (the worlds are read only by envs that finished).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import jax.numpy as jnp
 
 from render.envs import achievement_names, make_raw_env
 from rl.sharding import keys_per_index
+from rl.unroll import unroll_short_scans
 
 
 def _strong(x: jax.Array) -> jax.Array:
@@ -49,11 +54,14 @@ class StepInfo(NamedTuple):
 
 @dataclass(frozen=True)
 class BatchedEnv:
-    """A batch of `num_envs` Craftax envs with episode logging and optimistic resets."""
+    """A batch of `num_envs` Craftax envs with episode logging and optimistic resets. `env_unroll`, `lazy_reset`: how
+    the step is compiled (module docstring); the results are the same."""
 
     env_name: str
     num_envs: int
     reset_ratio: int = 16
+    env_unroll: int = 0
+    lazy_reset: bool = False
 
     def __post_init__(self):
         if self.num_envs < 1:
@@ -64,6 +72,10 @@ class BatchedEnv:
         object.__setattr__(self, "_env", env)
         object.__setattr__(self, "_params", params)
         object.__setattr__(self, "achievement_names", achievement_names(self.env_name))
+        step = lambda keys, state, action: jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
+        reset = lambda keys: jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+        object.__setattr__(self, "_step_batch", unroll_short_scans(step, self.env_unroll))
+        object.__setattr__(self, "_reset_batch", unroll_short_scans(reset, self.env_unroll))
 
     # static facts ---------------------------------------------------------------------------
     @property
@@ -82,7 +94,7 @@ class BatchedEnv:
     def reset(self, key: jax.Array, env_index: jax.Array | None = None) -> tuple[jax.Array, EnvBatchState]:
         """Fresh worlds for the envs `env_index` (default: all): (obs float32 [B, O], state)."""
         env_index = jnp.arange(self.num_envs) if env_index is None else env_index
-        obs, env_state = jax.vmap(self._env.reset, in_axes=(0, None))(keys_per_index(key, env_index), self._params)
+        obs, env_state = self._reset_batch(keys_per_index(key, env_index))
         env_state = jax.tree.map(_strong, env_state)  # craftax leaves some fields weakly typed
         zeros_f = jnp.zeros(env_index.shape, jnp.float32)
         zeros_i = jnp.zeros(env_index.shape, jnp.int32)
@@ -94,8 +106,18 @@ class BatchedEnv:
         Keyed by global block index, so a device holding some of the envs gets the same worlds for them."""
         first_block = env_index[0] // self.reset_ratio
         worlds = first_block + jnp.arange(-(-env_index.shape[0] // self.reset_ratio))  # the blocks of this batch
-        obs, state = jax.vmap(self._env.reset, in_axes=(0, None))(keys_per_index(key, worlds), self._params)
+        obs, state = self._reset_batch(keys_per_index(key, worlds))
         return obs, jax.tree.map(_strong, state)
+
+    def _fresh_worlds(self, key: jax.Array, env_index: jax.Array, done: jax.Array) -> tuple[jax.Array, Any]:
+        """The step's `reset_pool(key, env_index)`; with `lazy_reset`, drawn only when an env is `done` (zeros of the
+        same shapes otherwise, which no env reads)."""
+        draw = lambda: self.reset_pool(key, env_index)  # noqa: E731
+        if not self.lazy_reset:
+            return draw()
+        shapes = jax.eval_shape(draw)
+        nothing = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)  # noqa: E731
+        return jax.lax.cond(jnp.any(done), draw, nothing)
 
     def block_slots(self, env_index: jax.Array) -> jax.Array:
         """int [B]: each env's row in `reset_pool(key, env_index)`."""
@@ -115,9 +137,7 @@ class BatchedEnv:
         batch = action.shape[0]
         env_index = jnp.arange(batch) if env_index is None else env_index
         k_step, k_reset = jax.random.split(key)
-        obs, env_state, reward, done, _ = jax.vmap(self._env.step, in_axes=(0, 0, 0, None))(
-            keys_per_index(k_step, env_index), state.env_state, action, self._params
-        )
+        obs, env_state, reward, done, _ = self._step_batch(keys_per_index(k_step, env_index), state.env_state, action)
         reward = reward.astype(jnp.float32)
         done = done.astype(bool)
         ep_return = state.episode_return + reward
@@ -128,7 +148,7 @@ class BatchedEnv:
             achievements=env_state.achievements.astype(bool) & done[:, None],
         )
 
-        pool_obs, pool_state = self.reset_pool(k_reset, env_index) if pool is None else pool
+        pool_obs, pool_state = self._fresh_worlds(k_reset, env_index, done) if pool is None else pool
         slot = self.block_slots(env_index)  # env -> its block's world
 
         def pick(fresh, old):

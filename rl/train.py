@@ -197,7 +197,7 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
             if cfg.uses_llm:
                 progress.step(encoder.describe())
             trainer = Trainer(cfg.envs, cfg.ppo, encoder, devices=cfg.devices, fusion=cfg.fusion,
-                              records=run.recorder is not None)
+                              records=run.recorder is not None, speed=cfg.speed)
             llm_args = trainer.place_llm_args(encoder.jit_args())
             ahead = start_update_compile(trainer, llm_args, progress, backend)
             if cfg.uses_llm:

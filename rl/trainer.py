@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxllm.compile import jit as jit_with_options
-from rl.config import EnvConfig, PPOConfig, TrainConfig, resolve_devices
+from rl.config import EnvConfig, PPOConfig, SpeedConfig, TrainConfig, resolve_devices
 from rl.encoder_kinds import Encoder, LLMWindow, make_encoder, recorded_rollout
 from rl.llm import LLMArgs
 from rl.envs import BatchedEnv, EnvBatchState, StepInfo
@@ -117,19 +117,22 @@ class Trainer:
     `encoder`: the run's `rl.encoder_kinds.Encoder` (`rl.encoder_kinds.load_encoder` loads one). The env batch is
     split over `devices` devices (a count, resolved: `rl.config.resolve_devices`): `self.mesh`; pass LLM arguments
     through `place_llm_args` once. `fusion`: how the policy reads the hidden state (`rl.networks`); `records`: the
-    update also returns its rollout's samples (--save-trajectories). `Trainer.from_config` builds one from a whole
-    `TrainConfig`.
+    update also returns its rollout's samples (--save-trajectories); `speed`: how the programs are shaped (same
+    results: `rl.config.SpeedConfig`). `Trainer.from_config` builds one from a whole `TrainConfig`.
     """
 
     def __init__(self, envs: EnvConfig, ppo: PPOConfig, encoder: Encoder, *, devices: int = 1, fusion: str = "norm",
-                 records: bool = False):
+                 records: bool = False, speed: SpeedConfig = SpeedConfig()):
         self.num_devices, self.seed, self.num_steps = devices, envs.seed, ppo.num_steps
         self.mesh = make_mesh(self.num_devices)
         self.local_envs = envs.num_envs // self.num_devices
-        self.env = BatchedEnv(envs.env, envs.num_envs, envs.reset_ratio)
+        self.env = BatchedEnv(envs.env, envs.num_envs, envs.reset_ratio, env_unroll=speed.env_unroll,
+                              lazy_reset=speed.lazy_reset)
+        self.rollout_unroll, self.batch_resets = speed.rollout_unroll, speed.batch_resets
         self.encoder = encoder
         self.llm = self.encoder.llm
-        self.compiler_options = self.encoder.compiler_options()  # XLA options of the outermost jits
+        # XLA options of the outermost jits: the encoder kind's, then the run's own (--trainer-xla)
+        self.compiler_options = {**self.encoder.compiler_options(), **speed.xla_options()}
         self.network = make_network(self.env.num_actions, augmented=self.encoder.uses_hidden, fusion=fusion,
                                     width=ppo.width)
         self.hp = PPOHyper(ppo.gamma, ppo.gae_lambda, ppo.clip_eps, ppo.ent_coef, ppo.vf_coef,
@@ -158,7 +161,7 @@ class Trainer:
         cfg = resolve_devices(cfg)
         encoder = encoder if isinstance(encoder, Encoder) else make_encoder(cfg, encoder, vllm_encoder)
         return cls(cfg.envs, cfg.ppo, encoder, devices=cfg.devices, fusion=cfg.fusion,
-                   records=cfg.save_trajectories is not None)
+                   records=cfg.save_trajectories is not None, speed=cfg.speed)
 
     # setup ------------------------------------------------------------------------------------
     def _update_parts(self) -> UpdateParts:
@@ -228,15 +231,16 @@ class Trainer:
         return compile_ahead(self.update, self.runner_shapes(llm_args), LLMArgs(*llm_args))
 
     # rollout ----------------------------------------------------------------------------------
-    def _act(self, params, carry: RolloutCarry, env_index, llm_args: LLMArgs | None = None):
+    def _act(self, params, carry: RolloutCarry, env_index, llm_args: LLMArgs | None = None, fresh=None):
         """One env+policy step. With `llm_args` the encoder's window advances (in-scan: its clock ticks, and the
-        step that ends a window encodes the new states)."""
+        step that ends a window encodes the new states). `fresh`: this step's fresh worlds drawn before the scan
+        (`batch_resets`; the same worlds the step would draw), else None."""
         key, k_act, k_env = jax.random.split(carry.key, 3)
         pi, value = self.apply(params, carry.obs, carry.hidden)
         action = jax.vmap(jax.random.categorical)(keys_per_index(k_act, env_index), pi.logits)
         log_prob = pi.log_prob(action)
         window = carry.window
-        pool = window.pool if window is not None else None
+        pool = window.pool if window is not None else fresh
         next_obs, next_state, reward, done, info = self.env.step(k_env, carry.env_state, action, env_index, pool)
         hidden = self.encoder.reset_reads(carry.hidden, window, done, lambda: self.env.block_slots(env_index))
         if llm_args is not None:
@@ -252,13 +256,26 @@ class Trainer:
         `carry` (default: 0..B-1, the whole batch on one device). Done envs restart (`BatchedEnv.step`)."""
         if env_index is None:
             env_index = jnp.arange(carry.obs.shape[0])
-        carry, steps = jax.lax.scan(lambda c, _: self._act(params, c, env_index, llm_args), carry, None, length)
+        fresh = self.fresh_worlds(carry.key, length, env_index) if self.batch_resets and carry.window is None else None
+        carry, steps = jax.lax.scan(lambda c, f: self._act(params, c, env_index, llm_args, f), carry, fresh, length,
+                                    unroll=max(1, min(self.rollout_unroll, length)))
         return carry, steps if keep_states else steps._replace(states=None)
 
     def play_carry(self, obs: jax.Array, env_state: EnvBatchState, key: jax.Array) -> RolloutCarry:
         """The carry a play on `run_window` starts from (`rl.play.trainer_start`): these envs, no hidden state yet
         (the play's first window refreshes it), no LLM window (a reset env reads zeros)."""
         return RolloutCarry(env_state, obs, None, key)
+
+    def fresh_worlds(self, key: jax.Array, length: int, env_index: jax.Array):
+        """The fresh worlds (`BatchedEnv.reset_pool`) that `length` steps from rollout key `key` draw, one step after
+        another, drawn in one batched call: (obs [T, W, O], raw states [T, W]). Their keys follow `_act`'s key chain
+        (key -> next key, action key, env key; the env key's second half resets), which does not depend on the data."""
+        def next_key(k, _):
+            k_next, _, k_env = jax.random.split(k, 3)
+            return k_next, jax.random.split(k_env)[1]
+
+        _, reset_keys = jax.lax.scan(next_key, key, None, length)
+        return jax.vmap(lambda k: self.env.reset_pool(k, env_index))(reset_keys)
 
     def rollout(self, params, carry: RolloutCarry, llm_args: LLMArgs, keep_states: bool = False, env_index=None):
         """One rollout of num_steps steps from `carry` -> (RolloutCarry, Transition [T, B], StepInfo [T, B],

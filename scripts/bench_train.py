@@ -86,8 +86,8 @@ def _llm_for(cfg: TrainConfig):
     return _LLM_CACHE[key]
 
 
-def prepare(name: str, overrides: dict, args) -> dict:
-    """Build the trainer of one config and run its first update (compile + run, timed)."""
+def config_of(overrides: dict, args) -> TrainConfig:
+    """The TrainConfig of one bench config (`--smoke` shrinks it; the LR schedule spans 1,000 updates)."""
     cfg = TrainConfig(**dict(dict(env=args.env, model=args.model, llm_dtype=args.llm_dtype, devices=args.devices),
                              **overrides))
     if args.smoke and cfg.llm_dtype != "fp8":
@@ -97,7 +97,12 @@ def prepare(name: str, overrides: dict, args) -> dict:
                                   reset_ratio=min(cfg.reset_ratio, 8))
     if args.per_device:  # the config's env count is per device
         cfg = dataclasses.replace(cfg, num_envs=cfg.num_envs * resolve_device_count(cfg.devices))
-    cfg = dataclasses.replace(cfg, total_timesteps=cfg.batch_size * 1000)
+    return dataclasses.replace(cfg, total_timesteps=cfg.batch_size * 1000)
+
+
+def prepare(name: str, overrides: dict, args) -> dict:
+    """Build the trainer of one config and run its first update (compile + run, timed)."""
+    cfg = config_of(overrides, args)
     llm = _llm_for(cfg) if cfg.encoder == "inscan" else None
     trainer = Trainer.from_config(cfg, llm)
     args_llm = trainer.place_llm_args(llm.jit_args if llm else (None, None))  # replicated over the mesh

@@ -61,14 +61,44 @@ def test_bench_reference_smoke(tmp_path):
     out = tmp_path / "ref.json"
     flags = ["--reference-dir", ref] if ref else ["--skip-reference"]
     bench_reference.main(["--smoke", "--only", "none-1024", "--updates", "1", "--repeats", "1", "--out", str(out),
-                          *flags])
-    (row,) = json.loads(out.read_text())["rows"]
+                          "--rl-train", "--train-updates", "3", "--train-skip", "1", "--train-dir", str(tmp_path / "runs"),
+                          "--variants", "lazy@none-1024=--lazy-reset true", "never@none-128-autoreset=--env-unroll 2",
+                          "--compile-threads", "2", *flags])
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
     assert row["config"] == "none-1024" and row["num_envs"] == 8
     assert row["ours_sps_dispatch"] > 0 and row["ours_sps_host_loop"] > 0 and row["ours_first_update_s"] > 0
+    # rl.train itself: the default and the one variant that applies to this config, from their own records
+    assert set(row["rl_train"]) == {"default", "lazy"} and row["rl_train_sps"] == row["rl_train"]["default"]["sps"]
+    for res in row["rl_train"].values():
+        assert res["rc"] == 0 and res["updates"] == 2 and res["sps"] > 0 and len(res["seconds_all"]) == 2
+    assert row["rl_train"]["lazy"]["ratio_to_default"] > 0
+    assert set(result["rl_train_warmup"]) == {"none-1024.default", "none-1024.lazy"}
+    assert "--lazy-reset" in result["rl_train_commands"]["none-1024.lazy"]
     if ref:
-        assert row["reference_sps"] > 0 and row["ratio_dispatch"] > 0
+        assert row["reference_sps"] > 0 and row["ratio_dispatch"] > 0 and row["ratio_rl_train"] > 0
     with pytest.raises(SystemExit, match="git clone"):
         bench_reference.main(["--smoke", "--reference-dir", str(tmp_path / "nowhere")])
+
+
+def test_rl_train_records_give_the_steady_state_and_variants_parse():
+    """The median over the records after the warm-up (the compiling first record never counts); variants with and
+    without a config filter."""
+    import rl_train_runs
+
+    recs = [dict(update=1, sps=10.0, seconds=100.0, first_call_includes_compile=True)] + [
+        dict(update=u, sps=1000.0 / s, seconds=s) for u, s in ((2, 0.5), (3, 1.0), (4, 1.0), (5, 2.0))]
+    res = rl_train_runs.steady_state(recs, skip=2)
+    assert res["updates"] == 3 and res["seconds"] == 1.0 and res["sps"] == 1000.0
+    assert res["sps_total"] == 3000.0 / 4.0 and res["seconds_all"] == [1.0, 1.0, 2.0]
+    assert rl_train_runs.steady_state(recs[:2], skip=5)["updates"] == 1  # too few: every record after the first
+    assert rl_train_runs.steady_state(recs[:1], skip=0) == dict(updates=0)
+    default, lazy, both = rl_train_runs.parse_variants(["lazy@a,b=--lazy-reset true", "both=--x 1 --y=2"])
+    assert default.name == "default" and default.flags == () and default.applies_to("anything")
+    assert lazy.flags == ("--lazy-reset", "true") and lazy.applies_to("b") and not lazy.applies_to("c")
+    assert both.flags == ("--x", "1", "--y=2") and both.applies_to("c")
+    with pytest.raises(ValueError, match="NAME"):
+        rl_train_runs.parse_variants(["--lazy-reset true"])
 
 
 def test_bench_label_smoke(tmp_path):
