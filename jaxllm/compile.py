@@ -38,6 +38,14 @@ def compiler_options(backend: str | None = None, *, runs_llm: bool = True,
     return {k: v for k, v in options.items() if f"--{k}=" not in user and f"--{k} " not in f"{user} "}
 
 
+def _outermost() -> bool:
+    """Whether a call now starts an outermost program (nothing is being traced)."""
+    from jax._src import core  # trace_state_clean has no public name; without it, tracer arguments still tell
+
+    check = getattr(core, "trace_state_clean", None)
+    return check() if check is not None else True
+
+
 class _JitWithOptions:
     """`jax.jit(fn, compiler_options=options)`; an option XLA rejects is dropped (one warning) and the rest kept."""
 
@@ -67,6 +75,10 @@ class _JitWithOptions:
         return True
 
     def __call__(self, *args, **kwargs):
+        if not _outermost() or any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs))):
+            # traced inside another program (e.g. jax.eval_shape of a setup that calls this one): XLA options
+            # belong to the outermost program only, so here it is a plain nested jit
+            return jax.jit(self._fn, **self._jit_kwargs)(*args, **kwargs)
         while True:
             try:
                 return self._jitted(*args, **kwargs)

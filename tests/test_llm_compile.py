@@ -63,3 +63,15 @@ def test_a_rejected_option_is_dropped_and_the_others_kept():
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         np.testing.assert_array_equal(jcompile.compile_ahead(g, jnp.ones(2))(jnp.ones(2)), 2 * np.ones(2))
+
+
+def test_a_program_with_options_traced_inside_another_runs_as_a_plain_nested_jit():
+    """XLA options belong to the outermost program: jax.eval_shape (or an outer jit) of code that calls a `jit`
+    with options must trace it as a plain nested jit instead of failing."""
+    from jaxllm.compile import jit
+
+    inner = jit(lambda x: x * 2.0, compiler_options={"xla_cpu_enable_fast_math": False})
+    assert float(inner(jnp.float32(3.0))) == 6.0
+    shape = jax.eval_shape(lambda x: inner(x) + 1.0, jax.ShapeDtypeStruct((3,), jnp.float32))
+    assert shape.shape == (3,)
+    assert float(jax.jit(lambda: inner(jnp.float32(2.0)))()) == 4.0  # called with no tracer argument
