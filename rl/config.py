@@ -201,8 +201,10 @@ class SpeedConfig:
     step is ~2,500 small kernels), so these aim at fewer, larger kernels."""
 
     rollout_unroll: int = _opt(1, SPEED, "env steps per iteration of the rollout's scan (lax.scan unroll)")
-    env_unroll: int = _opt(0, SPEED, "fully unroll Craftax's own inner scans of at most this many steps in the env "
-                                     "step and reset (0 = off; 12 = all of them): fewer launches, longer compile")
+    env_unroll: int = _opt(-1, SPEED, "fully unroll Craftax's own inner scans of at most this many steps in the env "
+                                      "step and reset (0 = off; 12 = all of them): fewer launches, longer compile. "
+                                      "-1 = auto: 12 on a GPU for plain PPO (--encoder none: 1.7-2.8x its SPS on an "
+                                      "H100, docs/BENCHMARKS.md), else 0")
     lazy_reset: bool = _opt(False, SPEED, "draw a step's fresh worlds (optimistic resets) only when an env finished "
                                           "(lax.cond): saves world generation on steps where none did")
     batch_resets: bool = _opt(False, SPEED, "draw a rollout's fresh worlds for all its steps in one batched call before "
@@ -212,6 +214,18 @@ class SpeedConfig:
                                        "xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
                                        "CONDITIONAL,WHILE (one the installed XLA refuses is dropped with a warning)",
                             metavar="OPTIONS")
+
+    def env_unroll_for(self, uses_hidden: bool, backend: str | None = None) -> int:
+        """`env_unroll` with auto (-1) resolved: 12 on a GPU when no LLM state is read (plain PPO, where the env is the
+        whole update and its ~2,500 launches per step the bottleneck), else 0 (an LLM run's compile time and its
+        first status line matter more there than the env's share of the update; on a CPU unrolling buys nothing)."""
+        if self.env_unroll >= 0:
+            return self.env_unroll
+        if backend is None:
+            import jax  # the config module itself stays light: jax only when a run is built
+
+            backend = jax.default_backend()
+        return 12 if backend == "gpu" and not uses_hidden else 0
 
     def xla_options(self) -> dict[str, Any]:
         """`trainer_xla` as a dict of XLA compiler options (ints and true/false converted; ValueError when malformed)."""
@@ -322,8 +336,8 @@ class TrainConfig(Sectioned):
         check_at_least_one(self, ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
                                   "checkpoint_every", "reset_ratio", "width", "keep_checkpoints",
                                   "samples_per_file", "rollout_unroll"))
-        if self.env_unroll < 0:
-            raise ValueError(f"--env-unroll must be >= 0 (0 = off), got {self.env_unroll}")
+        if self.env_unroll < -1:
+            raise ValueError(f"--env-unroll must be >= 0 (0 = off) or -1 (auto), got {self.env_unroll}")
         self.speed.xla_options()
         if self.devices < 0:
             raise ValueError(f"--devices must be >= 0 (0 = all visible devices), got {self.devices}")

@@ -126,8 +126,8 @@ class Trainer:
         self.num_devices, self.seed, self.num_steps = devices, envs.seed, ppo.num_steps
         self.mesh = make_mesh(self.num_devices)
         self.local_envs = envs.num_envs // self.num_devices
-        self.env = BatchedEnv(envs.env, envs.num_envs, envs.reset_ratio, env_unroll=speed.env_unroll,
-                              lazy_reset=speed.lazy_reset)
+        self.env = BatchedEnv(envs.env, envs.num_envs, envs.reset_ratio,
+                              env_unroll=speed.env_unroll_for(encoder.uses_hidden), lazy_reset=speed.lazy_reset)
         self.rollout_unroll, self.batch_resets = speed.rollout_unroll, speed.batch_resets
         self.encoder = encoder
         self.llm = self.encoder.llm

@@ -64,7 +64,10 @@ def test_xla_options_parse_and_bad_ones_are_refused():
     with pytest.raises(ValueError, match="name=value"):
         TrainConfig(trainer_xla="xla_gpu_enable_command_buffer").validate()
     with pytest.raises(ValueError, match="env-unroll"):
-        TrainConfig(env_unroll=-1).validate()
+        TrainConfig(env_unroll=-2).validate()
+    auto = TrainConfig().speed
+    assert auto.env_unroll == -1 and auto.env_unroll_for(False, "gpu") == 12
+    assert auto.env_unroll_for(True, "gpu") == 0 and auto.env_unroll_for(False, "cpu") == 0
 
 
 @pytest.mark.slow
