@@ -6,6 +6,10 @@ over episode time (and over the floors the policy reaches), not bunched at the s
 hidden state is refreshed from the current states every `skip_n` steps (the in-scan encoder on the run's
 template), as the run computes it. The play is `rl.play`'s loop: `refresh_hidden`, `sampled_steps` (the policy
 has no trainer: an offline one plays here too), and a fold that keeps each env's state after its picked window.
+A reset env reads zeros until the next refresh whatever the run's `--reset-hidden` (the probe's policy carries no
+reset rule, and offline policies have none): with a "pool" run the base states after a reset differ a little from
+what training's play would reach (they are a sample of states, not a score); rl.eval and the video pool as the
+run did (`rl.play.trainer_window`).
 """
 from __future__ import annotations
 
