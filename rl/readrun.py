@@ -56,6 +56,12 @@ def play_settings(run_dir: str | Path) -> TrainConfig:
     return cfg.replace(encoder="inscan", reset_hidden=cfg.hidden_on_reset) if cfg.uses_llm else cfg
 
 
+def trained_in_scan(run_dir: str | Path) -> bool:
+    """Whether RUN_DIR's run trained with the in-scan encoder, so that its checkpoints carry an LLM window
+    (`rl.encoder_kinds.LLMWindow`); an HTTP run's carry none although `play_settings` plays it in-scan."""
+    return load_config(Path(run_dir) / "config.json").hidden.kind.in_scan
+
+
 def read_checkpoint(run_dir: str | Path, target: Callable[[], Any] | None = None, *,
                     purpose: str = "use") -> tuple[int, Any]:
     """(update count, state) of RUN_DIR's newest checkpoint that restores (the one restore policy of every tool:
