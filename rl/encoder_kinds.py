@@ -11,6 +11,7 @@ interface only and never ask which kind they hold:
     how a window opens     `start` (the run's first hidden state), `advance` (each step, inside the scan)
     what the policy reads  the hidden state that `start` / `advance` return, held in the rollout carry
     what a reset reads     `reset_reads` (an env that finished an episode inside a window)
+    what a play reads      `play_window` (a play's window start, rl.play: the run's reset rule, its own source)
     how an update runs     `make_update` (one jitted function, or the HTTP host loop over windows)
     what it costs          `share_meter` (the share of an update's time spent in the LLM, rl.llm_share)
     what it is             `describe` (one line for the run's output), `preflight` (refuse what cannot run)
@@ -111,6 +112,13 @@ class Encoder:
         """(hidden, window) after one step of the rollout's scan (the window's clock). Here: unchanged."""
         return hidden, window
 
+    def play_window(self, hidden_of: Callable, env_state, key, env_index, env) -> tuple:
+        """(hidden [B, D], window or None) a play's window starts with on `env_state` (`rl.play.trainer_window`),
+        the reset rule as in training: `hidden_of(raw_states [N]) -> [N, D]` is the play's source (the run's
+        encoder, maybe ablated or behind another prompt), `key` draws a reset pool where the run pools. Here: the
+        envs' hidden states and no window (a reset env reads zeros)."""
+        return hidden_of(env_state.env_state), None
+
     # host side --------------------------------------------------------------------------------
     def start(self, parts: UpdateParts, llm_args: LLMArgs, env_state, key) -> tuple:
         """(hidden [B, D] or None, window or None) that the run's first step reads (the first window opens)."""
@@ -191,16 +199,30 @@ class InScanEncoder(Encoder):
     def open(self, llm_args: LLMArgs, env_state, key, env_index, env) -> tuple:
         """A window starts on `env_state`: the envs' hidden states [B, D] and the new `LLMWindow` (clock =
         skip_n; with the "pool" reset policy, one fresh world per reset block drawn with `key`, encoded in the
-        same LLM call as the envs)."""
+        same LLM call as the envs: `open_with`)."""
+        return self.open_with(lambda raw: self.encode(*llm_args, raw), env_state, key, env_index, env)
+
+    def open_with(self, hidden_of: Callable, env_state, key, env_index, env) -> tuple:
+        """`open` with the hidden states read by `hidden_of(raw_states [N]) -> [N, D]` (training: the run's
+        encoder; a play: maybe ablated). Pooled, it reads the envs and their pool worlds in one call."""
         clock = jnp.asarray(self.skip_n, jnp.int32)
         raw = env_state.env_state
         if not self.pooled:
-            return self.encode(*llm_args, raw), LLMWindow(clock, None, None)
+            return hidden_of(raw), LLMWindow(clock, None, None)
         pool = env.reset_pool(key, env_index)
         both = jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), raw, pool[1])
-        hidden = self.encode(*llm_args, both)
+        hidden = hidden_of(both)
         batch = env_index.shape[0]
         return hidden[:batch], LLMWindow(clock, pool, hidden[batch:])
+
+    def play_window(self, hidden_of, env_state, key, env_index, env):
+        """Pooled: the window's `LLMWindow` with a reset pool drawn with `key` (`open_with`: the envs and one
+        world per reset block in one `hidden_of` call, so an ablation treats them as one batch); a reset env
+        restarts in its block's pool world and reads its hidden state, as in training. Else the base rule
+        (no window, zeros)."""
+        if not self.pooled:
+            return super().play_window(hidden_of, env_state, key, env_index, env)
+        return self.open_with(hidden_of, env_state, key, env_index, env)
 
     def reset_reads(self, hidden, window, done, block_slots):
         """A reset env reads its pool world's hidden state ("pool"), else zeros."""

@@ -27,7 +27,8 @@ def make_player(trainer, num_episodes: int, encode=None, skip_n: int = 0, zero=N
     """Episode player: play(params, seed, max_steps, mode, llm_args) -> numpy results (`rl.play`).
 
     Every env plays one episode, in windows of the trainer's own scan (`rl.play.trainer_window`: the trainer's
-    envs, policy sampling and hidden-state handling); `encode` (llm_params, cache, raw_states) -> h refreshes
+    envs, policy sampling and hidden-state handling, a reset env reading what the run's `--reset-hidden` says:
+    its pool world's hidden state with "pool", zeros with "zero"); `encode` (llm_params, cache, raw_states) -> h refreshes
     the hidden state at the start of every `skip_n`-step window (0: once, at the start), and `mode` (an index
     into `rl.modes.MODES`) picks the ablation applied to it (one compile for all modes; `zero`: the policy's zero
     vector, None = raw zeros). An env's first finished episode is its result (what it plays after the restart is

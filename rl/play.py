@@ -7,9 +7,12 @@ once here:
 1. the hidden-state source refreshes the policy's hidden state from the window's first states
    (`refresh_hidden`: every window, so a window of skip_n steps is the run's refresh cadence; with an ablation mode,
    through `rl.modes.ablate`);
-2. `length` env+policy steps with the hidden state held, a reset env reading zeros (`zero_on_reset`): a tool's
-   `steps(carry, length) -> (carry, out)`, either the trainer's own window scan (`Trainer.run_window`: eval and
-   video play exactly as in training) or `sampled_steps` (a policy without a trainer: the probe);
+2. `length` env+policy steps with the hidden state held, a reset env reading what the run's reset rule says: a
+   tool's `steps(carry, length) -> (carry, out)`, either the trainer's own window scan (`Trainer.run_window`: eval
+   and video play exactly as in training, the refresh opening the run's window through
+   `Trainer.open_play_window`: with `--reset-hidden pool` one fresh world per reset block is read with the envs and
+   a reset env restarts in it and reads its hidden state; with "zero" a reset env reads zeros) or `sampled_steps`
+   (a policy without a trainer: the probe; a reset env reads zeros, `zero_on_reset`, whatever the run's rule);
 3. the window folded into what the play keeps (`fold`; by default each env's first episode, `first_episodes`).
 
 Every env plays one episode from a fresh world and only that first episode counts (short episodes are not
@@ -58,18 +61,28 @@ def zero_on_reset(hidden: jax.Array | None, done: jax.Array) -> jax.Array | None
     return jnp.where(done[:, None], jnp.zeros_like(hidden), hidden)
 
 
-def refresh_hidden(encode: Callable, llm_args, carry, mode=None, zero=None, keyed: bool = False):
+def refresh_hidden(encode: Callable, llm_args, carry, mode=None, zero=None, keyed: bool = False,
+                   open_window: Callable | None = None):
     """`carry` with the hidden state the policy reads from the window's first states:
     `encode(*llm_args, raw_states[, key]) -> [B, D]`. `mode` None: as the run reads it (the play's key untouched,
     as in training); a mode (traced index into `rl.modes.MODES`): a key is drawn from `carry.key` for the ablation
     (`rl.modes.ablate`, `zero`: the policy's zero) and, `keyed`, passed to `encode` too (a prompt variant's random
-    tokens)."""
-    raw = carry.env_state.env_state
+    tokens).
+
+    `open_window(carry, hidden_of, key) -> carry` (None: the envs' states are read, a reset env reads zeros): the
+    run's reset rule at the window start (`rl.trainer.Trainer.open_play_window`; with "pool" it reads the envs and
+    a reset pool in one `hidden_of(raw_states)` call, the pool drawn with `fold_in(carry.key, 1)`, the key the
+    window starts with, as the trainer's first window; the same worlds in every mode)."""
+    start_key = carry.key
     if mode is None:
-        return carry._replace(hidden=encode(*llm_args, raw))
-    key, k = jax.random.split(carry.key)
-    hidden = ablate(encode(*llm_args, raw, *((k,) if keyed else ())), mode, k, zero)
-    return carry._replace(hidden=hidden, key=key)
+        hidden_of = lambda raw: encode(*llm_args, raw)  # noqa: E731
+    else:
+        key, k = jax.random.split(carry.key)
+        hidden_of = lambda raw: ablate(encode(*llm_args, raw, *((k,) if keyed else ())), mode, k, zero)  # noqa: E731
+        carry = carry._replace(key=key)
+    if open_window is None:
+        return carry._replace(hidden=hidden_of(carry.env_state.env_state))
+    return open_window(carry, hidden_of, jax.random.fold_in(start_key, 1))
 
 
 def sampled_steps(apply: Callable, env, params, carry: PlayCarry, length: int) -> tuple[PlayCarry, Played]:
@@ -153,14 +166,16 @@ def trainer_window(trainer, encode: Callable | None = None, *, zero=None, keyed:
 
     `encode` (None: no hidden state) refreshes the hidden state at every window start (`refresh_hidden`: `mode`
     None plays the run's own vectors with the key stream of training, a mode index ablates them; `zero`, `keyed`
-    as there). `keep` (static): also return `record(carry after the window, Steps with the raw states)`. The
-    returned carry holds no hidden state (the next window refreshes it)."""
+    as there), and a reset env reads what the run's reset rule says (`Trainer.open_play_window`: its pool world's
+    hidden state with "pool", zeros with "zero"). `keep` (static): also return `record(carry after the window,
+    Steps with the raw states)`. The returned carry holds no hidden state and no window (the next window opens
+    them)."""
     def run(carry, seen, params, mode, llm_args, length: int, keep: bool = False):
         refresh = None if encode is None else partial(refresh_hidden, encode, llm_args, mode=mode, zero=zero,
-                                                      keyed=keyed)
+                                                      keyed=keyed, open_window=trainer.open_play_window)
         steps = lambda c, n: trainer.run_window(params, c, n, keep_states=keep)  # noqa: E731
         carry, seen, out = play_window(steps, carry, seen, length, refresh)
-        result = carry._replace(hidden=None), seen
+        result = carry._replace(hidden=None, window=None), seen
         return result + (record(carry, out),) if keep else result
 
     return jit_with_options(run, compiler_options=trainer.compiler_options, static_argnames=("length", "keep"))

@@ -50,9 +50,16 @@ class RunParams:
 def play_settings(run_dir: str | Path) -> TrainConfig:
     """RUN_DIR/config.json (any version rl.train wrote: `rl.config.load_config`) as a policy plays it: on one device
     whatever the run trained on, nothing recorded, and an HTTP-encoder run with the in-scan encoder of the same model
-    (which computes the same hidden states)."""
+    (which computes the same hidden states) and the reset rule it trained with (`--reset-hidden` resolved: "zero"
+    for an HTTP run, whose "auto" would read "pool" on the in-scan encoder)."""
     cfg = load_config(Path(run_dir) / "config.json").replace(devices=1, save_trajectories=None)
-    return cfg.replace(encoder="inscan") if cfg.uses_llm else cfg
+    return cfg.replace(encoder="inscan", reset_hidden=cfg.hidden_on_reset) if cfg.uses_llm else cfg
+
+
+def trained_in_scan(run_dir: str | Path) -> bool:
+    """Whether RUN_DIR's run trained with the in-scan encoder, so that its checkpoints carry an LLM window
+    (`rl.encoder_kinds.LLMWindow`); an HTTP run's carry none although `play_settings` plays it in-scan."""
+    return load_config(Path(run_dir) / "config.json").hidden.kind.in_scan
 
 
 def read_checkpoint(run_dir: str | Path, target: Callable[[], Any] | None = None, *,

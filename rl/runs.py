@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from rl.config import TrainConfig
 from rl.llm import LLMArgs, LLMSetup
-from rl.readrun import RunParams, play_settings, read_checkpoint, restore_params  # noqa: F401 - the light reader
+from rl.readrun import (RunParams, play_settings, read_checkpoint, restore_params,  # noqa: F401 - the light reader
+                        trained_in_scan)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ def restore_policy(run_dir: str | Path, *, purpose: str = "use") -> RunPolicy:
     loaded (`--model` must be loadable here) and `encode`, the in-scan encoder built from the run's LLM settings.
 
     Raises FileNotFoundError (one line, naming `purpose`: "has no checkpoint to {purpose}") when the run has no
-    checkpoint, and what `load_config` raises for a missing or damaged config.json.
+    checkpoint, and what `load_config` raises for a missing or damaged config.json. An HTTP run's state has no LLM
+    window (`runner.window` None); its play opens windows of its own (`rl.play.trainer_window`).
     """
     from rl.encoder_kinds import InScanEncoder
     from rl.llm import load_llm
@@ -56,5 +58,11 @@ def restore_policy(run_dir: str | Path, *, purpose: str = "use") -> RunPolicy:
         llm = load_llm(cfg)
         encoder = InScanEncoder(cfg.hidden, cfg.llm, llm)
     trainer = Trainer.from_config(cfg, encoder)
-    step, runner = read_checkpoint(run_dir, lambda: trainer.init_state(trainer.encoder.jit_args()), purpose=purpose)
+    saved_window = trained_in_scan(run_dir)  # an HTTP run's checkpoints hold no LLM window
+
+    def target():
+        state = trainer.init_state(trainer.encoder.jit_args())
+        return state if saved_window else state._replace(window=None)
+
+    step, runner = read_checkpoint(run_dir, target, purpose=purpose)
     return RunPolicy(cfg, trainer, runner, step, llm, encoder.encode if encoder is not None else None)

@@ -263,7 +263,7 @@ class Trainer:
 
     def play_carry(self, obs: jax.Array, env_state: EnvBatchState, key: jax.Array) -> RolloutCarry:
         """The carry a play on `run_window` starts from (`rl.play.trainer_start`): these envs, no hidden state yet
-        (the play's first window refreshes it), no LLM window (a reset env reads zeros)."""
+        and no LLM window (the play's first window opens them: `open_play_window`)."""
         return RolloutCarry(env_state, obs, None, key)
 
     def fresh_worlds(self, key: jax.Array, length: int, env_index: jax.Array):
@@ -276,6 +276,15 @@ class Trainer:
 
         _, reset_keys = jax.lax.scan(next_key, key, None, length)
         return jax.vmap(lambda k: self.env.reset_pool(k, env_index))(reset_keys)
+
+    def open_play_window(self, carry: RolloutCarry, hidden_of: Callable, key: jax.Array) -> RolloutCarry:
+        """`carry` at a play's window start (`rl.play.trainer_window`): the hidden state `hidden_of(raw_states)`
+        reads of its envs and what a reset env reads until the next window, by the run's reset rule
+        (`Encoder.play_window`: with "pool", a reset pool drawn with `key` and read in the same call; else zeros),
+        as `run_window` applies it in training."""
+        env_index = jnp.arange(carry.obs.shape[0])
+        hidden, window = self.encoder.play_window(hidden_of, carry.env_state, key, env_index, self.env)
+        return carry._replace(hidden=hidden, window=window)
 
     def rollout(self, params, carry: RolloutCarry, llm_args: LLMArgs, keep_states: bool = False, env_index=None):
         """One rollout of num_steps steps from `carry` -> (RolloutCarry, Transition [T, B], StepInfo [T, B],

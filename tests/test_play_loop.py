@@ -3,7 +3,9 @@ results and the probe's base states equal those of the straightforward loops eac
 here as the reference, with their own key handling), for a policy without and with the tiny LLM.
 
 Untrained policies (random init) on Classic; the video's pixel renderer is replaced by a cheap one of the state (the
-frames still show every step's state and the text the LLM read).
+frames still show every step's state and the text the LLM read). Those runs reset with zeros (`--reset-hidden zero`);
+a "pool" run's play (a reset env restarts in its block's pool world and reads its hidden state, as in training) is
+checked against the trainer's in-scan rollout and against a straightforward loop written out here.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def policy(request):
     from rl.trainer import Trainer
 
     cfg = TrainConfig(**dict(PRESETS["test"], encoder=request.param, devices=1, skip_n=4),
-                      **({"model": "tiny", "llm_dtype": "float32"} if request.param == "inscan" else {}))
+                      **({"model": "tiny", "llm_dtype": "float32", "reset_hidden": "zero"}
+                         if request.param == "inscan" else {}))
     llm = load_llm(cfg) if cfg.uses_llm else None
     encoder = InScanEncoder(cfg.hidden, cfg.llm, llm) if llm is not None else None
     trainer = Trainer.from_config(cfg, encoder)
@@ -184,3 +187,138 @@ def test_probe_base_states_equal_the_straightforward_loop(policy):
     old = _old_play_states(probe, N, 3, 24)
     for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+# --reset-hidden pool ------------------------------------------------------------------------------------------------
+POOL_N, POOL_WINDOW, POOL_WINDOWS = 3, 4, 3
+
+
+@pytest.fixture(scope="module")
+def pool_policy():
+    """(trainer, runner, llm, encoder) of an untrained "pool" run whose episodes end after 3 steps (craftax's
+    max_timesteps), so every window has resets; reset blocks of 2 envs (2 pool worlds for 3 envs)."""
+    from rl.encoder_kinds import InScanEncoder
+    from rl.llm import load_llm
+    from rl.trainer import Trainer
+
+    cfg = TrainConfig(**dict(PRESETS["test"], encoder="inscan", devices=1, skip_n=POOL_WINDOW, reset_ratio=2,
+                             reset_hidden="pool", model="tiny", llm_dtype="float32"))
+    llm = load_llm(cfg)
+    encoder = InScanEncoder(cfg.hidden, cfg.llm, llm)
+    trainer = Trainer.from_config(cfg, encoder)
+    env = trainer.env
+    object.__setattr__(env, "_params", env.env_params.replace(max_timesteps=3))  # before anything is traced
+    return trainer, trainer.init_state(encoder.jit_args()), llm, encoder
+
+
+def _pool_play(pool_policy, mode):
+    """The play loop's windows (rl.play.trainer_window) of the pool run: each window's Steps with raw states."""
+    from rl.play import play_windows, trainer_start, trainer_window
+
+    trainer, runner, llm, encoder = pool_policy
+    run = trainer_window(trainer, encoder.encode, record=lambda carry, steps: steps)
+    windows = []
+    step = lambda carry, seen, length: run(carry, seen, runner.params, mode, llm.jit_args, length=length,  # noqa: E731
+                                           keep=True)
+    play_windows(step, trainer_start(trainer, POOL_N)(SEED), no_episodes(POOL_N, len(trainer.env.achievement_names)), POOL_WINDOW * POOL_WINDOWS,
+                 POOL_WINDOW, on_window=windows.append, finished=lambda seen: False)
+    return windows
+
+
+def _straight_pool_play(pool_policy, mode):
+    """A pool run's play written out: per window the pool worlds drawn with fold_in(key, 1), the envs and the pool
+    read in one encode call (ablated as one batch), then every step by hand: the policy samples per env, the env
+    steps with the pool, a done env reads its block's pool hidden state."""
+    from rl.sharding import keys_per_index
+
+    trainer, runner, llm, encoder = pool_policy
+    env, idx = trainer.env, jnp.arange(POOL_N)
+    slots = idx // 2
+
+    @jax.jit
+    def window(state, obs, key, mode):
+        k_pool = jax.random.fold_in(key, 1)
+        pool = env.reset_pool(k_pool, idx)
+        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), state.env_state, pool[1])
+        h = encoder.encode(*llm.jit_args, both)
+        if mode is not None:
+            key, k = jax.random.split(key)
+            h = ablate(h, mode, k)
+        hidden, pool_hidden = h[:POOL_N], h[POOL_N:]
+        rows = []
+        for _ in range(POOL_WINDOW):
+            key, k_act, k_env = jax.random.split(key, 3)
+            pi, _ = trainer.apply(runner.params, obs, hidden)
+            action = jax.vmap(jax.random.categorical)(keys_per_index(k_act, idx), pi.logits)
+            rows.append((obs, hidden, action, state.env_state.timestep))
+            obs, state, _, done, _ = env.step(k_env, state, action, idx, pool)
+            hidden = jnp.where(done[:, None], pool_hidden[slots], hidden)
+        return state, obs, key, jax.tree.map(lambda *x: jnp.stack(x), *rows), pool, pool_hidden
+
+    k_reset, key = jax.random.split(jax.random.PRNGKey(SEED))
+    obs, state = env.reset(k_reset, idx)
+    out = []
+    for _ in range(POOL_WINDOWS):
+        state, obs, key, rows, pool, pool_hidden = window(state, obs, key, mode)
+        out.append((rows, pool, pool_hidden))
+    return out
+
+
+@pytest.mark.parametrize("mode", [None, 2])  # the run's own vectors; noise (one batch with the pool)
+def test_pool_run_plays_pool_worlds_and_their_hidden_states_at_resets(pool_policy, mode):
+    new = _pool_play(pool_policy, None if mode is None else jnp.int32(mode))
+    old = _straight_pool_play(pool_policy, mode)
+    assert len(new) == len(old) == POOL_WINDOWS
+    resets = 0
+    for steps, (rows, pool, pool_hidden) in zip(new, old):
+        tr = steps.transition
+        for a, b in zip((tr.obs, tr.hidden, tr.action, steps.states.timestep), rows, strict=True):
+            np.testing.assert_array_equal(a, b)
+        # a step after a reset: the env's pool world (its observation) and that world's hidden state, not zeros
+        after = np.asarray(tr.done[:-1])
+        for t, i in zip(*np.nonzero(after)):
+            resets += 1
+            np.testing.assert_array_equal(tr.obs[t + 1, i], pool[0][i // 2])
+            np.testing.assert_array_equal(tr.hidden[t + 1, i], pool_hidden[i // 2])
+            assert np.abs(np.asarray(tr.hidden[t + 1, i])).sum() > 0
+    assert resets >= POOL_N  # every env reset inside a window at least once
+
+
+def test_pool_run_first_window_equals_the_trainers_rollout(pool_policy):
+    """The play's first window (the run's own vectors) is the trainer's in-scan rollout of one window opened by
+    the encoder (`InScanEncoder.open`: the same pool key), step for step: the same worlds, observations, actions
+    and resets; float values (hidden states, values, log-probabilities) to float rounding, since the rollout's scan
+    body also holds the LLM window's `lax.cond` and XLA fuses it differently."""
+    from rl.play import trainer_start
+    from rl.trainer import RolloutCarry
+
+    trainer, runner, llm, encoder = pool_policy
+    (play,) = _pool_play(pool_policy, None)[:1]
+    start = trainer_start(trainer, POOL_N)(SEED)
+    idx = jnp.arange(POOL_N)
+    hidden, window = jax.jit(lambda a, s, k: encoder.open(a, s, k, idx, trainer.env))(
+        llm.jit_args, start.env_state, jax.random.fold_in(start.key, 1))
+    carry = RolloutCarry(start.env_state, start.obs, hidden, start.key, window)
+    _, steps = jax.jit(lambda c, a: trainer.run_window(runner.params, c, POOL_WINDOW, keep_states=True,
+                                                        llm_args=a))(carry, llm.jit_args)
+    assert bool(steps.transition.done[:-1].any())
+    for a, b in zip(jax.tree.leaves(play), jax.tree.leaves(steps), strict=True):
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(a, b)
+
+
+def test_an_http_run_plays_with_the_reset_rule_it_trained_with(tmp_path):
+    """A `vllm` run (reset rule "zero": the HTTP host loop has no pool) is played with the in-scan encoder; its
+    "auto" would read "pool" there, so `play_settings` pins the rule it trained with."""
+    from rl.config import save_config
+    from rl.readrun import play_settings
+
+    for reset_hidden, expect in (("auto", "zero"), ("zero", "zero")):
+        save_config(TrainConfig(**dict(PRESETS["test"], encoder="vllm", skip_n=4, reset_hidden=reset_hidden)),
+                    tmp_path / "config.json")
+        cfg = play_settings(tmp_path)
+        assert cfg.encoder == "inscan" and cfg.hidden_on_reset == expect
+    save_config(TrainConfig(**dict(PRESETS["test"], encoder="inscan", skip_n=4)), tmp_path / "config.json")
+    assert play_settings(tmp_path).hidden_on_reset == "pool"

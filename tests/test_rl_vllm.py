@@ -38,3 +38,7 @@ def test_vllm_training_run_end_to_end(server_url, tmp_path):
     assert [r["update"] for r in rows] == [1, 2, 3]
     assert all(0 < r["llm_time_share"] <= 1 and np.isfinite(r["total_loss"]) for r in rows)
     assert all(0 <= r["hidden_zero_frac"] <= 1 for r in rows)
+    from rl.runs import restore_policy
+
+    policy = restore_policy(run_dir)  # played with the in-scan encoder: its state has no LLM window, its rule zero
+    assert policy.step == 3 and policy.runner.window is None and policy.cfg.hidden_on_reset == "zero"

@@ -5,7 +5,9 @@ policy reads LLM hidden states made exactly as its training files' labels were: 
 (`render.build_template(..., source="obs")`) and `rl.encoders.make_ids_encoder` with the model, layer, pooling,
 format, dtype and encode method of the files' `labelling` metadata (the prompt hash is checked), stored in
 float16 like the labels. Each env refreshes its own hidden state every `hidden_skip_n` steps and at its own
-reset (the first step of every episode), independently of the other envs. Ablations (the same worlds; the one table of modes, `rl.modes`): real, zero (the policy's zero: the dataset's mean
+reset (the first step of every episode), independently of the other envs: an online run's reset rule
+(`--reset-hidden zero|pool`, which `rl.play.trainer_window` honours) has no counterpart here, since a labelled
+dataset holds every observation's own reading and no reset pool. Ablations (the same worlds; the one table of modes, `rl.modes`): real, zero (the policy's zero: the dataset's mean
 hidden state, zero after z-scoring), noise, shuffled (another env's hidden state, rolled by one over the batch),
 other_prompt.
 """

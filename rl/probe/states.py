@@ -8,6 +8,10 @@ template), as the run computes it. The play is `rl.play`'s loop: `refresh_hidden
 has no trainer: an offline one plays here too), and a fold that keeps each env's state after its picked window.
 Once env i's state is kept its later play is never read: the LLM skips its prompts (length 0), and the play stops
 after the last window that keeps a state.
+A reset env reads zeros until the next refresh whatever the run's `--reset-hidden` (the probe's policy carries no
+reset rule, and offline policies have none): with a "pool" run the base states after a reset differ a little from
+what training's play would reach (they are a sample of states, not a score); rl.eval and the video pool as the
+run did (`rl.play.trainer_window`).
 """
 from __future__ import annotations
 
