@@ -72,8 +72,10 @@ class BatchedEnv:
         object.__setattr__(self, "_env", env)
         object.__setattr__(self, "_params", params)
         object.__setattr__(self, "achievement_names", achievement_names(self.env_name))
-        step = lambda keys, state, action: jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
-        reset = lambda keys: jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+        # the env params are read when a program is traced (tests shorten episodes by replacing them before that)
+        step = lambda keys, state, action: jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action,  # noqa: E731
+                                                                                         self._params)
+        reset = lambda keys: jax.vmap(env.reset, in_axes=(0, None))(keys, self._params)  # noqa: E731
         object.__setattr__(self, "_step_batch", unroll_short_scans(step, self.env_unroll))
         object.__setattr__(self, "_reset_batch", unroll_short_scans(reset, self.env_unroll))
 
