@@ -191,9 +191,8 @@ def _tiled_experts(tokens: jax.Array, plan: Dispatch, gate_up: jax.Array, down: 
     (token, expert) slot in them [N*k]). gate_up/down: one layer's [E, ...] or, with `layer`, the whole [L, E, ...]
     stacks, read in place (the tile table is offset to layer * E). The first GEMM applies SwiGLU in its epilogue
     (from float32: transformers rounds gate and up to the model dtype first; the difference is one bf16 rounding)."""
-    config = configs[0]
     num_experts = plan.group_sizes.shape[0]
-    tiles = tile_plan(plan.group_sizes, plan.order.shape[0], config.tile_m)
+    tiles = tile_plan(plan.group_sizes, plan.order.shape[0], configs[0].tile_m)
     groups = tiles.tile_groups
     if layer is not None:
         groups = jnp.where(groups >= 0, groups + layer * num_experts, -1)
@@ -223,18 +222,17 @@ def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: 
     weights, experts = route(tokens, params["router"], top_k, norm_topk_prob)
     plan = dispatch(experts, params["router"].shape[-1])
     gate_up, down = params["gate_up"], params["down"]
-    quantized = isinstance(gate_up, Fp8Matrix)
-    if layer is not None and (quantized or impl != "tiled"):
-        gate_up, down = (jax.tree.map(lambda a: a[layer], w) for w in (gate_up, down))
-        layer = None
-    if quantized:
+    if isinstance(gate_up, Fp8Matrix):  # e4m3 experts: this layer's, dequantised (a copy whichever kernel runs)
+        if layer is not None:
+            gate_up, down, layer = *(jax.tree.map(lambda a: a[layer], w) for w in (gate_up, down)), None
         gate_up, down = (out_in_weights(w, x.dtype) for w in (gate_up, down))
     configs = tiled_configs(d, gate_up.shape[-2] // 2)
-    if impl == "tiled" and configs is not None and gate_up.dtype == x.dtype:
+    tiled = impl == "tiled" and configs is not None and gate_up.dtype == x.dtype
+    if layer is not None and not tiled:  # only the tiled kernel reads the stack in place
+        gate_up, down = gate_up[layer], down[layer]
+    if tiled:
         out, row_of_slot = _tiled_experts(tokens, plan, gate_up, down, top_k, configs, layer)
     else:
-        if layer is not None:
-            gate_up, down = gate_up[layer], down[layer]
         rows = jnp.take(tokens, plan.order // top_k, axis=0)
         out, row_of_slot = experts_ffn(rows, gate_up, down, plan.group_sizes, impl), plan.inverse
     per_slot = jnp.take(out, row_of_slot, axis=0).reshape(tokens.shape[0], top_k, d)
