@@ -165,7 +165,13 @@ def dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
     keep their order)."""
     flat = experts.reshape(-1).astype(jnp.int32)
     slots = jnp.arange(flat.shape[0], dtype=jnp.int32)
-    sorted_experts, order = lax.sort((flat, slots), num_keys=1, is_stable=True)
+    if num_experts * flat.shape[0] < 2**31:
+        # one int32 key expert * M + slot: unique keys make any sort stable, and a sort of one operand is a radix
+        # sort on a GPU (XLA hands it to CUB) where a (key, payload) pair sort is XLA's own comparison sort
+        keys = lax.sort(flat * flat.shape[0] + slots)
+        sorted_experts, order = keys // flat.shape[0], keys % flat.shape[0]
+    else:
+        sorted_experts, order = lax.sort((flat, slots), num_keys=1, is_stable=True)
     # group sizes from the sorted keys' boundaries: a scatter-add of N*k ones into E bins would serialise on atomics
     bounds = jnp.searchsorted(sorted_experts, jnp.arange(num_experts + 1, dtype=jnp.int32), side="left")
     group_sizes = jnp.diff(bounds).astype(jnp.int32)

@@ -156,6 +156,7 @@ def test_dispatch_is_a_permutation_grouped_by_expert():
     order, inverse = np.asarray(plan.order), np.asarray(plan.inverse)
     assert sorted(order) == list(range(60)) and (order[inverse] == np.arange(60)).all()
     assert (np.diff(flat[order]) >= 0).all()
+    np.testing.assert_array_equal(order, np.argsort(flat, kind="stable"))  # within an expert, slots keep their order
     np.testing.assert_array_equal(np.asarray(plan.group_sizes), np.bincount(flat, minlength=5))
 
 
