@@ -64,11 +64,13 @@ def tile_plan(group_sizes: jax.Array, num_rows: int, tile_m: int) -> TilePlan:
     padded_ends = jnp.cumsum(padded_sizes)
     shift = (padded_ends - padded_sizes) - (ends - sizes)  # each group's start moves by this many rows
     rows = jnp.arange(num_rows, dtype=jnp.int32)
-    row_group = jnp.searchsorted(ends, rows, side="right")
+    # method="compare_all": one fused comparison per query (G is small) instead of a binary search's while loop,
+    # which on a GPU costs a host round trip per step
+    row_group = jnp.searchsorted(ends, rows, side="right", method="compare_all")
     padded_row = rows + shift[row_group]
     total = padded_row_count(num_rows, sizes.shape[0], tile_m)
     tile_starts = jnp.arange(total // tile_m, dtype=jnp.int32) * tile_m
-    tile_groups = jnp.searchsorted(padded_ends, tile_starts, side="right").astype(jnp.int32)
+    tile_groups = jnp.searchsorted(padded_ends, tile_starts, side="right", method="compare_all").astype(jnp.int32)
     tile_groups = jnp.where(tile_starts < padded_ends[-1], tile_groups, -1)
     return TilePlan(padded_row.astype(jnp.int32), tile_groups, total)
 

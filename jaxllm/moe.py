@@ -172,8 +172,11 @@ def dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
         sorted_experts, order = keys // flat.shape[0], keys % flat.shape[0]
     else:
         sorted_experts, order = lax.sort((flat, slots), num_keys=1, is_stable=True)
-    # group sizes from the sorted keys' boundaries: a scatter-add of N*k ones into E bins would serialise on atomics
-    bounds = jnp.searchsorted(sorted_experts, jnp.arange(num_experts + 1, dtype=jnp.int32), side="left")
+    # group sizes from the sorted keys' boundaries: a scatter-add of N*k ones into E bins would serialise on atomics,
+    # and searchsorted's default binary search is a while loop (a host round trip per step on a GPU); comparing
+    # every key with every boundary is one fused reduction
+    bounds = jnp.searchsorted(sorted_experts, jnp.arange(num_experts + 1, dtype=jnp.int32), side="left",
+                              method="compare_all")
     group_sizes = jnp.diff(bounds).astype(jnp.int32)
     inverse = jnp.zeros_like(order).at[order].set(slots)
     return Dispatch(order, group_sizes, inverse)

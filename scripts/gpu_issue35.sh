@@ -87,11 +87,15 @@ case $stage in
     dtype=${stage#probe-}; dtype=${dtype/bf16/bfloat16}
     [ "${ISSUE35_CPU:-0}" = 1 ] && dtype=${dtypes[0]}
     run="$tmp/probe-run-$dtype"
-    rm -rf "$run"
-    # the probe reads the run's settings (model, dtype, skip_n, network); 1 short update is enough to write them
-    if [ "${ISSUE35_CPU:-0}" = 1 ]; then train_size=(--preset test); else train_size=(--num-envs 16 --num-steps 16 --skip-n 8); fi
-    step "probe_train_$dtype" "$cold_limit" python3 -u -m rl.train --encoder inscan --model "$model" "${train_size[@]}" \
-      --llm-dtype "$dtype" --max-updates 1 --compile-cache "$tmp/cache-probe" --run-dir "$run" || exit 1
+    if [ -f "$tmp/run-$dtype-cold/metrics.jsonl" ]; then  # the coldstart stage's run, on a machine still warm
+      run="$tmp/run-$dtype-cold"
+    else
+      rm -rf "$run"
+      # the probe reads the run's settings (model, dtype, skip_n, network); 1 short update is enough to write them
+      if [ "${ISSUE35_CPU:-0}" = 1 ]; then train_size=(--preset test); else train_size=(--num-envs 16 --num-steps 16 --skip-n 8); fi
+      step "probe_train_$dtype" "$cold_limit" python3 -u -m rl.train --encoder inscan --model "$model" "${train_size[@]}" \
+        --llm-dtype "$dtype" --max-updates 1 --compile-cache "$tmp/cache-probe" --run-dir "$run" || exit 1
+    fi
     step "probe_$dtype" "$probe_limit" python3 -u -m rl.probe "$run" "${probe_size[@]}" --out "$out/probe-$dtype" \
       --compile-cache "$tmp/cache-probe"
     echo "$dtype: $(grep -m1 -o 'probe done in .*' "$out/probe_$dtype.log" || echo 'probe did not finish')" \
