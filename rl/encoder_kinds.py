@@ -96,9 +96,12 @@ class Encoder:
     def load_weights(self) -> None:
         """Load what `load_shapes` left as shapes (a no-op once loaded, and for kinds that leave nothing)."""
 
-    def compile_start(self, parts: UpdateParts, llm_args: LLMArgs, env_state, key) -> Any:
+    def compile_start(self, parts: UpdateParts, llm_args: LLMArgs, env_state, key,
+                      on_lowered: Callable[[], None] = lambda: None) -> Any:
         """Compile the program `start` runs for these arguments (shapes will do) now, so that `start` finds it
-        compiled; None where `start` runs no program of its own (here)."""
+        compiled, calling `on_lowered()` once it is traced (`jaxllm.compile.compile_ahead`); None where `start` runs
+        no program of its own (here: `on_lowered()` at once)."""
+        on_lowered()
         return None
 
     @classmethod
@@ -193,12 +196,13 @@ class InScanEncoder(Encoder):
         """Whether the params are still `jax.ShapeDtypeStruct`s (`load_shapes`, before `load_weights`)."""
         return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(self.llm.jit_args))
 
-    def compile_start(self, parts, llm_args, env_state, key):
+    def compile_start(self, parts, llm_args, env_state, key, on_lowered=lambda: None):
         """`start`'s window-opening LLM call (`open_window`), compiled for `llm_args` placed as
         `parts.place_llm_args` places them (shapes with their shardings will do) and `env_state`'s shapes."""
         from jaxllm.compile import compile_ahead
 
-        return compile_ahead(self.open_window, llm_args, env_state, jax.random.fold_in(key, 1))
+        return compile_ahead(self.open_window, llm_args, env_state, jax.random.fold_in(key, 1),
+                             on_lowered=on_lowered)
 
     @classmethod
     def build(cls, hidden, settings, llm, client) -> "InScanEncoder":

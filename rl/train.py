@@ -14,6 +14,7 @@ import argparse
 import json
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,25 +150,35 @@ def _compile_ahead(progress: Progress):
     return CompileAhead(progress.step)
 
 
-def start_update_compile(trainer, llm_args, progress: Progress, backend: str):
+def start_update_compile(trainer, llm_args, progress: Progress, backend: str,
+                         after: threading.Event | None = None):
     """Compile the trainer's update in a background thread (`rl.jit.CompileAhead`) while the run sets up (the LLM's
     weights loading, the env reset, the first states' LLM call): the compiles overlap instead of following each
-    other. `llm_args` may be shapes (`Trainer.llm_arg_shapes`): the weights need not be loaded yet. None where the
+    other. `llm_args` may be shapes (`Trainer.llm_arg_shapes`): the weights need not be loaded yet. `after`: the
+    thread first waits for it (`start_first_encode_compile`'s trace, which the update's then reuses). None where the
     update is not one jitted program (the HTTP kind's host loop)."""
     if not trainer.runs_update:
         return None
     ahead = _compile_ahead(progress)
     progress.step(f"compiling the update in the background ({compile_hint(backend)}) ...")
-    ahead.submit("update", lambda: trainer.compile_update(llm_args))
+
+    def compile_update():
+        if after is not None:
+            after.wait()
+        return trainer.compile_update(llm_args)
+
+    ahead.submit("update", compile_update)
     return ahead
 
 
-def start_first_encode_compile(trainer, encoder, ahead, progress: Progress, backend: str) -> None:
+def start_first_encode_compile(trainer, encoder, ahead, progress: Progress, backend: str,
+                               traced: threading.Event) -> None:
     """Compile the first states' LLM call (`Trainer.compile_start`) in a background thread of `ahead` from the LLM's
-    shapes, while its weights load (`Encoder.load_weights`)."""
+    shapes, while its weights load (`Encoder.load_weights`); `traced` is set once it is traced and lowered (or
+    failed), before XLA compiles it."""
     llm_args = trainer.llm_arg_shapes(encoder.jit_args())
     progress.step(f"compiling the first states' LLM call in the background ({compile_hint(backend, 'llm')}) ...")
-    ahead.submit("first encode", lambda: trainer.compile_start(llm_args))
+    ahead.submit("first encode", lambda: trainer.compile_start(llm_args, on_lowered=traced.set))
 
 
 def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
@@ -214,10 +225,14 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
             encoder = load_encoder(cfg.hidden, cfg.llm, cfg.env, weights=not later)
             trainer = Trainer(cfg.envs, cfg.ppo, encoder, devices=cfg.devices, fusion=cfg.fusion,
                               records=run.recorder is not None, speed=cfg.speed)
-            ahead = start_update_compile(trainer, trainer.llm_arg_shapes(encoder.jit_args()), progress, backend)
+            traced = threading.Event()  # the first states' LLM call is traced (or there is none to wait for)
+            if not encoder.weights_pending:
+                traced.set()
+            ahead = start_update_compile(trainer, trainer.llm_arg_shapes(encoder.jit_args()), progress, backend,
+                                         after=traced)
             if encoder.weights_pending:
                 ahead = ahead or _compile_ahead(progress)
-                start_first_encode_compile(trainer, encoder, ahead, progress, backend)
+                start_first_encode_compile(trainer, encoder, ahead, progress, backend, traced)
                 progress.step(f"loading the LLM's weights ({cfg.model}: reading or drawing them, then the prompt "
                               f"head's cache) while those compile ...")
                 encoder.load_weights()

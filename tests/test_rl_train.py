@@ -405,9 +405,9 @@ def test_programs_compile_while_the_llm_weights_load(tmp_path, monkeypatch, caps
         started["update"].set()
         return real_update(self, *a)
 
-    def compile_start(self, *a):
+    def compile_start(self, *a, **kw):
         started["first encode"].set()
-        return real_start(self, *a)
+        return real_start(self, *a, **kw)
 
     def slow_load(*a):
         seen.update({name: event.wait(120) for name, event in started.items()})
