@@ -128,3 +128,30 @@ def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0)
         fp8.warn_if_emulated()
         return Model(config, fp8.quantize_params(params), dt, quantization=FP8)
     return Model(config, params, dt)
+
+
+def model_shapes(name: str | Path | Qwen3Config, dtype: Any = None) -> Model:
+    """The `Model` that `load_model(name, dtype)` returns, with `jax.ShapeDtypeStruct` params: the config is read
+    (a preset, or a checkpoint's config.json) but no weight is read, drawn or allocated. What compiling a program
+    ahead, while the weights load, needs. A checkpoint's params are assumed to have the LM head its config implies
+    (untied: a head); a bare Qwen3Model checkpoint has none, and a program compiled for these shapes then compiles
+    again at its first call (same results, only the time is lost)."""
+    dt = _as_dtype(dtype)
+    is_fp8 = isinstance(dtype, str) and dtype == FP8
+    if isinstance(name, Qwen3Config) or str(name) in PRESETS:
+        config = name if isinstance(name, Qwen3Config) else PRESETS[str(name)]
+    else:
+        config = Qwen3Config.from_json(resolve_checkpoint_dir(name, tuple(PRESETS)) / "config.json")
+
+    def params():
+        drawn = init_params(config, dt, 0, fp8_experts=is_fp8 and config.is_moe)
+        return fp8.quantize_params(drawn) if is_fp8 else drawn
+
+    return Model(config, jax.eval_shape(params), dt, quantization=FP8 if is_fp8 else None)
+
+
+def prefill_shapes(model: Model, prefix_length: int) -> PrefixCache:
+    """The `PrefixCache` that `model.prefill(ids)` returns for `prefix_length` ids, as `jax.ShapeDtypeStruct`s
+    (`model` may be `model_shapes`'s: nothing runs)."""
+    ids = jax.ShapeDtypeStruct((int(prefix_length),), jnp.int32)
+    return jax.eval_shape(lambda params, ids: prefill(params, model.config, ids), model.params, ids)

@@ -89,12 +89,14 @@ class _JitWithOptions:
     def lower(self, *args, **kwargs):
         return self._jitted.lower(*args, **kwargs)
 
-    def compile_ahead(self, *args, **kwargs):
+    def compile_ahead(self, *args, on_lowered: Callable[[], None] = lambda: None, **kwargs):
         """The executable for these arguments' shapes, compiled now (`compile_ahead`), dropping a refused option as a
         call does."""
         while True:
             try:
-                return self._jitted.lower(*args, **kwargs).compile()
+                lowered = self._jitted.lower(*args, **kwargs)
+                on_lowered()
+                return lowered.compile()
             except Exception as e:  # noqa: BLE001 - as in __call__
                 if not self._drop_rejected(e):
                     raise
@@ -108,14 +110,18 @@ def jit(fn: Callable, *, compiler_options: Mapping[str, Any] | None = None, **ji
     return _JitWithOptions(fn, compiler_options, jit_kwargs)
 
 
-def compile_ahead(jitted: Callable, *args, **kwargs) -> Callable:
+def compile_ahead(jitted: Callable, *args, on_lowered: Callable[[], None] = lambda: None, **kwargs) -> Callable:
     """The executable of `jitted` (a function from `jit`) for these arguments (arrays, or `jax.ShapeDtypeStruct`s
     for their shapes), compiled now: `jitted.lower(*args).compile()`, an option the installed XLA rejects dropped
     as a call drops it. XLA releases the GIL while it compiles, so threads calling this compile several programs at
-    once. Call the executable with arguments of exactly those shapes and dtypes."""
+    once (tracing and lowering hold it). `on_lowered()` is called once traced and lowered, before XLA compiles:
+    e.g. to let another thread trace a program that calls this one, which then finds its trace in jax's cache.
+    Call the executable with arguments of exactly those shapes and dtypes."""
     if isinstance(jitted, _JitWithOptions):
-        return jitted.compile_ahead(*args, **kwargs)
-    return jitted.lower(*args, **kwargs).compile()
+        return jitted.compile_ahead(*args, on_lowered=on_lowered, **kwargs)
+    lowered = jitted.lower(*args, **kwargs)
+    on_lowered()
+    return lowered.compile()
 
 
 def default_cache_dir() -> Path:

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 from jaxllm.compile import compiler_options
 from rl.config import HiddenConfig, LLMConfig
 from rl.encoders import VLLMEncoder, make_token_fn
-from rl.llm import LLMArgs, LLMSetup, load_llm, make_llm_encoder
+from rl.llm import LLMArgs, LLMSetup, llm_shapes, load_llm, load_weights, make_llm_encoder
 from rl.play import zero_on_reset
 from rl.sharding import ENV_AXIS, from_process_local_rows, process_local_rows
 from rl.trajectories import RecordedRollout
@@ -82,6 +82,27 @@ class Encoder:
               client: VLLMEncoder | None) -> "Encoder":
         """An encoder of this kind from the loaded parts it needs (ValueError naming what is missing)."""
         raise NotImplementedError
+
+    loads_weights_later = False  # `load_shapes` leaves weights to `load_weights` (the in-scan LLM's)
+    weights_pending = False  # weights are still shapes (`load_shapes`, before `load_weights`)
+
+    @classmethod
+    def load_shapes(cls, hidden: HiddenConfig, settings: LLMConfig, env: str) -> "Encoder":
+        """`load`, except that weights this kind reads through jitted arguments (`jit_args`) stay shapes
+        (`jax.ShapeDtypeStruct`s) until `load_weights`: enough to build the trainer and compile its programs ahead
+        while the weights load. Here (nothing to leave for later): `load`."""
+        return cls.load(hidden, settings, env)
+
+    def load_weights(self) -> None:
+        """Load what `load_shapes` left as shapes (a no-op once loaded, and for kinds that leave nothing)."""
+
+    def compile_start(self, parts: UpdateParts, llm_args: LLMArgs, env_state, key,
+                      on_lowered: Callable[[], None] = lambda: None) -> Any:
+        """Compile the program `start` runs for these arguments (shapes will do) now, so that `start` finds it
+        compiled, calling `on_lowered()` once it is traced (`jaxllm.compile.compile_ahead`); None where `start` runs
+        no program of its own (here: `on_lowered()` at once)."""
+        on_lowered()
+        return None
 
     @classmethod
     def preflight(cls, hidden: HiddenConfig, settings: LLMConfig) -> None:
@@ -155,6 +176,33 @@ class InScanEncoder(Encoder):
     @classmethod
     def load(cls, hidden, settings, env):
         return cls(hidden, settings, load_llm(settings, env=env))
+
+    loads_weights_later = True
+
+    @classmethod
+    def load_shapes(cls, hidden, settings, env):
+        """The tokenizer and template loaded, the model's params and the prompt head's cache as shapes
+        (`rl.llm.llm_shapes`) until `load_weights`."""
+        return cls(hidden, settings, llm_shapes(settings, env=env))
+
+    def load_weights(self) -> None:
+        """The model's weights and the prompt head's cache (`rl.llm.load_weights`), unless loaded: the template and
+        the model's config stay the same objects, so the programs built on them (`encode`, `attach`) stay valid."""
+        if self.weights_pending:
+            self.llm = load_weights(self.settings, self.llm)
+
+    @property
+    def weights_pending(self) -> bool:
+        """Whether the params are still `jax.ShapeDtypeStruct`s (`load_shapes`, before `load_weights`)."""
+        return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(self.llm.jit_args))
+
+    def compile_start(self, parts, llm_args, env_state, key, on_lowered=lambda: None):
+        """`start`'s window-opening LLM call (`open_window`), compiled for `llm_args` placed as
+        `parts.place_llm_args` places them (shapes with their shardings will do) and `env_state`'s shapes."""
+        from jaxllm.compile import compile_ahead
+
+        return compile_ahead(self.open_window, llm_args, env_state, jax.random.fold_in(key, 1),
+                             on_lowered=on_lowered)
 
     @classmethod
     def build(cls, hidden, settings, llm, client) -> "InScanEncoder":
@@ -355,11 +403,13 @@ def kind_of(hidden: HiddenConfig) -> type[Encoder]:
     return KINDS[hidden.encoder]
 
 
-def load_encoder(hidden: HiddenConfig, settings: LLMConfig, env: str) -> Encoder:
+def load_encoder(hidden: HiddenConfig, settings: LLMConfig, env: str, *, weights: bool = True) -> Encoder:
     """The encoder of a run's `hidden` and LLM `settings` sections for game `env`, with what it encodes with loaded
     (the model, template and prefix cache in-scan; the tokenizer, template and a client of the server for HTTP):
-    the one place that turns the `--encoder` name into behaviour."""
-    return kind_of(hidden).load(hidden, settings, env)
+    the one place that turns the `--encoder` name into behaviour. `weights` False: the in-scan model's weights
+    stay shapes until the encoder's `load_weights` (`Encoder.load_shapes`)."""
+    kind = kind_of(hidden)
+    return kind.load(hidden, settings, env) if weights else kind.load_shapes(hidden, settings, env)
 
 
 def make_encoder(cfg: Any, llm: LLMSetup | None = None, client: VLLMEncoder | None = None) -> Encoder:

@@ -55,6 +55,10 @@ class CompileAhead:
         threading.Thread(target=job, name=f"compile-{name}", daemon=True).start()
         self._jobs[name] = (future, time.perf_counter())
 
+    def started(self, name: str) -> bool:
+        """Whether `name` was submitted."""
+        return name in self._jobs
+
     def done(self, name: str) -> bool:
         """Whether `name` finished compiling (or failed)."""
         return self._jobs[name][0].done()

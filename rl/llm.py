@@ -108,6 +108,27 @@ def load_llm(cfg, *, env: str | None = None, with_model: bool = True, system_pro
     return LLMSetup(model, tokenizer, template, prefix_cache(model, template), int(model.config.hidden_size))
 
 
+def llm_shapes(cfg, *, env: str | None = None) -> LLMSetup:
+    """`load_llm(cfg, env=env)` without the weights: the tokenizer and template loaded, the model's params and the
+    prompt head's cache as `jax.ShapeDtypeStruct`s (`jaxllm.model_shapes`: nothing drawn, read or allocated). What
+    compiling the LLM's programs ahead needs while `load_weights` reads the weights."""
+    from jaxllm import load_tokenizer, model_shapes, prefill_shapes
+
+    tokenizer = load_tokenizer(cfg.model)
+    template = make_template(tokenizer, cfg, env or cfg.env)
+    model = model_shapes(cfg.model, dtype=None if cfg.llm_dtype == "auto" else cfg.llm_dtype)
+    return LLMSetup(model, tokenizer, template, prefill_shapes(model, len(template.prefix_ids)),
+                    int(model.config.hidden_size))
+
+
+def load_weights(cfg, shapes: LLMSetup) -> LLMSetup:
+    """The `LLMSetup` of `llm_shapes(cfg)`'s `shapes` with the model loaded and the prompt head's cache computed
+    (its tokenizer and template kept: the same objects)."""
+    model = load_model(cfg)
+    return LLMSetup(model, shapes.tokenizer, shapes.template, prefix_cache(model, shapes.template),
+                    int(model.config.hidden_size))
+
+
 # ------------------------------------------------------------------------------------------------ labelling metadata
 
 def custom_prompt_text(system_prompt: Any, env: str, fmt: str) -> str | None:

@@ -14,6 +14,7 @@ import argparse
 import json
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,18 +143,42 @@ def open_run(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = Fa
     return OpenRun(cfg, run_dir, ckpt, log, start, recorder)
 
 
-def start_update_compile(trainer, llm_args, progress: Progress, backend: str):
-    """Compile the trainer's update in a background thread (`rl.jit.CompileAhead`) while the run sets up (the env
-    reset, the first states' LLM call): the two compiles overlap instead of following each other. None where the
+def _compile_ahead(progress: Progress):
+    """An `rl.jit.CompileAhead` that says on `progress` what it waits for."""
+    from rl.jit import CompileAhead
+
+    return CompileAhead(progress.step)
+
+
+def start_update_compile(trainer, llm_args, progress: Progress, backend: str,
+                         after: threading.Event | None = None):
+    """Compile the trainer's update in a background thread (`rl.jit.CompileAhead`) while the run sets up (the LLM's
+    weights loading, the env reset, the first states' LLM call): the compiles overlap instead of following each
+    other. `llm_args` may be shapes (`Trainer.llm_arg_shapes`): the weights need not be loaded yet. `after`: the
+    thread first waits for it (`start_first_encode_compile`'s trace, which the update's then reuses). None where the
     update is not one jitted program (the HTTP kind's host loop)."""
     if not trainer.runs_update:
         return None
-    from rl.jit import CompileAhead
-
-    ahead = CompileAhead(progress.step)
+    ahead = _compile_ahead(progress)
     progress.step(f"compiling the update in the background ({compile_hint(backend)}) ...")
-    ahead.submit("update", lambda: trainer.compile_update(llm_args))
+
+    def compile_update():
+        if after is not None:
+            after.wait()
+        return trainer.compile_update(llm_args)
+
+    ahead.submit("update", compile_update)
     return ahead
+
+
+def start_first_encode_compile(trainer, encoder, ahead, progress: Progress, backend: str,
+                               traced: threading.Event) -> None:
+    """Compile the first states' LLM call (`Trainer.compile_start`) in a background thread of `ahead` from the LLM's
+    shapes, while its weights load (`Encoder.load_weights`); `traced` is set once it is traced and lowered (or
+    failed), before XLA compiles it."""
+    llm_args = trainer.llm_arg_shapes(encoder.jit_args())
+    progress.step(f"compiling the first states' LLM call in the background ({compile_hint(backend, 'llm')}) ...")
+    ahead.submit("first encode", lambda: trainer.compile_start(llm_args, on_lowered=traced.set))
 
 
 def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
@@ -190,17 +215,35 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
                               f"{cfg.num_updates:,} updates ({cfg.total_timesteps:,} env steps)",
                               cfg.devices, jax.default_backend())
             backend = jax.default_backend()
-            if cfg.uses_llm:
+            later = cfg.uses_llm and kind_of(cfg.hidden).loads_weights_later
+            if later:
+                progress.step(f"reading the LLM's config and tokenizer ({cfg.model}) ...")
+            elif cfg.uses_llm:
                 progress.step(f"loading the LLM ({cfg.model}) and its tokenizer (reading the weights, then the "
                               f"prompt head's cache) ...")
-            encoder = load_encoder(cfg.hidden, cfg.llm, cfg.env)
-            if cfg.uses_llm:
-                progress.step(encoder.describe())
+            # the in-scan LLM's weights stay shapes for now: its programs compile from shapes while they load
+            encoder = load_encoder(cfg.hidden, cfg.llm, cfg.env, weights=not later)
             trainer = Trainer(cfg.envs, cfg.ppo, encoder, devices=cfg.devices, fusion=cfg.fusion,
                               records=run.recorder is not None, speed=cfg.speed)
-            llm_args = trainer.place_llm_args(encoder.jit_args())
-            ahead = start_update_compile(trainer, llm_args, progress, backend)
+            traced = threading.Event()  # the first states' LLM call is traced (or there is none to wait for)
+            if not encoder.weights_pending:
+                traced.set()
+            ahead = start_update_compile(trainer, trainer.llm_arg_shapes(encoder.jit_args()), progress, backend,
+                                         after=traced)
+            if encoder.weights_pending:
+                ahead = ahead or _compile_ahead(progress)
+                start_first_encode_compile(trainer, encoder, ahead, progress, backend, traced)
+                progress.step(f"loading the LLM's weights ({cfg.model}: reading or drawing them, then the prompt "
+                              f"head's cache) while those compile ...")
+                encoder.load_weights()
             if cfg.uses_llm:
+                progress.step(encoder.describe())
+            llm_args = trainer.place_llm_args(encoder.jit_args())
+            if ahead is not None and ahead.started("first encode"):
+                ahead.get("first encode")
+                progress.step(f"resetting the envs and encoding their first states (the LLM call compiled ahead, "
+                              f"{ahead.seconds('first encode'):.0f} s in the background) ...")
+            elif cfg.uses_llm:
                 progress.step(f"resetting the envs and encoding their first states (compiles the LLM call: "
                               f"{compile_hint(backend, 'llm')}) ...")
             state = trainer.init_state(llm_args)

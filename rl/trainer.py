@@ -191,6 +191,34 @@ class Trainer:
         """The LLM params and prefix cache, replicated over the mesh (a no-op for `LLMArgs()`)."""
         return jax.device_put(LLMArgs(*llm_args), replicated(self.mesh))
 
+    def llm_arg_shapes(self, llm_args=LLMArgs()) -> LLMArgs:
+        """`place_llm_args(llm_args)` as `jax.ShapeDtypeStruct`s with its shardings (`llm_args` may be shapes
+        already, e.g. before the weights are loaded: `rl.encoder_kinds.Encoder.load_shapes`)."""
+        sharding = replicated(self.mesh)
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), LLMArgs(*llm_args))
+
+    def compile_start(self, llm_args=LLMArgs(), on_lowered: Callable[[], None] = lambda: None) -> Any:
+        """Compile the programs `init_state(llm_args)` runs: the one that runs the LLM (the encoder's first window:
+        `Encoder.compile_start`) for `llm_args`' shapes (`llm_arg_shapes`: the weights may still be loading), and the
+        env reset; `init_state` then finds them compiled. Returns the first's executable (None where the encoder runs
+        no such program). `on_lowered()` is called once the LLM's program is traced and lowered, before XLA compiles
+        it (or when that fails): `compile_update` in another thread, if it waits for that, reuses the trace
+        (`runner_shapes`) instead of tracing the LLM at the same time (Python tracing holds the GIL)."""
+        from jaxllm.compile import compile_ahead
+
+        try:
+            key = jax.random.PRNGKey(self.seed)
+            _, _, k_env = jax.random.split(key, 3)
+            env = NamedSharding(self.mesh, P(ENV_AXIS))
+            _, env_state = jax.eval_shape(self._reset, k_env)
+            env_state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=env), env_state)
+            encode = self.encoder.compile_start(self.parts, self.llm_arg_shapes(llm_args), env_state, k_env,
+                                                on_lowered=on_lowered)
+        finally:
+            on_lowered()  # (maybe again: harmless) a thread waiting for it never waits for a compile that failed
+        compile_ahead(self._reset, k_env)  # the env reset that init_state runs first (seconds on a GPU)
+        return encode
+
     def place(self, runner: RunnerState) -> RunnerState:
         """`runner` with its per-env fields split over the mesh and the rest replicated."""
         return jax.device_put(runner, runner.shardings(self.mesh))

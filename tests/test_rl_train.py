@@ -353,3 +353,80 @@ def test_update_compiled_ahead_is_not_compiled_again():
     want, compiled_plain = compiles_of(plain.update, plain_state)
     assert compiled == [] and compiled_plain  # the listener sees a first call's compile
     jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_first_encode_compiled_ahead_from_the_llm_shapes_is_not_compiled_again():
+    """issue 35: `Trainer.compile_start` compiles the first states' LLM call (and the env reset) from the LLM's shapes
+    (`load_encoder(..., weights=False)`: nothing loaded yet); after `load_weights`, `init_state` compiles none of
+    those programs again and its state equals that of a trainer built on the loaded LLM (bit for bit)."""
+    from rl.config import PRESETS, TrainConfig
+    from rl.encoder_kinds import load_encoder
+
+    cfg = TrainConfig(**{**PRESETS["test"], "encoder": "inscan", "model": "tiny"})
+    encoder = load_encoder(cfg.hidden, cfg.llm, cfg.env, weights=False)
+    assert encoder.weights_pending
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(encoder.jit_args()))
+    ahead = Trainer(cfg.envs, cfg.ppo, encoder, devices=1)
+    compiled = {"ahead": [], "load": [], "init": []}
+    phase = ["ahead"]
+    listener = lambda name, seconds, fun_name="", **kw: (  # noqa: E731
+        compiled[phase[0]].append(fun_name) if "backend_compile" in name else None)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        ahead.compile_start(encoder.jit_args())
+        phase[0] = "load"
+        encoder.load_weights()
+        assert not encoder.weights_pending
+        phase[0] = "init"
+        state = jax.device_get(ahead.init_state(ahead.place_llm_args(encoder.jit_args())))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    programs = [name for name in compiled["ahead"] if "lambda" in name]  # the shard_maps (eager ops aside)
+    assert len(programs) == 2 and not set(programs) & set(compiled["init"])
+    loaded = load_encoder(cfg.hidden, cfg.llm, cfg.env)
+    plain = Trainer(cfg.envs, cfg.ppo, loaded, devices=1)
+    want = jax.device_get(plain.init_state(plain.place_llm_args(loaded.jit_args())))
+    jax.tree.map(np.testing.assert_array_equal, state, want)
+
+
+def test_programs_compile_while_the_llm_weights_load(tmp_path, monkeypatch, capsys):
+    """issue 35: rl.train starts compiling the update and the first states' LLM call (from the LLM's shapes) before
+    it loads the weights, so a slow load overlaps them: the load here waits until both compiles have started. The
+    run's metrics equal those of a run that loads the weights first (the order of old)."""
+    import threading
+
+    import rl.encoder_kinds as kinds
+
+    started = {"update": threading.Event(), "first encode": threading.Event()}
+    seen = {}
+    real_update, real_start, real_load = Trainer.compile_update, Trainer.compile_start, kinds.load_weights
+
+    def compile_update(self, *a):
+        started["update"].set()
+        return real_update(self, *a)
+
+    def compile_start(self, *a, **kw):
+        started["first encode"].set()
+        return real_start(self, *a, **kw)
+
+    def slow_load(*a):
+        seen.update({name: event.wait(120) for name, event in started.items()})
+        return real_load(*a)
+
+    monkeypatch.setattr(Trainer, "compile_update", compile_update)
+    monkeypatch.setattr(Trainer, "compile_start", compile_start)
+    monkeypatch.setattr(kinds, "load_weights", slow_load)
+    args = ["--preset", "test", "--encoder", "inscan", "--model", "tiny", "--checkpoint-every", "100"]
+    assert main(args + ["--run-dir", str(tmp_path / "overlapped")]) == 0
+    assert seen == {"update": True, "first encode": True}
+    err = capsys.readouterr().err
+    assert err.index("compiling the update in the background") < err.index("loading the LLM's weights (tiny")
+    assert err.index("loading the LLM's weights (tiny") < err.index("LLM: tiny (")
+
+    monkeypatch.setattr(kinds.InScanEncoder, "loads_weights_later", False)  # the weights first, as before
+    assert main(args + ["--run-dir", str(tmp_path / "loaded_first")]) == 0
+    assert "loading the LLM (tiny) and its tokenizer" in capsys.readouterr().err
+    drop = {"sps", "seconds", "llm_time_share", "first_call_includes_compile"}
+    rows = [[{k: v for k, v in r.items() if k not in drop} for r in _metrics(tmp_path / name)]
+            for name in ("overlapped", "loaded_first")]
+    assert rows[0] == rows[1] and len(rows[0]) == 3

@@ -358,10 +358,12 @@ def test_llm_share_of_a_cpu_run_agrees_with_the_updates_with_and_without_a_windo
     status = [ln for ln in err.splitlines() if ln.startswith("[update")]
     assert rows[0]["llm_time_share"] is None and "LLM - of time" in status[0]
     assert all(r["llm_time_share"] is not None for r in rows[1:]) and "LLM -" not in status[-1]
-    setup = ["envs x 64 steps per update", "loading the LLM (tiny)", "LLM: tiny (", "compiling the update in the "
-             "background", "resetting the envs and encoding", "the update is compiled", "running the first update",
-             "[update 1/9]"]  # a line before each step of the setup, in order (and one while it waits, if it does)
-    lines = [ln for ln in err.splitlines() if not ln.startswith("waiting for the update program")]
+    setup = ["envs x 64 steps per update", "reading the LLM's config and tokenizer (tiny)", "compiling the update in "
+             "the background", "compiling the first states' LLM call in the background", "loading the LLM's weights "
+             "(tiny", "LLM: tiny (", "resetting the envs and encoding", "the update is compiled",
+             "running the first update", "[update 1/9]"]  # a line before each step of the setup, in order (and one
+    # while it waits, if it does)
+    lines = [ln for ln in err.splitlines() if not ln.startswith("waiting for the ")]
     at = [next(i for i, ln in enumerate(lines) if s in ln) for s in setup]
     assert at == sorted(at) and at[-1] - at[0] == len(setup) - 1
     t = {r["update"]: r["seconds"] for r in rows}
