@@ -101,6 +101,8 @@ def _window(policy: ProbePolicy, env: BatchedEnv):
             refresh = partial(refresh_hidden, encode, llm_args)
         carry, seen, _ = play_window(partial(sampled_steps, policy.apply, env, params), carry, seen, length, refresh,
                                      fold=keep_picked)
-        return carry, seen
+        # the next window refreshes the hidden state before reading it: the carry goes back without it, so every
+        # window takes the first's arguments (a carry holding a hidden state compiled the play a second time)
+        return carry._replace(hidden=None), seen
 
     return run
