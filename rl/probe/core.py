@@ -130,24 +130,21 @@ def ids_widths(policy: ProbePolicy, entries: list[build.Entry], n: int) -> tuple
 
 
 def _start_compiles(ahead: CompileAhead, policy: ProbePolicy, prober: Prober, pairs_program, state_shapes, n: int,
-                    widths: tuple[int, int], play: Play | None = None) -> None:
-    """Begin compiling the play's window (`play`, when the probe plays), the pairs program, the LLM call at each ids
-    width the kinds read, and the heads, for `n` pairs of base states shaped `state_shapes` (`CompileAhead`:
-    background threads).
+                    widths: tuple[int, int], make_play=None) -> Play | None:
+    """Begin compiling the pairs program, the heads, the play's window (of `make_play()`, when the probe plays: it
+    resets the envs here, while the first two compile) and the LLM call at each ids width the kinds read, for `n`
+    pairs of base states shaped `state_shapes` (`CompileAhead`: background threads). Returns the play (None without
+    `make_play`).
 
-    The play's window (env steps + the LLM) starts first; the kinds' LLM call starts when it has compiled: both run
-    the same LLM's GEMMs at the same pass sizes, so on a GPU the second finds the first's autotuned GEMMs in XLA's
-    in-process autotuning cache instead of timing every candidate again (two LLM programs autotuning at once each
-    time their candidates on a shared GPU: the sum of both, and noisier timings). The pairs and heads (no LLM)
-    compile beside them. On a CPU (no autotuning) everything compiles at once."""
+    The pairs and heads (no LLM) start first, so the envs' reset (a compile of its own) runs beside them. The kinds'
+    LLM call starts when the play's window (env steps + the LLM) has compiled: both run the same LLM's GEMMs at the
+    same pass sizes, so on a GPU the second finds the first's autotuned GEMMs in XLA's in-process autotuning cache
+    instead of timing every candidate again (two LLM programs autotuning at once on one GPU each time their
+    candidates: about the sum of both, and noisier timings). On a CPU (no autotuning) the two compile at once."""
     from render.observation import OBS_SIZES
 
     sds = jax.ShapeDtypeStruct
     key = jax.random.PRNGKey(0)
-    after = ()
-    if play is not None:
-        ahead.submit("play", play.compile)
-        after = ("play",) if jax.default_backend() == "gpu" else ()
     ahead.start("pairs", pairs_program, state_shapes, key, sds((), jnp.int32), sds((), jnp.bool_),
                 sds((), jnp.int32))
     obs = sds((n, OBS_SIZES[policy.env]), jnp.float32)
@@ -155,12 +152,21 @@ def _start_compiles(ahead: CompileAhead, policy: ProbePolicy, prober: Prober, pa
     real = other = None
     if llm is not None:
         lengths = sds((n,), jnp.int32)
+        ids = sds((n, widths[0]), jnp.int32)
+        real, other = jax.eval_shape(encode_fn(policy, prober.modes), llm.args, llm.other_args, ids, ids, lengths,
+                                     lengths)
+    ahead.start("heads", prober.heads, policy.params, obs, obs, real, other, key)
+    play, after = None, ()
+    if make_play is not None:
+        play = make_play()
+        ahead.submit("play", play.compile)
+        after = ("play",) if jax.default_backend() == "gpu" else ()
+    if llm is not None:
         for w in sorted(set(widths)):
             ids = sds((n, w), jnp.int32)
             args = (llm.args, llm.other_args, ids, ids, lengths, lengths)
             ahead.start(f"LLM encode (width {w})", prober.encode, *args, after=after)
-        real, other = jax.eval_shape(encode_fn(policy, prober.modes), *args)
-    ahead.start("heads", prober.heads, policy.params, obs, obs, real, other, key)
+    return play
 
 
 def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int = 0, play_steps: int = 1024,
@@ -184,24 +190,22 @@ def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int 
     ahead = CompileAhead(say)
     shapes = (base_state_shapes(policy, n_pairs) if states is None else
               jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), states))
-    t_play = time.perf_counter()
-    play = Play(policy, n_pairs, seed, play_steps) if states is None else None  # envs reset: nothing compiled yet
-    t_play = time.perf_counter() - t_play
     llm_part = "" if policy.llm is None else ", the LLM on a kind's prompts"
-    play_part = "" if play is None else "the play's window, "
-    say(f"compiling the probe's programs in the background: {play_part}the pairs of all {len(entries)} kinds (one "
-        f"program){llm_part}, the policy's heads ...")
+    play_part = "" if states is not None else ", the play's window (the envs reset meanwhile)"
+    say(f"compiling the probe's programs in the background: the pairs of all {len(entries)} kinds (one program), "
+        f"the policy's heads{play_part}{llm_part} ...")
     t_compile = time.perf_counter()
-    _start_compiles(ahead, policy, prober, pairs_program, shapes, n, (width, read_width), play)
+    make_play = None if states is not None else lambda: Play(policy, n_pairs, seed, play_steps)
+    play = _start_compiles(ahead, policy, prober, pairs_program, shapes, n, (width, read_width), make_play)
     # every program compiled before anything runs: a compile beside the play's windows (CPU compiles, GPU autotuning)
     # slowed each window ~12x on an H100 (issue 35: windows 2-16 took 4.8 s each instead of 0.4 s)
     ahead.wait_all()
     t_compile = time.perf_counter() - t_compile
     say(f"compiled in {t_compile:.1f} s ({ahead.summary()})")
+    t_play = time.perf_counter()
     if play is not None:
-        t0 = time.perf_counter()
         states = play.play(say, ahead.get("play"))
-        t_play += time.perf_counter() - t0
+    t_play = time.perf_counter() - t_play
     pairs_exec = ahead.get("pairs")
     heads_exec = ahead.get("heads")
     say(f"probing {len(entries)} kinds of {n} pairs under {len(prober.modes)} mode(s) ...")
