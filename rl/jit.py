@@ -34,16 +34,21 @@ class CompileAhead:
         self._jobs: dict[str, tuple[Future, float]] = {}
         self._say = say
 
-    def start(self, name: str, jitted: Callable, *args) -> None:
+    def start(self, name: str, jitted: Callable, *args, after: tuple[str, ...] = ()) -> None:
         from jaxllm.compile import compile_ahead
 
-        self.submit(name, lambda: compile_ahead(jitted, *args))
+        self.submit(name, lambda: compile_ahead(jitted, *args), after=after)
 
-    def submit(self, name: str, compile_fn: Callable[[], Callable]) -> None:
-        """Run `compile_fn` (which compiles and returns an executable) in a background thread under `name`."""
+    def submit(self, name: str, compile_fn: Callable[[], Callable], after: tuple[str, ...] = ()) -> None:
+        """Run `compile_fn` (which compiles and returns an executable) in a background thread under `name`, once the
+        jobs named in `after` ended (finished or failed: their errors are for whoever asks for them). `seconds`
+        counts from then."""
         future: Future = Future()
+        before = [self._jobs[a][0] for a in after]
 
         def job():
+            for f in before:
+                f.exception()  # waits; a failure there is not this job's
             t0 = time.perf_counter()
             try:
                 result = compile_fn()
@@ -71,6 +76,19 @@ class CompileAhead:
                       f"ago) ...")
         executable, _seconds = future.result()
         return executable
+
+    def wait_all(self) -> None:
+        """Wait for every job (saying what it waits for, as `get` does); errors stay for `get`."""
+        for name, (future, _) in self._jobs.items():
+            if not future.done():
+                self._say(f"waiting for the {name} program to compile (started "
+                          f"{time.perf_counter() - self._jobs[name][1]:.0f} s ago) ...")
+            future.exception()
+
+    def summary(self) -> str:
+        """'name N.N s, ...': each finished job's compile seconds (failed or unfinished ones left out)."""
+        done = [(n, f.result()[1]) for n, (f, _) in self._jobs.items() if f.done() and f.exception() is None]
+        return ", ".join(f"{n} {s:.1f} s" for n, s in done)
 
     def seconds(self, name: str) -> float:
         """How long `name` took to compile (waits for it)."""

@@ -383,3 +383,31 @@ def test_packed_plan_sees_the_width_only_through_the_attention():
     impl, capacity, sizes, per_pass = packed_plan(256, 1138, None, jnp.float32)
     assert impl == "xla" and capacity == 32768 and per_pass == 1138 and sizes[-1] == 32768
     assert packed_plan(256, 1138, None, jnp.float32) != packed_plan(256, 1170, None, jnp.float32)
+
+
+def test_the_play_compiles_ahead_and_plays_play_states_base_states(llm_policy, monkeypatch):
+    """Playing for its base states, the probe compiles the play's window beside its other programs and runs nothing
+    before every program compiled (issue 35: compiles beside the play's windows slowed each ~12x on an H100); the
+    compiled-ahead play (one executable for every window: the carry between windows holds no hidden state) gives
+    `play_states`' base states bit for bit."""
+    from rl.probe import core
+    from rl.probe.states import play_states
+
+    said, played = [], {}
+    run_entries = core._run_entries
+
+    def spy(policy, prober, entries, states, *args):
+        played["states"] = states
+        return run_entries(policy, prober, entries, states, *args)
+
+    monkeypatch.setattr(core, "_run_entries", spy)
+    probe_policy(llm_policy, ["health"], n_pairs=3, play_steps=12, say=said.append)
+    first = lambda prefix: next(i for i, line in enumerate(said) if line.startswith(prefix))  # noqa: E731
+    compiled, playing = first("compiled in "), first("playing ")
+    assert compiled < playing and "the play compiled ahead" in said[playing]
+    assert all(name in said[compiled] for name in ("play ", "pairs ", "LLM encode", "heads ")), said[compiled]
+    assert not any(line.startswith("waiting for") for line in said[playing:])  # nothing compiles after the play
+    assert any(line.startswith("  played window 3/3") for line in said)  # windows after the first: the same program
+    want = play_states(llm_policy, 3, 0, 12)
+    for a, b in zip(jax.tree.leaves(played["states"]), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)

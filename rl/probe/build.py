@@ -102,6 +102,8 @@ def make_pairs(policy: ProbePolicy, edits: tuple[str, ...], width: int):
     for ids in injections:
         if len(ids) > prompts.MAX_INJECTED:
             raise ValueError(f"an injected text may take {prompts.MAX_INJECTED} tokens, this one takes {len(ids)}")
+    if llm is not None and width < llm.template.max_len + prompts.MAX_INJECTED:
+        injections = ()  # no entry injects (`core.ids_widths` gave the template's width): no injected branch to fit
     tail = None if llm is None else prompts.tail_length(llm.template, llm.tokenizer)
 
     def program(states, key, edit, prompt_only, inject):

@@ -19,7 +19,7 @@ from rl.probe import build
 from rl.probe.forward import encode_fn, make_encode, make_heads, make_prepare, modes_for, pad_ids
 from rl.probe.metrics import STAT_KEYS, pair_stats
 from rl.probe.parts import ProbePolicy
-from rl.probe.states import base_state_shapes, play_states
+from rl.probe.states import Play, base_state_shapes
 
 
 def all_kinds(uses_hidden: bool) -> tuple[str, ...]:
@@ -130,9 +130,17 @@ def ids_widths(policy: ProbePolicy, entries: list[build.Entry], n: int) -> tuple
 
 
 def _start_compiles(ahead: CompileAhead, policy: ProbePolicy, prober: Prober, pairs_program, state_shapes, n: int,
-                    widths: tuple[int, int]) -> None:
-    """Begin compiling the pairs program, the LLM call at each ids width the kinds read, and the heads, for `n`
-    pairs of base states shaped `state_shapes` (`CompileAhead`: background threads)."""
+                    widths: tuple[int, int], make_play=None) -> Play | None:
+    """Begin compiling the pairs program, the heads, the play's window (of `make_play()`, when the probe plays: it
+    resets the envs here, while the first two compile) and the LLM call at each ids width the kinds read, for `n`
+    pairs of base states shaped `state_shapes` (`CompileAhead`: background threads). Returns the play (None without
+    `make_play`).
+
+    The pairs and heads (no LLM) start first, so the envs' reset (a compile of its own) runs beside them. The kinds'
+    LLM call starts when the play's window (env steps + the LLM) has compiled: both run the same LLM's GEMMs at the
+    same pass sizes, so on a GPU the second finds the first's autotuned GEMMs in XLA's in-process autotuning cache
+    instead of timing every candidate again (two LLM programs autotuning at once on one GPU each time their
+    candidates: about the sum of both, and noisier timings). On a CPU (no autotuning) the two compile at once."""
     from render.observation import OBS_SIZES
 
     sds = jax.ShapeDtypeStruct
@@ -144,12 +152,21 @@ def _start_compiles(ahead: CompileAhead, policy: ProbePolicy, prober: Prober, pa
     real = other = None
     if llm is not None:
         lengths = sds((n,), jnp.int32)
+        ids = sds((n, widths[0]), jnp.int32)
+        real, other = jax.eval_shape(encode_fn(policy, prober.modes), llm.args, llm.other_args, ids, ids, lengths,
+                                     lengths)
+    ahead.start("heads", prober.heads, policy.params, obs, obs, real, other, key)
+    play, after = None, ()
+    if make_play is not None:
+        play = make_play()
+        ahead.submit("play", play.compile)
+        after = ("play",) if jax.default_backend() == "gpu" else ()
+    if llm is not None:
         for w in sorted(set(widths)):
             ids = sds((n, w), jnp.int32)
             args = (llm.args, llm.other_args, ids, ids, lengths, lengths)
-            ahead.start(f"LLM encode (width {w})", prober.encode, *args)
-        real, other = jax.eval_shape(encode_fn(policy, prober.modes), *args)
-    ahead.start("heads", prober.heads, policy.params, obs, obs, real, other, key)
+            ahead.start(f"LLM encode (width {w})", prober.encode, *args, after=after)
+    return play
 
 
 def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int = 0, play_steps: int = 1024,
@@ -157,8 +174,9 @@ def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int 
     """Probe `policy`: {"kinds": {name: KindResult}, "not_built": {name: why}}. `states` (raw EnvStates [N])
     replaces the policy's own play (tests).
 
-    The programs (the pairs of every kind, the LLM on a kind's prompts, the policy's heads) compile in background
-    threads while the policy plays for base states; then every kind runs the same executables. A prompt-only kind
+    The programs (the play's window, the pairs of every kind, the LLM on a kind's prompts, the policy's heads)
+    compile in background threads, all before anything runs (`_start_compiles`); then the policy plays for base
+    states and every kind runs the same executables. A prompt-only kind
     whose ids equal its state kind's (an edit that draws nothing at random) reuses that kind's vectors."""
     t_start = time.perf_counter()
     kinds = list(kinds or all_kinds(policy.uses_hidden))
@@ -173,12 +191,20 @@ def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int 
     shapes = (base_state_shapes(policy, n_pairs) if states is None else
               jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), states))
     llm_part = "" if policy.llm is None else ", the LLM on a kind's prompts"
-    say(f"compiling the probe's programs in the background: the pairs of all {len(entries)} kinds (one "
-        f"program){llm_part}, the policy's heads ...")
-    _start_compiles(ahead, policy, prober, pairs_program, shapes, n, (width, read_width))
+    play_part = "" if states is not None else ", the play's window (the envs reset meanwhile)"
+    say(f"compiling the probe's programs in the background: the pairs of all {len(entries)} kinds (one program), "
+        f"the policy's heads{play_part}{llm_part} ...")
+    t_compile = time.perf_counter()
+    make_play = None if states is not None else lambda: Play(policy, n_pairs, seed, play_steps)
+    play = _start_compiles(ahead, policy, prober, pairs_program, shapes, n, (width, read_width), make_play)
+    # every program compiled before anything runs: a compile beside the play's windows (CPU compiles, GPU autotuning)
+    # slowed each window ~12x on an H100 (issue 35: windows 2-16 took 4.8 s each instead of 0.4 s)
+    ahead.wait_all()
+    t_compile = time.perf_counter() - t_compile
+    say(f"compiled in {t_compile:.1f} s ({ahead.summary()})")
     t_play = time.perf_counter()
-    if states is None:
-        states = play_states(policy, n_pairs, seed, play_steps, say=say)
+    if play is not None:
+        states = play.play(say, ahead.get("play"))
     t_play = time.perf_counter() - t_play
     pairs_exec = ahead.get("pairs")
     heads_exec = ahead.get("heads")
@@ -189,7 +215,8 @@ def probe_policy(policy: ProbePolicy, kinds=None, n_pairs: int = 128, seed: int 
     t_kinds = time.perf_counter() - t_kinds
     ordered = {name: results[name] for name in kinds if name in results}
     total = time.perf_counter() - t_start
-    say(f"probe done in {total:.1f} s (load excluded): play {t_play:.1f} s, kinds {t_kinds:.1f} s "
+    say(f"probe done in {total:.1f} s (load excluded): compile {t_compile:.1f} s, play {t_play:.1f} s, kinds "
+        f"{t_kinds:.1f} s "
         f"({shared} of {len(entries)} reused another kind's LLM vectors)")
     return {"kinds": ordered, "not_built": {k: not_built[k] for k in kinds if k in not_built}}
 

@@ -35,39 +35,67 @@ class Kept(NamedTuple):
     windows_left: jax.Array  # int32 [n]: windows still to play before env i's state is taken
 
 
+class Play:
+    """The base-state play of `policy` prepared (see module docstring; deterministic in `seed`): the envs reset and
+    the window program built, nothing compiled. `compile()` returns the window's executable (for `CompileAhead`:
+    the probe compiles it beside its other programs, before any window runs); `play(say, run)` plays the windows
+    and returns the raw EnvStates [n]."""
+
+    def __init__(self, policy: ProbePolicy, n: int, seed: int, steps: int = 1024):
+        env = BatchedEnv(policy.env, n, reset_ratio=1)
+        window = (policy.skip_n or steps) if policy.uses_hidden else 16
+        self.window = window = max(1, min(window, steps))
+        self.chunks = max(1, steps // window)
+        k_reset, k_pick, key = jax.random.split(jax.random.PRNGKey(seed), 3)
+        pick = jax.random.randint(k_pick, (n,), 0, self.chunks)  # the window after which env i's state is kept
+        obs, state = env.reset(k_reset)
+        # committed to the device as the play's own outputs are: the second window then reuses the first's compile
+        obs, state = jax.device_put((obs, state), jax.devices()[0])
+        self.policy, self.n = policy, n
+        self.llm_args = policy.llm.args if policy.uses_hidden else None
+        self.run = _window(policy, env)
+        self.carry, self.seen = PlayCarry(state, obs, None, key), Kept(state.env_state, pick)
+        self.last = int(pick.max())
+
+    def compile(self):
+        """The window's executable: (params, llm_args, carry, seen) -> (carry, seen), compiled now."""
+        from jaxllm.compile import compile_ahead
+
+        return compile_ahead(self.run, self.policy.params, self.llm_args, self.carry, self.seen, length=self.window)
+
+    def play(self, say=lambda text: None, run=None):
+        """Raw EnvStates [n]; `run`: the window's executable from `compile()` (None: the first window compiles it).
+        `say`: progress."""
+        policy, last, window = self.policy, self.last, self.window
+        ahead = run is not None
+        if run is None:
+            jitted = self.run
+            run = lambda params, llm_args, carry, seen: jitted(params, llm_args, carry, seen, window)  # noqa: E731
+        llm_part = " (the LLM on each window's states)" if policy.uses_hidden else ""
+        compiled = "the play compiled ahead" if ahead else "the first window compiles the play"
+        say(f"playing {self.n} envs x {last + 1} of {self.chunks} windows of {window} steps with the policy for base "
+            f"states{llm_part}; {compiled} ...")
+        t0, played = time.perf_counter(), [0]
+        report = max(1, (last + 1) // 8)
+
+        def run_window(carry, seen, length):
+            carry, seen = run(policy.params, self.llm_args, carry, seen)
+            c = played[0]
+            played[0] += 1
+            if c == 0 or (c + 1) % report == 0 or c == last:
+                jax.block_until_ready(seen)
+                first = " (first window with its compile)" if c == 0 and not ahead else ""
+                say(f"  played window {c + 1}/{last + 1}: {time.perf_counter() - t0:.1f} s{first}")
+            return carry, seen
+
+        _, kept = play_windows(run_window, self.carry, self.seen, (last + 1) * window, window,
+                               finished=lambda seen: False)
+        return kept.states
+
+
 def play_states(policy: ProbePolicy, n: int, seed: int, steps: int = 1024, say=lambda text: None):
     """Raw EnvStates [n] of `policy` playing (see module docstring); deterministic in `seed`. `say`: progress."""
-    env = BatchedEnv(policy.env, n, reset_ratio=1)
-    window = (policy.skip_n or steps) if policy.uses_hidden else 16
-    window = max(1, min(window, steps))
-    chunks = max(1, steps // window)
-    k_reset, k_pick, key = jax.random.split(jax.random.PRNGKey(seed), 3)
-    pick = jax.random.randint(k_pick, (n,), 0, chunks)  # the window after which env i's state is kept
-    obs, state = env.reset(k_reset)
-    # committed to the device as the play's own outputs are: the second window then reuses the first's compile
-    obs, state = jax.device_put((obs, state), jax.devices()[0])
-    llm_args = policy.llm.args if policy.uses_hidden else None
-    run = _window(policy, env)
-    last = int(pick.max())
-    llm_part = " (the LLM on each window's states)" if policy.uses_hidden else ""
-    say(f"playing {n} envs x {last + 1} of {chunks} windows of {window} steps with the policy for base states"
-        f"{llm_part}; the first window compiles the play ...")
-    t0, played = time.perf_counter(), [0]
-    report = max(1, (last + 1) // 8)
-
-    def run_window(carry, seen, length):
-        carry, seen = run(policy.params, llm_args, carry, seen, length)
-        c = played[0]
-        played[0] += 1
-        if c == 0 or (c + 1) % report == 0 or c == last:
-            jax.block_until_ready(seen)
-            say(f"  played window {c + 1}/{last + 1}: {time.perf_counter() - t0:.1f} s"
-                f"{' (first window with its compile)' if c == 0 else ''}")
-        return carry, seen
-
-    _, kept = play_windows(run_window, PlayCarry(state, obs, None, key), Kept(state.env_state, pick),
-                           (last + 1) * window, window, finished=lambda seen: False)
-    return kept.states
+    return Play(policy, n, seed, steps).play(say)
 
 
 def base_state_shapes(policy: ProbePolicy, n: int):
@@ -101,6 +129,8 @@ def _window(policy: ProbePolicy, env: BatchedEnv):
             refresh = partial(refresh_hidden, encode, llm_args)
         carry, seen, _ = play_window(partial(sampled_steps, policy.apply, env, params), carry, seen, length, refresh,
                                      fold=keep_picked)
-        return carry, seen
+        # the next window refreshes the hidden state before reading it: the carry goes back without it, so every
+        # window takes the first's arguments (a carry holding a hidden state compiled the play a second time)
+        return carry._replace(hidden=None), seen
 
     return run
