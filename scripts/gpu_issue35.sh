@@ -28,6 +28,9 @@ else
   cold_limit=240; warm_limit=120; probe_limit=330
 fi
 mkdir -p "$tmp"
+# ISSUE35_LOG_COMPILES=1: JAX logs every compile with its seconds (which program a cold start waits for); the
+# summary lists those over 2 s
+[ "${ISSUE35_LOG_COMPILES:-0}" = 1 ] && export JAX_LOG_COMPILES=1
 
 # stamp START: each stdin line prefixed with the seconds since START (a `date +%s.%N`), as it comes
 stamp() { python3 -u -c 'import sys, time
@@ -70,6 +73,12 @@ case $stage in
       done
     done
     cat "$out/coldstart.txt"
+    if [ "${ISSUE35_LOG_COMPILES:-0}" = 1 ]; then
+      for log in "$out"/coldstart_*_cold.log; do
+        echo "$log: compiles over 2 s"
+        grep -o 'Finished XLA compilation of .* in [0-9.e-]* sec' "$log" | awk '$(NF-1)+0 > 2' | tee -a "$out/compiles.txt"
+      done
+    fi
     ;;
   autotune)  # each run cold (its own new cache directory): the LLM programs' level 2 (jaxllm.compile) vs XLA's 4
     dtype=${dtypes[-1]}
