@@ -107,6 +107,17 @@ class Model:
         return _jitted("logits")(self.params, self.config, _check_ids(ids, self.config, 2, "ids"))
 
 
+def _config_of(name: str | Path | Qwen3Config) -> tuple[Qwen3Config, Path | None]:
+    """(config, checkpoint directory) of what `load_model` takes: the directory is None for a preset or a config
+    (random init)."""
+    if isinstance(name, Qwen3Config):
+        return name, None
+    if str(name) in PRESETS:
+        return PRESETS[str(name)], None
+    ckpt_dir = resolve_checkpoint_dir(name, tuple(PRESETS))
+    return Qwen3Config.from_json(ckpt_dir / "config.json"), ckpt_dir
+
+
 def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0) -> Model:
     """A Model from a preset name ("tiny", "qwen3-4b": random init with `seed`), a Qwen3Config (random init),
     a local checkpoint directory, or a hub id (local HF cache, else downloaded once: jaxllm.resolve). dtype None: float32 on a CPU
@@ -115,14 +126,11 @@ def load_model(name: str | Path | Qwen3Config, dtype: Any = None, seed: int = 0)
     """
     dt = _as_dtype(dtype)
     is_fp8 = isinstance(dtype, str) and dtype == FP8
-    if isinstance(name, Qwen3Config) or str(name) in PRESETS:
-        config = name if isinstance(name, Qwen3Config) else PRESETS[str(name)]
-        check_fits(config, FP8 if is_fp8 else dt)
+    config, ckpt_dir = _config_of(name)
+    check_fits(config, FP8 if is_fp8 else dt)
+    if ckpt_dir is None:
         params = init_params(config, dt, seed, fp8_experts=is_fp8 and config.is_moe)
     else:
-        ckpt_dir = resolve_checkpoint_dir(name, tuple(PRESETS))
-        config = Qwen3Config.from_json(ckpt_dir / "config.json")
-        check_fits(config, FP8 if is_fp8 else dt)
         params = load_params(ckpt_dir, config, dt, fp8_experts=is_fp8 and config.is_moe)
     if is_fp8:
         fp8.warn_if_emulated()
@@ -138,10 +146,7 @@ def model_shapes(name: str | Path | Qwen3Config, dtype: Any = None) -> Model:
     again at its first call (same results, only the time is lost)."""
     dt = _as_dtype(dtype)
     is_fp8 = isinstance(dtype, str) and dtype == FP8
-    if isinstance(name, Qwen3Config) or str(name) in PRESETS:
-        config = name if isinstance(name, Qwen3Config) else PRESETS[str(name)]
-    else:
-        config = Qwen3Config.from_json(resolve_checkpoint_dir(name, tuple(PRESETS)) / "config.json")
+    config, _ = _config_of(name)
 
     def params():
         drawn = init_params(config, dt, 0, fp8_experts=is_fp8 and config.is_moe)

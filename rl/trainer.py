@@ -207,8 +207,7 @@ class Trainer:
         from jaxllm.compile import compile_ahead
 
         try:
-            key = jax.random.PRNGKey(self.seed)
-            _, _, k_env = jax.random.split(key, 3)
+            _, _, k_env = self._init_keys()
             env = NamedSharding(self.mesh, P(ENV_AXIS))
             _, env_state = jax.eval_shape(self._reset, k_env)
             env_state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=env), env_state)
@@ -223,11 +222,14 @@ class Trainer:
         """`runner` with its per-env fields split over the mesh and the rest replicated."""
         return jax.device_put(runner, runner.shardings(self.mesh))
 
+    def _init_keys(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(runner key, network init key, env reset key) that `init_state` draws from the seed."""
+        return tuple(jax.random.split(jax.random.PRNGKey(self.seed), 3))
+
     def init_state(self, llm_args=LLMArgs()) -> RunnerState:
         """Initial params, optimizer state, envs and (for LLM encoders) the first hidden states,
         placed on the mesh. The values do not depend on the device count."""
-        key = jax.random.PRNGKey(self.seed)
-        key, k_net, k_env = jax.random.split(key, 3)
+        key, k_net, k_env = self._init_keys()
         obs, env_state = self._reset(k_env)
         hidden, window = self.encoder.start(self.parts, llm_args, env_state, k_env)
         # init reads only shapes; zeros (not obs[:1]) since with several processes obs is not all on this host
