@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,33 @@ def load_tokenizer(model_dir: str | Path | None = None) -> Any:
         if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
             raise FileNotFoundError(f"{folder}: no tokenizer files ({', '.join(_TOKENIZER_FILES)}); pass "
                                     f"model_dir=None for the default Qwen3 tokenizer")
-    return _auto_tokenizer().from_pretrained(str(folder), local_files_only=True)
+    return tokenizer_class(folder).from_pretrained(str(folder), local_files_only=True)
+
+
+_QWEN2_CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast")  # what Qwen2, Qwen3 and Qwen3-MoE checkpoints name
+
+
+def tokenizer_class(folder: Path) -> Any:
+    """The class `transformers.AutoTokenizer` picks for `folder`, imported without the auto machinery where that is
+    known: Qwen2/Qwen3 tokenizers (their `tokenizer_config.json` names `Qwen2Tokenizer`, with a `tokenizer.json`).
+
+    AutoTokenizer's import loads transformers' model configuration code, which imports torch whenever it is
+    installed: ~2 s on a CPU, ~13 s at a GPU machine's first start (CUDA torch from a cold disk), before any of our
+    programs could compile. The tokenizer module alone needs no torch. Any other tokenizer goes through
+    AutoTokenizer."""
+    config = folder / "tokenizer_config.json"
+    try:
+        name = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError):
+        name = None
+    if name in _QWEN2_CLASSES and (folder / "tokenizer.json").is_file():
+        try:  # transformers 4: the fast class, as AutoTokenizer(use_fast=True) picks it
+            from transformers.models.qwen2.tokenization_qwen2_fast import Qwen2TokenizerFast
+            return Qwen2TokenizerFast
+        except ImportError:  # transformers 5: one class, backed by the `tokenizers` library
+            from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+            return Qwen2Tokenizer
+    return _auto_tokenizer()
 
 
 class _NoTorchNotice(logging.Filter):

@@ -111,6 +111,11 @@ class Updates(NamedTuple):
     share_meter: Callable[[Callable[[], Any]], Any]  # (the state the next update starts from) -> rl.llm_share meter
 
 
+def _row_shape(x) -> tuple | None:
+    """(shape of one row, dtype) of a batched array (None stays None): a hashable stand-in for its shapes."""
+    return None if x is None else (tuple(x.shape[1:]), jnp.dtype(x.dtype))
+
+
 class Trainer:
     """Builds the env, network, optimizer and jitted update of a run from its `envs` and `ppo` sections.
 
@@ -149,6 +154,7 @@ class Trainer:
         self.update = self.sharded(functools.partial(self._update, record=self.records), (self.runner_specs, rep),
                                    (self.runner_specs, rep, recorded) if self.records else (self.runner_specs, rep))
         self._reset = self.sharded(lambda key: self.env.reset(key, self.env_index()), rep, (env, env))
+        self._init_learner = jax.jit(self._learner_init, static_argnums=(1, 2))
         self.parts = self._update_parts()
         self.encoder.attach(self.parts)
         self._run_update = self.encoder.make_update(self.parts)
@@ -232,12 +238,18 @@ class Trainer:
         key, k_net, k_env = self._init_keys()
         obs, env_state = self._reset(k_env)
         hidden, window = self.encoder.start(self.parts, llm_args, env_state, k_env)
-        # init reads only shapes; zeros (not obs[:1]) since with several processes obs is not all on this host
-        dummy_h = None if hidden is None else jnp.zeros((1,) + hidden.shape[1:], hidden.dtype)
-        params = self.network.init(k_net, jnp.zeros((1,) + obs.shape[1:], obs.dtype), dummy_h)
-        opt_state = self.optimizer.init(params)
+        params, opt_state = self._init_learner(k_net, _row_shape(obs), _row_shape(hidden))
         return self.place(RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32),
                                       window))
+
+    def _learner_init(self, key, obs_row: tuple | None, hidden_row: tuple | None) -> tuple[Any, Any]:
+        """(network params, optimizer state) for one env's observation and hidden state, given as (shape, dtype)
+        (`_row_shape`): init reads only shapes, so zeros stand in (with several processes the envs' values are not
+        all on this host). Jitted as one program (`_init_learner`): run eagerly, each of its few dozen operations
+        compiled on its own, 0.5 s apiece on a GPU."""
+        dummy_h = None if hidden_row is None else jnp.zeros((1,) + hidden_row[0], hidden_row[1])
+        params = self.network.init(key, jnp.zeros((1,) + obs_row[0], obs_row[1]), dummy_h)
+        return params, self.optimizer.init(params)
 
     def runner_shapes(self, llm_args=LLMArgs()) -> RunnerState:
         """The runner `init_state(llm_args)` returns, as `jax.ShapeDtypeStruct`s with its shardings: traced, nothing

@@ -9,6 +9,9 @@
 #                                               # each -> OUT/autotune.txt (ISSUE35_LEVELS="2 4 0" adds level 0)
 #   bash scripts/gpu_issue35.sh probe-bf16 OUT  # a 1-update 4B bf16 run (16 envs x 16 steps), then the whole default
 #   bash scripts/gpu_issue35.sh probe-fp8 OUT   # rl.probe on it (it prints its own load-excluded time) -> OUT/probe.txt
+# One call can take both stages of one dtype (the probe reads the coldstart's cold run):
+#   ISSUE35_DTYPES=fp8 ISSUE35_COLD_LIMIT=160 ISSUE35_WARM_LIMIT=80 ISSUE35_PROBE_LIMIT=300 \
+#     bash -c 'bash scripts/gpu_issue35.sh coldstart OUT; bash scripts/gpu_issue35.sh probe-fp8 OUT'
 # Every step is bounded by `timeout`, its output teed to OUT as it comes, each line stamped with the seconds since
 # its process started. ISSUE35_CPU=1 runs the same logic on a CPU with the tiny model (--preset test, a small probe,
 # float32 unless ISSUE35_DTYPES says otherwise, limits x ISSUE35_LIMIT_SCALE): the script's own test.
@@ -25,7 +28,7 @@ else
   nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
   model=qwen3-4b; size=(--num-envs 128 --skip-n 8); probe_size=(); tmp=${ISSUE35_TMP:-/tmp/issue35}
   dtypes=(${ISSUE35_DTYPES:-bfloat16 fp8})
-  cold_limit=240; warm_limit=120; probe_limit=330
+  cold_limit=${ISSUE35_COLD_LIMIT:-240}; warm_limit=${ISSUE35_WARM_LIMIT:-120}; probe_limit=${ISSUE35_PROBE_LIMIT:-330}
 fi
 mkdir -p "$tmp"
 # ISSUE35_LOG_COMPILES=1: JAX logs every compile with its seconds (which program a cold start waits for); the

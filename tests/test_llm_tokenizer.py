@@ -43,3 +43,36 @@ def test_tokenizer_larger_than_embedding_is_refused(tok):
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     with pytest.raises(ValueError, match=r"tokenizer ids go up to 151668 .* 512 rows"):
         check_tokenizer(tok, small)
+
+
+def test_qwen_tokenizer_is_what_autotokenizer_loads_without_importing_torch(tok, tmp_path):
+    """load_tokenizer imports the Qwen2 tokenizer class alone (AutoTokenizer's import pulls in torch: seconds at a
+    start). It must be the class AutoTokenizer picks, with the same ids and chat framing; a tokenizer of another
+    class still goes through AutoTokenizer."""
+    import json
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from jaxllm.tokenizer import default_tokenizer_dir, tokenizer_class
+
+    auto = AutoTokenizer.from_pretrained(str(default_tokenizer_dir()), local_files_only=True)
+    assert type(tok) is type(auto)
+    texts = ["Map:\n-5, -4: Darkness", "  two  spaces\tand\ttabs\n\n", "Ünïcödé 日本語 🙂 <|im_end|> 12345"]
+    assert tok(texts, add_special_tokens=False)["input_ids"] == auto(texts, add_special_tokens=False)["input_ids"]
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    kw = dict(tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert tok.apply_chat_template(chat, **kw) == auto.apply_chat_template(chat, **kw)
+
+    tok.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert tokenizer_class(tmp_path) is AutoTokenizer
+
+    code = ("import sys; from jaxllm import load_tokenizer; t = load_tokenizer(); t('hi'); "
+            "t.apply_chat_template([{'role': 'user', 'content': 'x'}], tokenize=False); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
