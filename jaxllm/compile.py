@@ -26,23 +26,14 @@ import jax
 # scripts/gpu_issue35.sh autotune measures it against level 4 (XLA_FLAGS wins over these options).
 GPU_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 2}
 
-# Options that change how fast a program compiles, not what it computes, for every program on a GPU: XLA splits the
-# program's LLVM module and compiles the parts (kernels) on all host cores instead of one (XLA's default is one:
-# the in-scan update, Craftax's thousands of kernels plus the LLM's, compiled ~40 s on one core of an H100 host).
-# Kernels are compiled one by one either way, so the code is the same (JAX turns this on itself with its kernel
-# cache). scripts/gpu_issue35.sh coldstart measures a cold start with and without it.
-GPU_COMPILE_SPEED_OPTIONS: Mapping[str, Any] = {"xla_gpu_enable_llvm_module_compilation_parallelism": True}
-
 
 def compiler_options(backend: str | None = None, *, runs_llm: bool = True,
                      xla_flags: str | None = None) -> dict[str, Any]:
-    """XLA options for an outermost jit on `backend` (default: JAX's default backend): on a GPU
-    `GPU_COMPILE_SPEED_OPTIONS`, plus `GPU_COMPILER_OPTIONS` for a program that `runs_llm`; none elsewhere. An option that `xla_flags` (default: the
+    """XLA options for an outermost jit on `backend` (default: JAX's default backend): `GPU_COMPILER_OPTIONS` on
+    a GPU for a program that `runs_llm`, none elsewhere (XLA's defaults). An option that `xla_flags` (default: the
     XLA_FLAGS environment variable) sets is left to it: the user's flag wins."""
     backend = backend or jax.default_backend()
-    options = dict(GPU_COMPILE_SPEED_OPTIONS) if backend == "gpu" else {}
-    if backend == "gpu" and runs_llm:
-        options.update(GPU_COMPILER_OPTIONS)
+    options = dict(GPU_COMPILER_OPTIONS) if backend == "gpu" and runs_llm else {}
     user = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
     return {k: v for k, v in options.items() if f"--{k}=" not in user and f"--{k} " not in f"{user} "}
 

@@ -151,21 +151,26 @@ def _compile_ahead(progress: Progress):
 
 
 def start_update_compile(trainer, llm_args, progress: Progress, backend: str,
-                         after: threading.Event | None = None):
+                         traced: threading.Event | None = None):
     """Compile the trainer's update in a background thread (`rl.jit.CompileAhead`) while the run sets up (the LLM's
     weights loading, the env reset, the first states' LLM call): the compiles overlap instead of following each
-    other. `llm_args` may be shapes (`Trainer.llm_arg_shapes`): the weights need not be loaded yet. `after`: the
-    thread first waits for it (`start_first_encode_compile`'s trace, which the update's then reuses). None where the
-    update is not one jitted program (the HTTP kind's host loop)."""
+    other. `llm_args` may be shapes (`Trainer.llm_arg_shapes`): the weights need not be loaded yet. `traced`: set
+    once the update is traced and lowered (or failed), before XLA compiles it (`start_first_encode_compile` waits
+    for it and reuses its trace of the LLM). The update starts first because it is the longest compile: it decides
+    when the first update can run. None where the update is not one jitted program (the HTTP kind's host loop)."""
     if not trainer.runs_update:
+        if traced is not None:
+            traced.set()
         return None
     ahead = _compile_ahead(progress)
     progress.step(f"compiling the update in the background ({compile_hint(backend)}) ...")
+    lowered = traced.set if traced is not None else (lambda: None)
 
     def compile_update():
-        if after is not None:
-            after.wait()
-        return trainer.compile_update(llm_args)
+        try:
+            return trainer.compile_update(llm_args, on_lowered=lowered)
+        finally:
+            lowered()  # (maybe again) whatever failed, the first encode's thread never waits forever
 
     ahead.submit("update", compile_update)
     return ahead
@@ -173,12 +178,20 @@ def start_update_compile(trainer, llm_args, progress: Progress, backend: str,
 
 def start_first_encode_compile(trainer, encoder, ahead, progress: Progress, backend: str,
                                traced: threading.Event) -> None:
-    """Compile the first states' LLM call (`Trainer.compile_start`) in a background thread of `ahead` from the LLM's
-    shapes, while its weights load (`Encoder.load_weights`); `traced` is set once it is traced and lowered (or
-    failed), before XLA compiles it."""
+    """Compile the env reset at once, and the first states' LLM call (`Trainer.compile_start`) once `traced` is set
+    (the update's trace, whose LLM trace it reuses: Python tracing holds the interpreter, so two traces at once take
+    as long as one after the other), each in a background thread of `ahead`, from the LLM's shapes, while its
+    weights load (`Encoder.load_weights`)."""
     llm_args = trainer.llm_arg_shapes(encoder.jit_args())
-    progress.step(f"compiling the first states' LLM call in the background ({compile_hint(backend, 'llm')}) ...")
-    ahead.submit("first encode", lambda: trainer.compile_start(llm_args, on_lowered=traced.set))
+    progress.step(f"compiling the env reset and then the first states' LLM call in the background "
+                  f"({compile_hint(backend, 'llm')}) ...")
+    ahead.submit("env reset", trainer.compile_reset)
+
+    def compile_first_encode():
+        traced.wait()
+        return trainer.compile_start(llm_args)
+
+    ahead.submit("first encode", compile_first_encode)
 
 
 def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False, max_updates: int | None = None,
@@ -225,11 +238,9 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
             encoder = load_encoder(cfg.hidden, cfg.llm, cfg.env, weights=not later)
             trainer = Trainer(cfg.envs, cfg.ppo, encoder, devices=cfg.devices, fusion=cfg.fusion,
                               records=run.recorder is not None, speed=cfg.speed)
-            traced = threading.Event()  # the first states' LLM call is traced (or there is none to wait for)
-            if not encoder.weights_pending:
-                traced.set()
+            traced = threading.Event()  # the update is traced (its LLM trace is then reused by the first encode)
             ahead = start_update_compile(trainer, trainer.llm_arg_shapes(encoder.jit_args()), progress, backend,
-                                         after=traced)
+                                         traced)
             if encoder.weights_pending:
                 ahead = ahead or _compile_ahead(progress)
                 start_first_encode_compile(trainer, encoder, ahead, progress, backend, traced)
@@ -240,6 +251,7 @@ def train(cfg: TrainConfig, run_dir: Path | None = None, *, resume: bool = False
                 progress.step(encoder.describe())
             llm_args = trainer.place_llm_args(encoder.jit_args())
             if ahead is not None and ahead.started("first encode"):
+                ahead.get("env reset")
                 ahead.get("first encode")
                 progress.step(f"resetting the envs and encoding their first states (the LLM call compiled ahead, "
                               f"{ahead.seconds('first encode'):.0f} s in the background) ...")

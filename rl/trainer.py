@@ -204,25 +204,27 @@ class Trainer:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), LLMArgs(*llm_args))
 
     def compile_start(self, llm_args=LLMArgs(), on_lowered: Callable[[], None] = lambda: None) -> Any:
-        """Compile the programs `init_state(llm_args)` runs: the one that runs the LLM (the encoder's first window:
-        `Encoder.compile_start`) for `llm_args`' shapes (`llm_arg_shapes`: the weights may still be loading), and the
-        env reset; `init_state` then finds them compiled. Returns the first's executable (None where the encoder runs
-        no such program). `on_lowered()` is called once the LLM's program is traced and lowered, before XLA compiles
-        it (or when that fails): `compile_update` in another thread, if it waits for that, reuses the trace
-        (`runner_shapes`) instead of tracing the LLM at the same time (Python tracing holds the GIL)."""
-        from jaxllm.compile import compile_ahead
-
+        """Compile the program `init_state(llm_args)` runs the LLM in (the encoder's first window:
+        `Encoder.compile_start`) for `llm_args`' shapes (`llm_arg_shapes`: the weights may still be loading);
+        `init_state` then finds it compiled. Returns its executable (None where the encoder runs no such program).
+        `on_lowered()` is called once it is traced and lowered, before XLA compiles it (or when that fails). The env
+        reset that `init_state` runs first compiles on its own: `compile_reset`."""
         try:
             _, _, k_env = self._init_keys()
             env = NamedSharding(self.mesh, P(ENV_AXIS))
             _, env_state = jax.eval_shape(self._reset, k_env)
             env_state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=env), env_state)
-            encode = self.encoder.compile_start(self.parts, self.llm_arg_shapes(llm_args), env_state, k_env,
-                                                on_lowered=on_lowered)
+            return self.encoder.compile_start(self.parts, self.llm_arg_shapes(llm_args), env_state, k_env,
+                                              on_lowered=on_lowered)
         finally:
             on_lowered()  # (maybe again: harmless) a thread waiting for it never waits for a compile that failed
-        compile_ahead(self._reset, k_env)  # the env reset that init_state runs first (seconds on a GPU)
-        return encode
+
+    def compile_reset(self) -> Any:
+        """Compile the env reset that `init_state` runs first (seconds on a GPU: Craftax's world generation); returns
+        its executable."""
+        from jaxllm.compile import compile_ahead
+
+        return compile_ahead(self._reset, self._init_keys()[2])
 
     def place(self, runner: RunnerState) -> RunnerState:
         """`runner` with its per-env fields split over the mesh and the rest replicated."""
@@ -264,13 +266,18 @@ class Trainer:
         HTTP kind runs a host loop of windows instead."""
         return self._run_update is self.update
 
-    def compile_update(self, llm_args=LLMArgs()) -> Any:
+    def compile_update(self, llm_args=LLMArgs(), on_lowered: Callable[[], None] = lambda: None) -> Any:
         """Compile the update now for the runner `init_state(llm_args)` returns (`jaxllm.compile.compile_ahead`; XLA
         releases the GIL, so a thread can run this while the main thread sets the run up). The update's later calls
-        on such a runner find it compiled (jax's own cache of the jitted function); returns the executable."""
+        on such a runner find it compiled (jax's own cache of the jitted function); returns the executable.
+        `on_lowered()` is called once it is traced and lowered, before XLA compiles it (or when that fails)."""
         from jaxllm.compile import compile_ahead
 
-        return compile_ahead(self.update, self.runner_shapes(llm_args), LLMArgs(*llm_args))
+        try:
+            return compile_ahead(self.update, self.runner_shapes(llm_args), LLMArgs(*llm_args),
+                                 on_lowered=on_lowered)
+        finally:
+            on_lowered()  # (maybe again: harmless) a thread waiting for it never waits for a compile that failed
 
     # rollout ----------------------------------------------------------------------------------
     def _act(self, params, carry: RolloutCarry, env_index, llm_args: LLMArgs | None = None, fresh=None):

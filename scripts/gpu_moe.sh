@@ -7,16 +7,25 @@
 #   bash scripts/gpu_moe.sh train OUT     # in-scan trainer, 128 envs, skip_n 8, 30B-A3B bf16 and fp8, cold
 #   bash scripts/gpu_moe.sh recheck OUT   # after a change to the block: the block with its kernel profile, both
 #                                         # bf16 encoders, the 30B bf16 trainer cold (4 updates), ~7 minutes
+#   bash scripts/gpu_moe.sh h200 OUT      # on an H200 at JAX's default memory fraction (75%): both encoders in
+#                                         # bf16 and fp8, the 30B bf16 trainer cold (4 updates), the GPU memory in
+#                                         # use sampled every second (OUT/memory.csv: the peak of each step), ~9 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200}
 out=${2:?output directory}
 mkdir -p "$out"
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 # Qwen3-30B-A3B's bf16 weights are 57 GiB: JAX's allocator must be allowed more than its default 75% of an H100
-export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
+# (the h200 stage measures what fits at the default)
+[ "$stage" = h200 ] || export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
 python3 -c "import jax; print('allocator limit GiB', jax.devices()[0].memory_stats()['bytes_limit'] / 2**30)" | tee -a "$out/gpu.txt"
-run() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s): $*"; timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; }
+run() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s): $*"; echo "$name" > "$out/.step"
+  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; }
+# sample_memory: the GPU memory in use every second, with the step running then, into OUT/memory.csv (background)
+sample_memory() { while sleep 1; do
+  echo "$(cat "$out/.step" 2>/dev/null),$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)"
+done >> "$out/memory.csv"; }
 case $stage in
   kernels)
     run moe_test 120 python3 -m pytest -q -x tests/test_llm_moe.py -k "mgpu or tiny or fp8"
@@ -59,6 +68,20 @@ case $stage in
     run train_30b_bfloat16 200 python3 -u -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype bfloat16 \
       --skip-n 8 --num-envs 128 --max-updates 4 --compile-cache off --run-dir "$out/run30b-bfloat16"
     tail -n 3 "$out/run30b-bfloat16/metrics.jsonl" 2>/dev/null
+    ;;
+  h200)
+    sample_memory & sampler=$!
+    for model in qwen3-30b-a3b qwen3-4b; do
+      limit=$([ "$model" = qwen3-4b ] && echo 120 || echo 240)
+      run "encoder_$model" "$limit" python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes bfloat16 fp8 \
+        --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_$model.json"
+    done
+    run train_30b_bfloat16 200 python3 -u -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype bfloat16 \
+      --skip-n 8 --num-envs 128 --max-updates 4 --compile-cache off --run-dir "$out/run30b-bfloat16"
+    tail -n 3 "$out/run30b-bfloat16/metrics.jsonl" 2>/dev/null
+    kill "$sampler"
+    echo "peak GPU memory in use per step (MiB, nvidia-smi):"
+    sort -t, -k2 -n "$out/memory.csv" | awk -F, '{peak[$1] = $2} END {for (s in peak) print s, peak[s]}'
     ;;
   train)
     for dtype in bfloat16 fp8; do

@@ -356,9 +356,9 @@ def test_update_compiled_ahead_is_not_compiled_again():
 
 
 def test_first_encode_compiled_ahead_from_the_llm_shapes_is_not_compiled_again():
-    """issue 35: `Trainer.compile_start` compiles the first states' LLM call (and the env reset) from the LLM's shapes
-    (`load_encoder(..., weights=False)`: nothing loaded yet); after `load_weights`, `init_state` compiles none of
-    those programs again and its state equals that of a trainer built on the loaded LLM (bit for bit)."""
+    """issue 35: `Trainer.compile_start` and `compile_reset` compile the first states' LLM call and the env reset
+    from the LLM's shapes (`load_encoder(..., weights=False)`: nothing loaded yet); after `load_weights`,
+    `init_state` compiles none of those programs again and its state equals that of a trainer built on the loaded LLM (bit for bit)."""
     from rl.config import PRESETS, TrainConfig
     from rl.encoder_kinds import load_encoder
 
@@ -374,6 +374,7 @@ def test_first_encode_compiled_ahead_from_the_llm_shapes_is_not_compiled_again()
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         ahead.compile_start(encoder.jit_args())
+        ahead.compile_reset()
         phase[0] = "load"
         encoder.load_weights()
         assert not encoder.weights_pending
@@ -401,9 +402,9 @@ def test_programs_compile_while_the_llm_weights_load(tmp_path, monkeypatch, caps
     seen = {}
     real_update, real_start, real_load = Trainer.compile_update, Trainer.compile_start, kinds.load_weights
 
-    def compile_update(self, *a):
+    def compile_update(self, *a, **kw):
         started["update"].set()
-        return real_update(self, *a)
+        return real_update(self, *a, **kw)
 
     def compile_start(self, *a, **kw):
         started["first encode"].set()

@@ -131,16 +131,15 @@ def ids_widths(policy: ProbePolicy, entries: list[build.Entry], n: int) -> tuple
 
 def _start_compiles(ahead: CompileAhead, policy: ProbePolicy, prober: Prober, pairs_program, state_shapes, n: int,
                     widths: tuple[int, int], make_play=None) -> Play | None:
-    """Begin compiling the pairs program, the heads, the play's window (of `make_play()`, when the probe plays: it
-    resets the envs here, while the first two compile) and the LLM call at each ids width the kinds read, for `n`
-    pairs of base states shaped `state_shapes` (`CompileAhead`: background threads). Returns the play (None without
-    `make_play`).
+    """Begin compiling the pairs program, the heads, the play's window (of `make_play()`, when the probe plays, from
+    its inputs' shapes; its envs reset in a thread of their own meanwhile) and the LLM call at each ids width the
+    kinds read, for `n` pairs of base states shaped `state_shapes` (`CompileAhead`: background threads). Returns the
+    play (None without `make_play`).
 
-    The pairs and heads (no LLM) start first, so the envs' reset (a compile of its own) runs beside them. The kinds'
-    LLM call starts when the play's window (env steps + the LLM) has compiled: both run the same LLM's GEMMs at the
-    same pass sizes, so on a GPU the second finds the first's autotuned GEMMs in XLA's in-process autotuning cache
-    instead of timing every candidate again (two LLM programs autotuning at once on one GPU each time their
-    candidates: about the sum of both, and noisier timings). On a CPU (no autotuning) the two compile at once."""
+    Everything starts at once: the play's window (env steps + the LLM) is the longest compile, and anything waiting
+    for another job adds to it. On an H100 the window compiled in ~70 s, and it started only after the envs' reset
+    (27 s); the kinds' LLM call, which waited for the window so as to find its GEMMs in XLA's in-process autotuning
+    cache, then added 18 s more (issue 35)."""
     from render.observation import OBS_SIZES
 
     sds = jax.ShapeDtypeStruct
@@ -156,16 +155,16 @@ def _start_compiles(ahead: CompileAhead, policy: ProbePolicy, prober: Prober, pa
         real, other = jax.eval_shape(encode_fn(policy, prober.modes), llm.args, llm.other_args, ids, ids, lengths,
                                      lengths)
     ahead.start("heads", prober.heads, policy.params, obs, obs, real, other, key)
-    play, after = None, ()
+    play = None
     if make_play is not None:
         play = make_play()
         ahead.submit("play", play.compile)
-        after = ("play",) if jax.default_backend() == "gpu" else ()
+        ahead.submit("envs reset", play.reset)
     if llm is not None:
         for w in sorted(set(widths)):
             ids = sds((n, w), jnp.int32)
             args = (llm.args, llm.other_args, ids, ids, lengths, lengths)
-            ahead.start(f"LLM encode (width {w})", prober.encode, *args, after=after)
+            ahead.start(f"LLM encode (width {w})", prober.encode, *args)
     return play
 
 

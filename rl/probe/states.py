@@ -36,36 +36,50 @@ class Kept(NamedTuple):
 
 
 class Play:
-    """The base-state play of `policy` prepared (see module docstring; deterministic in `seed`): the envs reset and
-    the window program built, nothing compiled. `compile()` returns the window's executable (for `CompileAhead`:
-    the probe compiles it beside its other programs, before any window runs); `play(say, run)` plays the windows
-    and returns the raw EnvStates [n]."""
+    """The base-state play of `policy` prepared (see module docstring; deterministic in `seed`): the window program
+    built and its inputs' shapes known, nothing run or compiled. `compile()` returns the window's executable and
+    `reset()` resets the envs (for `CompileAhead`: the probe runs both beside its other programs' compiles, before
+    any window runs); `play(say, run)` plays the windows and returns the raw EnvStates [n]."""
 
     def __init__(self, policy: ProbePolicy, n: int, seed: int, steps: int = 1024):
-        env = BatchedEnv(policy.env, n, reset_ratio=1)
+        self.env = BatchedEnv(policy.env, n, reset_ratio=1)
         window = (policy.skip_n or steps) if policy.uses_hidden else 16
         self.window = window = max(1, min(window, steps))
         self.chunks = max(1, steps // window)
-        k_reset, k_pick, key = jax.random.split(jax.random.PRNGKey(seed), 3)
-        pick = jax.random.randint(k_pick, (n,), 0, self.chunks)  # the window after which env i's state is kept
-        obs, state = env.reset(k_reset)
-        # committed to the device as the play's own outputs are: the second window then reuses the first's compile
-        obs, state = jax.device_put((obs, state), jax.devices()[0])
+        self.keys = jax.random.split(jax.random.PRNGKey(seed), 3)  # (reset, pick, play)
         self.policy, self.n = policy, n
         self.llm_args = policy.llm.args if policy.uses_hidden else None
-        self.run = _window(policy, env)
-        self.carry, self.seen = PlayCarry(state, obs, None, key), Kept(state.env_state, pick)
-        self.last = int(pick.max())
+        self.run = _window(policy, self.env)
+        # committed to the device as the play's own outputs are: every window runs the one executable
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        self.shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                                   jax.eval_shape(self._initial))
+        self.carry = self.seen = self.last = None  # `reset()` sets them
+
+    def _initial(self) -> tuple[PlayCarry, Kept]:
+        """(carry, seen) before the first window: the envs reset, each env's window to keep drawn."""
+        k_reset, k_pick, key = self.keys
+        pick = jax.random.randint(k_pick, (self.n,), 0, self.chunks)  # the window after which env i's state is kept
+        obs, state = self.env.reset(k_reset)
+        return PlayCarry(state, obs, None, key), Kept(state.env_state, pick)
+
+    def reset(self) -> None:
+        """Reset the envs (the reset compiles on its first call: seconds on a GPU) and draw the kept windows."""
+        self.carry, self.seen = jax.device_put(self._initial(), jax.devices()[0])
+        self.last = int(self.seen.windows_left.max())
 
     def compile(self):
-        """The window's executable: (params, llm_args, carry, seen) -> (carry, seen), compiled now."""
+        """The window's executable: (params, llm_args, carry, seen) -> (carry, seen), compiled now from the shapes
+        (the envs need not be reset yet)."""
         from jaxllm.compile import compile_ahead
 
-        return compile_ahead(self.run, self.policy.params, self.llm_args, self.carry, self.seen, length=self.window)
+        return compile_ahead(self.run, self.policy.params, self.llm_args, *self.shapes, length=self.window)
 
     def play(self, say=lambda text: None, run=None):
         """Raw EnvStates [n]; `run`: the window's executable from `compile()` (None: the first window compiles it).
         `say`: progress."""
+        if self.carry is None:
+            self.reset()
         policy, last, window = self.policy, self.last, self.window
         ahead = run is not None
         if run is None:
