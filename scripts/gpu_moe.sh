@@ -20,11 +20,11 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 # (the h200 stage measures what fits at the default)
 [ "$stage" = h200 ] || export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
 python3 -c "import jax; print('allocator limit GiB', jax.devices()[0].memory_stats()['bytes_limit'] / 2**30)" | tee -a "$out/gpu.txt"
-run() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s): $*"; echo "$name" > "$out/.step"
+run() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s): $*"; echo "$name" > /tmp/moe-step
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; }
 # sample_memory: the GPU memory in use every second, with the step running then, into OUT/memory.csv (background)
 sample_memory() { while sleep 1; do
-  echo "$(cat "$out/.step" 2>/dev/null),$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)"
+  echo "$(cat /tmp/moe-step 2>/dev/null),$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)"
 done >> "$out/memory.csv"; }
 case $stage in
   kernels)
@@ -77,8 +77,8 @@ case $stage in
         --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_$model.json"
     done
     run train_30b_bfloat16 200 python3 -u -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype bfloat16 \
-      --skip-n 8 --num-envs 128 --max-updates 4 --compile-cache off --run-dir "$out/run30b-bfloat16"
-    tail -n 3 "$out/run30b-bfloat16/metrics.jsonl" 2>/dev/null
+      --skip-n 8 --num-envs 128 --max-updates 4 --compile-cache off --run-dir /tmp/run30b-bfloat16
+    tail -n 3 /tmp/run30b-bfloat16/metrics.jsonl 2>/dev/null
     kill "$sampler"
     echo "peak GPU memory in use per step (MiB, nvidia-smi):"
     sort -t, -k2 -n "$out/memory.csv" | awk -F, '{peak[$1] = $2} END {for (s in peak) print s, peak[s]}'
