@@ -1,6 +1,7 @@
 """Tokenizer loading: a checkpoint's own tokenizer, or by default the real Qwen3 tokenizer (offline)."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -49,22 +50,25 @@ def tokenizer_class(folder: Path) -> Any:
     known: Qwen2/Qwen3 tokenizers (their `tokenizer_config.json` names `Qwen2Tokenizer`, with a `tokenizer.json`).
 
     AutoTokenizer's import loads transformers' model configuration code, which imports torch whenever it is
-    installed: ~2 s on a CPU, ~13 s at a GPU machine's first start (CUDA torch from a cold disk), before any of our
-    programs could compile. The tokenizer module alone needs no torch. Any other tokenizer goes through
-    AutoTokenizer."""
+    installed (~2 s on a CPU; a CUDA torch took 4.5 s on an H200 machine), before any of our programs can compile.
+    The tokenizer module alone needs no torch in transformers 5.24 (some releases, e.g. 5.17, import torch from
+    `transformers.utils` whatever is imported). Any other tokenizer goes through AutoTokenizer."""
     config = folder / "tokenizer_config.json"
     try:
         name = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
     except (OSError, ValueError):
         name = None
     if name in _QWEN2_CLASSES and (folder / "tokenizer.json").is_file():
-        try:  # transformers 4: the fast class, as AutoTokenizer(use_fast=True) picks it
-            from transformers.models.qwen2.tokenization_qwen2_fast import Qwen2TokenizerFast
-            return Qwen2TokenizerFast
-        except ImportError:  # transformers 5: one class, backed by the `tokenizers` library
-            from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
-            return Qwen2Tokenizer
-    return _auto_tokenizer()
+        with _without_torch_notice():
+            try:  # transformers 4: the fast class, as AutoTokenizer(use_fast=True) picks it
+                from transformers.models.qwen2.tokenization_qwen2_fast import Qwen2TokenizerFast
+                return Qwen2TokenizerFast
+            except ImportError:  # transformers 5: one class, backed by the `tokenizers` library
+                from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+                return Qwen2Tokenizer
+    with _without_torch_notice():
+        from transformers import AutoTokenizer
+    return AutoTokenizer
 
 
 class _NoTorchNotice(logging.Filter):
@@ -74,16 +78,17 @@ class _NoTorchNotice(logging.Filter):
         return "PyTorch was not found" not in record.getMessage()
 
 
-def _auto_tokenizer() -> Any:
-    """transformers.AutoTokenizer, imported without the 'PyTorch was not found' notice of a torch-free install."""
+@contextlib.contextmanager
+def _without_torch_notice():
+    """Importing transformers without torch logs 'PyTorch was not found' (only its tokenizers are used here): drop
+    that notice for the imports inside."""
     logger = logging.getLogger("transformers")
     quiet = _NoTorchNotice()
     logger.addFilter(quiet)
     try:
-        from transformers import AutoTokenizer
+        yield
     finally:
         logger.removeFilter(quiet)
-    return AutoTokenizer
 
 
 def check_tokenizer(tokenizer: Any, config: Qwen3Config) -> None:

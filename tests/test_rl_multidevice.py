@@ -5,8 +5,9 @@ Two worker subprocesses run in parallel (this test process keeps its single devi
     device (same seed); an `inscan` tiny-Qwen run on 2 vs 1 device; the bad-input errors of Trainer;
     `ppo_update` alone (in a shard_map, as the trainer runs it) on synthetic data with each `shuffle`, 4 devices
     vs 1, and its compiled collectives.
-  * "resume" (2 fake devices): `python -m rl.train --devices 2` stopped after 2 of 3 updates and resumed,
-    checked against the 1-device run of the "equality" worker; the checkpoint is restored sharded.
+  * "resume" (2 fake devices): an `inscan` tiny-moe (Qwen3-MoE) run on 2 vs 1 device; `python -m rl.train
+    --devices 2` stopped after 2 of 3 updates and resumed, checked against the 1-device run of the "equality"
+    worker; the checkpoint is restored sharded.
 Run this file as a script (`python tests/test_rl_multidevice.py WORKER OUT_DIR`) to run one worker.
 """
 from __future__ import annotations
@@ -219,6 +220,21 @@ def _train_vllm(cfg):
     return trainer, runner, metrics
 
 
+def _moe_on_devices(out: Path) -> None:
+    """The in-scan run with Qwen3-MoE (`tiny-moe`) on 1 and 2 devices: the whole model on each (issue 33,
+    `--devices 2`), the env batch split."""
+    from rl.llm import load_llm
+
+    llm = None
+    for devices in (1, 2):
+        cfg = _config(devices, **dict(INSCAN_RUN, model="tiny-moe"))
+        llm = llm or load_llm(cfg)
+        assert llm.model.config.is_moe
+        _, runner, metrics = _train(cfg, llm)
+        _save(out, f"moe_{devices}", runner.params, metrics, hidden=np.asarray(runner.hidden).tolist(),
+              obs_devices=len(runner.obs.sharding.device_set))
+
+
 def worker_resume(out: Path) -> None:
     import jax
 
@@ -228,6 +244,7 @@ def worker_resume(out: Path) -> None:
     from rl.trainer import Trainer
 
     assert jax.device_count() == 2
+    _moe_on_devices(out)
     run_dir = out / "run2"
     flags = ["--preset", "test", "--devices", "2", "--quiet", "--checkpoint-every", "1"]
     flags += [f"--{k.replace('_', '-')}={v}" for k, v in NONE_RUN.items()]
@@ -309,6 +326,15 @@ def test_inscan_two_devices_equal_one_device(results):
     assert m1["clock"] == m2["clock"] == 4
     np.testing.assert_allclose(np.asarray(m1["pool_hidden"]), np.asarray(m2["pool_hidden"]), rtol=1e-4, atol=1e-4)
     assert np.asarray(m1["pool_hidden"]).shape[0] == 2
+
+
+def test_moe_inscan_two_devices_equal_one_device(results):
+    """Qwen3-MoE (`tiny-moe`) in the scan, data parallel: 2 devices, each holding the whole model, train as 1 does."""
+    _, m2 = _assert_same_run(results, "moe_1", "moe_2")
+    _, m1 = _load(results, "moe_1")
+    assert m2["obs_devices"] == 2 and m1["obs_devices"] == 1
+    np.testing.assert_allclose(np.asarray(m1["hidden"]), np.asarray(m2["hidden"]), rtol=1e-4, atol=1e-4)
+    assert np.abs(np.asarray(m1["hidden"])).max() > 0
 
 
 def test_vllm_path_four_devices_equal_one_device(results):
