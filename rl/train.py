@@ -164,15 +164,8 @@ def start_update_compile(trainer, llm_args, progress: Progress, backend: str,
         return None
     ahead = _compile_ahead(progress)
     progress.step(f"compiling the update in the background ({compile_hint(backend)}) ...")
-    lowered = traced.set if traced is not None else (lambda: None)
-
-    def compile_update():
-        try:
-            return trainer.compile_update(llm_args, on_lowered=lowered)
-        finally:
-            lowered()  # (maybe again) whatever failed, the first encode's thread never waits forever
-
-    ahead.submit("update", compile_update)
+    lowered = traced.set if traced is not None else (lambda: None)  # also set if the compile fails (Trainer's)
+    ahead.submit("update", lambda: trainer.compile_update(llm_args, on_lowered=lowered))
     return ahead
 
 
