@@ -138,7 +138,7 @@ def _start_compiles(ahead: CompileAhead, policy: ProbePolicy, prober: Prober, pa
 
     Everything starts at once: the play's window (env steps + the LLM) is the longest compile, and anything waiting
     for another job adds to it. On an H200 the window compiled in ~70 s, and it started only after the envs' reset
-    (27 s); the kinds' LLM call, which waited for the window so as to find its GEMMs in XLA's in-process autotuning
+    (~30 s); the kinds' LLM call, which waited for the window so as to find its GEMMs in XLA's in-process autotuning
     cache, then added 18 s more (issue 35)."""
     from render.observation import OBS_SIZES
 
