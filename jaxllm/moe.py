@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .fp8 import Fp8Matrix, out_in_weights
+from .fp8 import Fp8Matrix, quantize_rows
 from .grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
 
 GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu", "tiled")
@@ -80,15 +80,26 @@ TILED_CONFIGS = (
 )
 
 
+# fp8 (W8A8) experts on the tiled kernel: e4m3 operands, 128-deep k steps (a 128-byte swizzle of one-byte values),
+# gate+up without the SwiGLU epilogue (the scales come first, outside the kernel). Not yet tuned on a GPU.
+TILED_FP8_CONFIGS = (
+    (TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=3, band=8),
+     TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=3, band=8)),
+    (TileConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, band=1),) * 2,
+)
+
+
 def _fits(config: TileConfig, out_n: int, k: int) -> bool:
     return out_n % (2 * config.tile_n) == 0 and k % config.tile_k == 0 and config.tile_n % config.epi_n == 0
 
 
-def tiled_configs(hidden: int, ffn: int) -> tuple[TileConfig, TileConfig] | None:
+def tiled_configs(hidden: int, ffn: int, fp8: bool = False) -> tuple[TileConfig, TileConfig] | None:
     """The `TILED_CONFIGS` pair for gate+up with SwiGLU (F outputs, contraction D) and down (D outputs,
-    contraction F), or None when no pair divides these shapes."""
-    for gate_up, down in TILED_CONFIGS:
-        if _fits(gate_up, ffn, hidden) and _fits(down, hidden, ffn) and gate_up.tile_m == down.tile_m:
+    contraction F), or with `fp8` the `TILED_FP8_CONFIGS` pair (gate+up: 2F outputs, no SwiGLU); None when no
+    pair divides these shapes."""
+    gate_up_outputs = 2 * ffn if fp8 else ffn
+    for gate_up, down in TILED_FP8_CONFIGS if fp8 else TILED_CONFIGS:
+        if _fits(gate_up, gate_up_outputs, hidden) and _fits(down, hidden, ffn) and gate_up.tile_m == down.tile_m:
             return gate_up, down
     return None
 
@@ -216,11 +227,87 @@ def _tiled_experts(tokens: jax.Array, plan: Dispatch, gate_up: jax.Array, down: 
     return out, tiles.padded_row[plan.inverse]
 
 
+class _Fp8Rows(NamedTuple):
+    """Rows of an fp8 expert GEMM: e4m3 `values` [R, K], float32 `scale` [R], the expert of each row `expert`
+    int32 [R] (an index into the weights' flattened [L * E] stack; rows of unused tiles: -1)."""
+
+    values: jax.Array
+    scale: jax.Array
+    expert: jax.Array
+
+
+def _scaled(product: jax.Array, rows: _Fp8Rows, weights: Fp8Matrix) -> jax.Array:
+    """An unscaled e4m3 product [R, N] times each row's scale and its expert's column scales, float32."""
+    col_scale = jnp.take(weights.scale, rows.expert, axis=0, mode="clip")
+    return product.astype(jnp.float32) * rows.scale[:, None] * col_scale
+
+
+def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix,
+                     matmul: Any) -> tuple[jax.Array, _Fp8Rows]:
+    """W8A8 SwiGLU experts: gate+up on e4m3 rows, scaled, SwiGLU in float32, requantised per row to e4m3 for down
+    (as the dense fp8 MLP). matmul(values, weight) is the grouped GEMM of e4m3 operands (unscaled products).
+    Returns down's unscaled product [R, D] and its rows (their scales apply with the down weights')."""
+    gu = _scaled(matmul(rows.values, gate_up.weight, 0), rows, gate_up)
+    f = gu.shape[-1] // 2
+    hidden, hidden_scale = quantize_rows(jax.nn.silu(gu[:, :f]) * gu[:, f:])
+    hidden_rows = _Fp8Rows(hidden, hidden_scale, rows.expert)
+    return matmul(hidden, down.weight, 1), hidden_rows
+
+
+def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, down: Fp8Matrix, top_k: int,
+                        impl: str, layer: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """fp8 (W8A8) experts: the tokens quantised per row to e4m3 once (before the gather: half the bytes moved),
+    both GEMMs on e4m3 operands with float32 accumulation and per-row x per-column scales after them. Returns
+    (down's unscaled product rows, the row of each flat (token, expert) slot in them [N*k], and the scale of each
+    slot's row [N*k, D]: row scale x its expert's column scale)."""
+    num_experts = plan.group_sizes.shape[0]
+    stacked = gate_up.weight.ndim == 4
+    flat = lambda w: jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), w) if stacked else w  # noqa: E731
+    gate_up, down = flat(gate_up), flat(down)
+    offset = layer * num_experts if layer is not None else 0
+    values, scale = quantize_rows(tokens)
+    d, f = tokens.shape[-1], down.weight.shape[-1]
+    configs = tiled_configs(d, f, fp8=True) if impl == "tiled" else None
+    if configs is not None:
+        tiles = tile_plan(plan.group_sizes, plan.order.shape[0], configs[0].tile_m)
+        groups = jnp.where(tiles.tile_groups >= 0, tiles.tile_groups + offset, -1)
+        source = jnp.full((tiles.num_rows,), tokens.shape[0], jnp.int32)
+        source = source.at[tiles.padded_row].set(plan.order // top_k, unique_indices=True)
+        rows = _Fp8Rows(jnp.take(values, source, axis=0, mode="fill", fill_value=0),
+                        jnp.take(scale, source, axis=0, mode="fill", fill_value=0),
+                        jnp.repeat(groups, configs[0].tile_m))
+        interpret = _interpret_params()
+
+        def matmul(v: jax.Array, w: jax.Array, which: int) -> jax.Array:
+            return tiled_grouped_matmul(v, w, groups, configs[which], interpret=interpret)
+
+        row_of_slot = tiles.padded_row[plan.inverse]
+    else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)
+        sources = plan.order // top_k
+        experts = jnp.repeat(jnp.arange(num_experts, dtype=jnp.int32), plan.group_sizes,
+                             total_repeat_length=plan.order.shape[0]) + offset
+        rows = _Fp8Rows(jnp.take(values, sources, axis=0), jnp.take(scale, sources), experts)
+        sizes = plan.group_sizes
+        if stacked:
+            pick = lambda w: lax.dynamic_slice_in_dim(w, offset, num_experts)  # noqa: E731
+        else:
+            pick = lambda w: w  # noqa: E731
+
+        def matmul(v: jax.Array, w: jax.Array, which: int) -> jax.Array:
+            return grouped_matmul(v.astype(jnp.float32), pick(w).astype(jnp.float32), sizes, "ragged_dot")
+
+        row_of_slot = plan.inverse
+    out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul)
+    slot_expert = jnp.take(hidden_rows.expert, row_of_slot)
+    slot_scale = jnp.take(hidden_rows.scale, row_of_slot)[:, None] * jnp.take(down.scale, slot_expert, axis=0)
+    return out, row_of_slot, slot_scale
+
+
 def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
               impl: str | None = None, layer: jax.Array | None = None) -> jax.Array:
     """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
-    [E, 2F, D] and params["down"] [E, D, F] (or `fp8.Fp8Matrix` of them: dequantised here, multiplied in x's
-    dtype). With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and
+    [E, 2F, D] and params["down"] [E, D, F], or `fp8.Fp8Matrix` of them: W8A8, the tokens quantised per row to
+    e4m3, e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its output requantised per row for down. With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and
     this block uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
     Each token's output is the sum over its top_k experts of routing weight x expert output (summed in float32,
     one rounding to x's dtype); tokens never interact, so padding tokens cost work but never change a real
@@ -231,22 +318,25 @@ def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: 
     weights, experts = route(tokens, params["router"], top_k, norm_topk_prob)
     plan = dispatch(experts, params["router"].shape[-1])
     gate_up, down = params["gate_up"], params["down"]
-    if isinstance(gate_up, Fp8Matrix):  # e4m3 experts: this layer's, dequantised (a copy whichever kernel runs)
-        if layer is not None:
-            gate_up, down, layer = *(jax.tree.map(lambda a: a[layer], w) for w in (gate_up, down)), None
-        gate_up, down = (out_in_weights(w, x.dtype) for w in (gate_up, down))
-    configs = tiled_configs(d, gate_up.shape[-2] // 2)
-    tiled = impl == "tiled" and configs is not None and gate_up.dtype == x.dtype
-    if layer is not None and not tiled:  # only the tiled kernel reads the stack in place
-        gate_up, down = gate_up[layer], down[layer]
-    if tiled:
-        out, row_of_slot = _tiled_experts(tokens, plan, gate_up, down, top_k, configs, layer)
+    slot_scale = None
+    if isinstance(gate_up, Fp8Matrix):
+        out, row_of_slot, slot_scale = _fp8_expert_outputs(tokens, plan, gate_up, down, top_k, impl, layer)
     else:
-        rows = jnp.take(tokens, plan.order // top_k, axis=0)
-        out, row_of_slot = experts_ffn(rows, gate_up, down, plan.group_sizes, impl), plan.inverse
-    per_slot = jnp.take(out, row_of_slot, axis=0).reshape(tokens.shape[0], top_k, d)
+        configs = tiled_configs(d, gate_up.shape[-2] // 2)
+        tiled = impl == "tiled" and configs is not None and gate_up.dtype == x.dtype
+        if layer is not None and not tiled:  # only the tiled kernel reads the stack in place
+            gate_up, down = gate_up[layer], down[layer]
+        if tiled:
+            out, row_of_slot = _tiled_experts(tokens, plan, gate_up, down, top_k, configs, layer)
+        else:
+            rows = jnp.take(tokens, plan.order // top_k, axis=0)
+            out, row_of_slot = experts_ffn(rows, gate_up, down, plan.group_sizes, impl), plan.inverse
+    per_slot = jnp.take(out, row_of_slot, axis=0).astype(jnp.float32)
+    if slot_scale is not None:
+        per_slot = per_slot * slot_scale
+    per_slot = per_slot.reshape(tokens.shape[0], top_k, d)
     # one fusion (gather, multiply, sum): no [N, k, D] float32 intermediate (2 GiB at one 32,768-token pass)
-    combined = jnp.sum(per_slot.astype(jnp.float32) * weights[..., None].astype(jnp.float32), axis=1)
+    combined = jnp.sum(per_slot * weights[..., None].astype(jnp.float32), axis=1)
     return combined.astype(x.dtype).reshape(*lead, d)
 
 

@@ -90,9 +90,31 @@ def test_moe_block_tiled_reads_the_layer_stack_in_place():
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
 
 
-def test_moe_block_tiled_takes_fp8_expert_stacks():
-    """fp8 experts (e4m3 stacks with scales) go through the tiled kernel after the layer's dequantisation, and
-    equal the ragged_dot block on the same dequantised layer."""
+def _w8a8_block_reference(x, router, gate_up, down, layer, top_k, norm_topk_prob):
+    """The W8A8 sparse block in float64 numpy from the e4m3 values and their scales: tokens quantised per row,
+    SwiGLU of the scaled gate+up products, its output quantised per row, down scaled, routing weights summed."""
+    from jaxllm.fp8 import quantize_rows
+
+    weights, experts = (np.asarray(a) for a in moe.route(x, router, top_k, norm_topk_prob))
+    xq, xs = (np.asarray(a, np.float64) for a in quantize_rows(x))
+    gu_w = np.asarray(gate_up.weight[layer], np.float64) * np.asarray(gate_up.scale[layer])[..., None]
+    down_w = np.asarray(down.weight[layer], np.float64) * np.asarray(down.scale[layer])[..., None]
+    f = down_w.shape[-1]
+    out = np.zeros(x.shape, np.float64)
+    for t in range(x.shape[0]):
+        for w, e in zip(weights[t].astype(np.float64), experts[t]):
+            gu = (xq[t] * xs[t]) @ gu_w[e].T
+            hidden = gu[:f] / (1 + np.exp(-gu[:f])) * gu[f:]
+            hq, hs = (np.asarray(a, np.float64) for a in quantize_rows(jnp.asarray(hidden[None], jnp.float32)))
+            out[t] += w * ((hq[0] * hs[0]) @ down_w[e].T)
+    return out
+
+
+def test_moe_block_fp8_experts_are_w8a8_on_both_kernels():
+    """fp8 experts (e4m3 stacks with per-column scales): the tokens quantised per row, e4m3 GEMMs, scales after
+    them, SwiGLU in float32 and requantised for down. The ragged_dot path (a CPU's) equals a float64 reference of
+    that arithmetic; the tiled kernel (interpreted here) equals the ragged_dot path up to its bfloat16 products;
+    and both stay near the bfloat16 block of the dequantised weights."""
     from jaxllm.fp8 import out_in_weights, quantize_out_in
 
     e, d, f, n, layers = 4, 128, 128, 24, 2
@@ -101,12 +123,19 @@ def test_moe_block_tiled_takes_fp8_expert_stacks():
     router = (jax.random.normal(ks[1], (d, e)) * 0.3).astype(jnp.bfloat16)
     gate_up = quantize_out_in((jax.random.normal(ks[2], (layers, e, 2 * f, d)) * 0.1).astype(jnp.bfloat16))
     down = quantize_out_in((jax.random.normal(ks[3], (layers, e, d, f)) * 0.1).astype(jnp.bfloat16))
-    got = moe.moe_block(x, {"router": router, "gate_up": gate_up, "down": down}, 2, False, impl="tiled",
-                        layer=jnp.int32(1))
-    layer = {"router": router, **{name: out_in_weights(jax.tree.map(lambda a: a[1], w), jnp.bfloat16)
+    params = {"router": router, "gate_up": gate_up, "down": down}
+    block = lambda impl: np.asarray(moe.moe_block(x, params, 2, False, impl=impl, layer=jnp.int32(1)),  # noqa: E731
+                                    np.float32)
+    ragged, tiled = block("ragged_dot"), block("tiled")
+    want = _w8a8_block_reference(x, router, gate_up, down, 1, 2, False)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(ragged, want, rtol=1e-2, atol=1e-2 * scale)  # bf16 output: 2^-8 relative
+    np.testing.assert_allclose(tiled, ragged, rtol=2e-2, atol=2e-2 * scale)
+    dense = {"router": router, **{name: out_in_weights(jax.tree.map(lambda a: a[1], w), jnp.bfloat16)
                                   for name, w in (("gate_up", gate_up), ("down", down))}}
-    want = np.asarray(moe.moe_block(x, layer, 2, False, impl="ragged_dot"), np.float32)
-    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+    bf16 = np.asarray(moe.moe_block(x, dense, 2, False, impl="ragged_dot"), np.float32)
+    cosine = np.sum(ragged * bf16, -1) / np.linalg.norm(ragged, axis=-1) / np.linalg.norm(bf16, axis=-1)
+    assert cosine.min() > 0.98, cosine.min()  # activations in e4m3 (3 mantissa bits): near, not equal
 
 
 def test_tiled_kernel_names_the_shape_it_cannot_take():
@@ -138,3 +167,35 @@ def test_tiled_kernel_equals_ragged_dot_on_gpu():
             got = np.asarray(fused(rows, w, plan.tile_groups)[plan.padded_row], np.float32)
             want = np.asarray(jax.nn.silu(jnp.asarray(want[:, :768])) * want[:, 768:])
             assert np.abs(got - want).max() / np.abs(want).max() < 2e-2, "swiglu"
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
+def test_fp8_tiled_kernel_and_block_on_gpu():
+    """At Qwen3-30B-A3B's expert shapes: the e4m3 kernel's unscaled products equal the exact products of the e4m3
+    values, for both GEMMs at their fp8 configs; the fp8 block on the kernel equals the block on ragged_dot."""
+    from jaxllm.fp8 import quantize_out_in
+
+    rng = np.random.default_rng(6)
+    gate_up_config, down_config = moe.TILED_FP8_CONFIGS[0]
+    for k, n, config in ((2048, 1536, gate_up_config), (768, 2048, down_config)):
+        sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
+        sizes[2] = 0
+        x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), jnp.float8_e4m3fn)
+        w = jnp.asarray(rng.normal(size=(16, n, k)), jnp.float8_e4m3fn)
+        s = jnp.asarray(sizes, jnp.int32)
+        plan = tile_plan(s, x.shape[0], config.tile_m)
+        rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+        out = jax.jit(lambda a, b, g, c=config: tiled_grouped_matmul(a, b, g, c))(rows, w, plan.tile_groups)
+        got = np.asarray(out[plan.padded_row], np.float32)
+        want = np.asarray(moe.grouped_matmul(x.astype(jnp.float32), w.astype(jnp.float32), s, "ragged_dot"))
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-2, (k, n)
+    e, d, f, n, layers = 16, 2048, 768, 2048, 2
+    ks = jax.random.split(jax.random.key(3), 4)
+    x = jax.random.normal(ks[0], (n, d), jnp.float32).astype(jnp.bfloat16)
+    params = {"router": (jax.random.normal(ks[1], (d, e)) * 0.05).astype(jnp.bfloat16),
+              "gate_up": quantize_out_in(jax.random.normal(ks[2], (layers, e, 2 * f, d)) * 0.05),
+              "down": quantize_out_in(jax.random.normal(ks[3], (layers, e, d, f)) * 0.05)}
+    block = jax.jit(lambda p, impl: moe.moe_block(x, p, 8, True, impl=impl, layer=jnp.int32(1)),
+                    static_argnums=1)
+    got, want = (np.asarray(block(params, impl), np.float32) for impl in ("tiled", "ragged_dot"))
+    assert np.abs(got - want).max() / np.abs(want).max() < 2e-2
