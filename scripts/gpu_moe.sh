@@ -10,15 +10,17 @@
 #   bash scripts/gpu_moe.sh h200 OUT      # on an H200 at JAX's default memory fraction (75%): both encoders in
 #                                         # bf16 and fp8, the 30B bf16 trainer cold (4 updates), the GPU memory in
 #                                         # use sampled every second (OUT/memory.csv: the peak of each step), ~9 min
+#   bash scripts/gpu_moe.sh fp8 OUT       # W8A8 experts: the GPU kernel tests (bf16 and e4m3), then both encoders
+#                                         # in bf16 and fp8 at the default memory fraction, ~9 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8}
 out=${2:?output directory}
 mkdir -p "$out"
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 # Qwen3-30B-A3B's bf16 weights are 57 GiB: JAX's allocator must be allowed more than its default 75% of an H100
 # (the h200 stage measures what fits at the default)
-[ "$stage" = h200 ] || export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
+[ "$stage" = h200 ] || [ "$stage" = fp8 ] || export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
 python3 -c "import jax; print('allocator limit GiB', jax.devices()[0].memory_stats()['bytes_limit'] / 2**30)" | tee -a "$out/gpu.txt"
 run() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s): $*"; echo "$name" > /tmp/moe-step
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; }
@@ -82,6 +84,14 @@ case $stage in
     kill "$sampler"
     echo "peak GPU memory in use per step (MiB, nvidia-smi):"
     sort -t, -k2 -n "$out/memory.csv" | awk -F, '{peak[$1] = $2} END {for (s in peak) print s, peak[s]}'
+    ;;
+  fp8)
+    run gpu_tests 110 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py -k gpu
+    for model in qwen3-30b-a3b qwen3-4b; do
+      limit=$([ "$model" = qwen3-4b ] && echo 120 || echo 240)
+      run "encoder_$model" "$limit" python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes bfloat16 fp8 \
+        --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_$model.json"
+    done
     ;;
   train)
     for dtype in bfloat16 fp8; do
