@@ -145,6 +145,11 @@ class Encoder:
         """(hidden [B, D] or None, window or None) that the run's first step reads (the first window opens)."""
         return None, None
 
+    def start_shapes(self, parts: UpdateParts, llm_args: LLMArgs, env_state, key) -> tuple:
+        """`start`'s result for tracing its shapes only (`Trainer.runner_shapes`, under `jax.eval_shape`): the same
+        shapes and dtypes, its values meaningless; a kind may skip tracing its LLM here. Here: `start`."""
+        return self.start(parts, llm_args, env_state, key)
+
     def make_update(self, parts: UpdateParts) -> Update:
         """The function that runs one training update: by default the trainer's single jitted update
         (`parts.update`)."""
@@ -216,6 +221,7 @@ class InScanEncoder(Encoder):
         self.encode = make_llm_encoder(settings, llm)
         self.window_specs = LLMWindow.specs(pooled=self.pooled)
         self.open_window = self.encode_states = None  # sharded over the trainer's mesh by `attach`
+        self.open_window_shapes = None
 
     def compiler_options(self) -> dict[str, Any]:
         """The LLM runs inside the update: on a GPU, Triton GEMMs off (`jaxllm.compile`; fp8 compiles in seconds)."""
@@ -243,6 +249,14 @@ class InScanEncoder(Encoder):
         self.encode_states = parts.sharded(self.encode, (rep, rep, env), env)
         open_window = lambda args, es, key: self.open(LLMArgs(*args), es, key, parts.env_index(), parts.env)
         self.open_window = parts.sharded(open_window, (rep, env, rep), (env, self.window_specs))
+        # the same window with zeros for the LLM's vectors: its own function (jax caches a trace per function, so
+        # the real `open_window` never meets this one's), for `start_shapes`
+        shapes = lambda args, es, key: self.open_with(self._hidden_zeros, es, key, parts.env_index(), parts.env)
+        self.open_window_shapes = parts.sharded(shapes, (rep, env, rep), (env, self.window_specs))
+
+    def _hidden_zeros(self, raw_states) -> jax.Array:
+        """Zeros of the encoder's output for raw_states [N]: float32 [N, hidden size] (`make_inscan_encoder`)."""
+        return jnp.zeros((jax.tree.leaves(raw_states)[0].shape[0], self.llm.hidden_size), jnp.float32)
 
     def open(self, llm_args: LLMArgs, env_state, key, env_index, env) -> tuple:
         """A window starts on `env_state`: the envs' hidden states [B, D] and the new `LLMWindow` (clock =
@@ -292,6 +306,12 @@ class InScanEncoder(Encoder):
 
     def start(self, parts, llm_args, env_state, key):
         return self.open_window(parts.place_llm_args(llm_args), env_state, jax.random.fold_in(key, 1))
+
+    def start_shapes(self, parts, llm_args, env_state, key):
+        """`start` without tracing the LLM and its template (~3 s at the 4B shape, on a start's critical path): the
+        window opens on zeros of the encoder's output shape (`tests/test_rl_inscan.py` checks the shapes equal
+        `start`'s)."""
+        return self.open_window_shapes(parts.place_llm_args(llm_args), env_state, jax.random.fold_in(key, 1))
 
     def share_meter(self, parts, llm_args, current_state):
         """Two throwaway updates timed back to back, without and with LLM windows (`rl.llm_share.LLMShare`)."""

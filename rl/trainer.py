@@ -234,12 +234,14 @@ class Trainer:
         """(runner key, network init key, env reset key) that `init_state` draws from the seed."""
         return tuple(jax.random.split(jax.random.PRNGKey(self.seed), 3))
 
-    def init_state(self, llm_args=LLMArgs()) -> RunnerState:
+    def init_state(self, llm_args=LLMArgs(), shapes_only: bool = False) -> RunnerState:
         """Initial params, optimizer state, envs and (for LLM encoders) the first hidden states,
-        placed on the mesh. The values do not depend on the device count."""
+        placed on the mesh. The values do not depend on the device count. `shapes_only`: for tracing under
+        `jax.eval_shape` (`runner_shapes`), the first hidden states' values are left out (`Encoder.start_shapes`)."""
         key, k_net, k_env = self._init_keys()
         obs, env_state = self._reset(k_env)
-        hidden, window = self.encoder.start(self.parts, llm_args, env_state, k_env)
+        start = self.encoder.start_shapes if shapes_only else self.encoder.start
+        hidden, window = start(self.parts, llm_args, env_state, k_env)
         params, opt_state = self._init_learner(k_net, _row_shape(obs), _row_shape(hidden))
         return self.place(RunnerState(params, opt_state, env_state, obs, hidden, key, jnp.zeros((), jnp.int32),
                                       window))
@@ -255,8 +257,8 @@ class Trainer:
 
     def runner_shapes(self, llm_args=LLMArgs()) -> RunnerState:
         """The runner `init_state(llm_args)` returns, as `jax.ShapeDtypeStruct`s with its shardings: traced, nothing
-        runs (what compiling the update ahead needs)."""
-        shapes = jax.eval_shape(self.init_state, llm_args)
+        runs (what compiling the update ahead needs); the LLM's first call is not traced (`Encoder.start_shapes`)."""
+        shapes = jax.eval_shape(functools.partial(self.init_state, shapes_only=True), llm_args)
         return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                             shapes, shapes.shardings(self.mesh))
 

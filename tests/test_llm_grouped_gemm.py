@@ -198,4 +198,10 @@ def test_fp8_tiled_kernel_and_block_on_gpu():
     block = jax.jit(lambda p, impl: moe.moe_block(x, p, 8, True, impl=impl, layer=jnp.int32(1)),
                     static_argnums=1)
     got, want = (np.asarray(block(params, impl), np.float32) for impl in ("tiled", "ragged_dot"))
-    assert np.abs(got - want).max() / np.abs(want).max() < 2e-2
+    # the kernel's products are rounded to bf16 before their scales, ragged_dot's are float32: SwiGLU's e4m3
+    # requantisation then rounds some hidden values the other way (a step of 1/8 to 1/16), so the two paths
+    # differ by ~2% of an element in places (measured on an H200: max 0.59 of 23.3); a misplaced row or a wrong
+    # scale would be off by its whole size
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3e-2
+    cosine = np.sum(got * want, -1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert cosine.min() > 0.995, cosine.min()

@@ -229,3 +229,25 @@ def test_resume_restores_window_clock_and_hidden_exactly(full_run, tmp_path):
     for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(cut)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert jax.tree.structure(full) == jax.tree.structure(cut)
+
+
+@pytest.mark.parametrize("reset_hidden", ["zero", "pool"])
+def test_runner_shapes_skip_the_llm_but_equal_the_real_start(setup, reset_hidden):
+    """`Trainer.runner_shapes` (what the update compiles ahead for) traces the first window on zeros instead of
+    the LLM: its shapes, dtypes, weak types and shardings must equal those of the real `init_state`, else the
+    update compiled ahead would not be the one the run calls. Its values never leak into the real start."""
+    _, llm, runner, _, _, _ = setup
+    cfg = TrainConfig(**dict(PRESETS["test"], env=ENV, encoder="inscan", num_envs=4, num_steps=8, skip_n=4,
+                             reset_hidden=reset_hidden))
+    trainer = Trainer.from_config(cfg, llm)
+    fast = trainer.runner_shapes(llm.jit_args)
+    real = jax.eval_shape(trainer.init_state, llm.jit_args)
+    assert jax.tree.structure(fast) == jax.tree.structure(real)
+    for a, b, sharding in zip(jax.tree.leaves(fast), jax.tree.leaves(real), jax.tree.leaves(real.shardings(
+            trainer.mesh))):
+        assert (a.shape, a.dtype, a.weak_type) == (b.shape, b.dtype, b.weak_type)
+        assert a.sharding == sharding
+    if reset_hidden == "zero":  # the start after the shapes were traced still reads the LLM
+        state = trainer.init_state(llm.jit_args)
+        np.testing.assert_array_equal(np.asarray(state.hidden[1:]), np.asarray(runner.hidden[1:]))
+        assert np.abs(np.asarray(state.hidden)).sum() > 0
