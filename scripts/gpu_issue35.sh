@@ -12,7 +12,7 @@
 # One call can take both stages of one dtype (the probe reads the coldstart's cold run):
 #   ISSUE35_DTYPES=fp8 ISSUE35_COLD_LIMIT=160 ISSUE35_WARM_LIMIT=80 ISSUE35_PROBE_LIMIT=300 \
 #     bash -c 'bash scripts/gpu_issue35.sh coldstart OUT; bash scripts/gpu_issue35.sh probe-fp8 OUT'
-# Every step is bounded by `timeout`, its output teed to OUT as it comes, each line stamped with the seconds since
+# ISSUE35_WHEELS=DIR runs them on the wheels in DIR first on PYTHONPATH (below). Every step is bounded by `timeout`, its output teed to OUT as it comes, each line stamped with the seconds since
 # its process started. ISSUE35_CPU=1 runs the same logic on a CPU with the tiny model (--preset test, a small probe,
 # float32 unless ISSUE35_DTYPES says otherwise, limits x ISSUE35_LIMIT_SCALE): the script's own test.
 set -uo pipefail
@@ -31,6 +31,17 @@ else
   cold_limit=${ISSUE35_COLD_LIMIT:-240}; warm_limit=${ISSUE35_WARM_LIMIT:-120}; probe_limit=${ISSUE35_PROBE_LIMIT:-330}
 fi
 mkdir -p "$tmp"
+# ISSUE35_WHEELS=DIR: the wheels there (e.g. the transformers a user's `pip install -e .` resolves today, with its
+# tokenizers and huggingface_hub) go into a folder of their own, put first on PYTHONPATH for these runs only
+if [ -n "${ISSUE35_WHEELS:-}" ]; then
+  python3 -m pip install -q --no-deps --target "$tmp/userpkgs" "$ISSUE35_WHEELS"/*.whl 2>&1 | tail -2
+  export PYTHONPATH="$tmp/userpkgs:${PYTHONPATH:-}"
+  python3 -c 'import sys, transformers, tokenizers, huggingface_hub
+import transformers.utils
+print("runs use transformers", transformers.__version__, "tokenizers", tokenizers.__version__, "hub",
+      huggingface_hub.__version__, "| torch imported by transformers.utils:", "torch" in sys.modules)' \
+    | tee -a "$out/gpu.txt"
+fi
 # ISSUE35_LOG_COMPILES=1: JAX logs every compile with its seconds (which program a cold start waits for); the
 # summary lists those over 2 s
 [ "${ISSUE35_LOG_COMPILES:-0}" = 1 ] && export JAX_LOG_COMPILES=1
