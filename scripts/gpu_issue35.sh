@@ -34,6 +34,7 @@ mkdir -p "$tmp"
 # ISSUE35_WHEELS=DIR: the wheels there (e.g. the transformers a user's `pip install -e .` resolves today, with its
 # tokenizers and huggingface_hub) go into a folder of their own, put first on PYTHONPATH for these runs only
 if [ -n "${ISSUE35_WHEELS:-}" ]; then
+  rm -rf "$tmp/userpkgs"
   python3 -m pip install -q --no-deps --target "$tmp/userpkgs" "$ISSUE35_WHEELS"/*.whl 2>&1 | tail -2
   export PYTHONPATH="$tmp/userpkgs:${PYTHONPATH:-}"
   python3 -c 'import sys, transformers, tokenizers, huggingface_hub
