@@ -262,6 +262,8 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
     slot's row [N*k, D]: row scale x its expert's column scale)."""
     num_experts = plan.group_sizes.shape[0]
     stacked = gate_up.weight.ndim == 4
+    if stacked != (layer is not None):
+        raise ValueError("fp8 experts: pass `layer` with the whole [L, E, ...] stacks, and only with them")
     flat = lambda w: jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), w) if stacked else w  # noqa: E731
     gate_up, down = flat(gate_up), flat(down)
     offset = layer * num_experts if layer is not None else 0
