@@ -309,8 +309,9 @@ def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: 
               impl: str | None = None, layer: jax.Array | None = None) -> jax.Array:
     """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
     [E, 2F, D] and params["down"] [E, D, F], or `fp8.Fp8Matrix` of them: W8A8, the tokens quantised per row to
-    e4m3, e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its output requantised per row for down. With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and
-    this block uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
+    e4m3, e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its output requantised per row for down.
+    With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and this block
+    uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
     Each token's output is the sum over its top_k experts of routing weight x expert output (summed in float32,
     one rounding to x's dtype); tokens never interact, so padding tokens cost work but never change a real
     token's result. impl: the grouped GEMM (`GROUPED_MATMUL_IMPLS`, None = the backend's default)."""
