@@ -19,7 +19,13 @@ Candidates (each also checked against a per-group reference on a few groups):
 - `padded`: a batched einsum [E, C, K] x [E, K, N] with C = the largest group rounded up to 128 (dropless only
   because C is the actual maximum: the cost of a padded batched GEMM at this routing).
 
+With `--fp8` (the W8A8 experts of `--llm-dtype fp8`): rows and weights in e4m3, `dense` is the fp8 GEMM of the same
+FLOPs (cuBLASLt, both operands K-major), `tiled` runs `TILED_FP8_CONFIGS` (gate+up without the SwiGLU epilogue, as
+`moe_block` runs it in fp8), `--tune-tiled` sweeps its fp8 block sizes, and the block has e4m3 experts; the others
+are skipped.
+
     python scripts/bench_moe.py --out moe.json [--tune]     # GPU
+    python scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled   # GPU, fp8
     python scripts/bench_moe.py --smoke                       # CPU: tiny shapes, ragged_dot only
 """
 from __future__ import annotations
@@ -60,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tune-seconds", type=float, default=150.0, help="stop the sweep after this long")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (ragged_dot and dense only)")
+    p.add_argument("--fp8", action="store_true", help="e4m3 rows and weights (the W8A8 experts), module doc")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.smoke:
@@ -67,7 +74,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.candidates = ["dense", "ragged_dot", "padded"]
         args.tune = args.tune_tiled = False
         args.block_layers = 2
+    if args.fp8:
+        args.candidates = [c for c in args.candidates if c in FP8_CANDIDATES]
+        args.tune = False
     return args
+
+
+FP8_CANDIDATES = ("dense", "ragged_dot", "tiled")  # the candidates that take e4m3 operands
+
+
+def dense_fp8(a, b_nk):
+    """a [M, K] x b [N, K] in e4m3, float32 accumulation, bf16 out: the dense fp8 GEMM the experts' fp8 kernels
+    are compared with (`jaxllm.fp8`'s: one cuBLASLt call on a GPU with FP8 tensor cores, float32 elsewhere)."""
+    import jax.numpy as jnp
+
+    from jaxllm.fp8 import _fp8_dot
+
+    return _fp8_dot(a, b_nk, jnp.bfloat16)
 
 
 def group_sizes_for(kind: str, rows: int, experts: int, top_k: int, seed: int = 0):
@@ -128,17 +151,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True)  # noqa: E731
     dtype = jnp.float32 if args.smoke else jnp.bfloat16
+    operand_dtype = jnp.float8_e4m3fn if args.fp8 else dtype  # the GEMMs' rows and weights
     rows_n, e, d, f = args.tokens * args.top_k, args.experts, args.hidden, args.ffn
     shapes = {"gate_up": (d, 2 * f), "down": (f, d)}  # (K, N)
     result: dict[str, Any] = {"device": str(jax.devices()[0].device_kind), "date": datetime.date.today().isoformat(),
                               "jax": jax.__version__, "host": platform.node(), "rows": rows_n, "experts": e,
-                              "shapes": shapes, "results": []}
+                              "shapes": shapes, "operands": jnp.dtype(operand_dtype).name, "results": []}
     opts = compiler_options()
     key = jax.random.key(0)
     for shape_name, (k, n) in shapes.items():
         kx, kw = jax.random.split(jax.random.fold_in(key, k))
-        x = jax.random.normal(kx, (rows_n, k), jnp.float32).astype(dtype)
-        w = (jax.random.normal(kw, (e, n, k), jnp.float32) * 0.02).astype(dtype)  # [E, N, K]
+        scale = 1.0 if args.fp8 else 0.02  # e4m3 values near 1 (as quantised weights are), not in its subnormals
+        x = jax.random.normal(kx, (rows_n, k), jnp.float32).astype(operand_dtype)
+        w = (jax.random.normal(kw, (e, n, k), jnp.float32) * scale).astype(operand_dtype)  # [E, N, K]
         flops = 2 * rows_n * k * n
         dense_w = w[0].T
         for routing in args.routings:
@@ -168,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     for g in check_groups:
                         lo, hi = int(starts[g]), int(starts[g] + sizes_np[g])
                         if hi > lo:
-                            want = np.asarray(jnp.matmul(x[lo:hi], w[g].T, preferred_element_type=jnp.float32))
+                            want = np.asarray(jnp.matmul(x[lo:hi].astype(jnp.float32), w[g].T.astype(jnp.float32)))
                             got = np.asarray(out[lo:hi], np.float32)
                             errs.append(float(np.abs(got - want).max() / (np.abs(want).max() + 1e-9)))
                     row["max_rel_err"] = max(errs) if errs else 0.0
@@ -177,9 +202,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             if "dense" in args.candidates and routing == args.routings[0]:
                 for label, o in (("dense", opts), ("dense_xla_defaults", {})):
-                    record(label, jit(jnp.matmul, compiler_options=o), x, dense_w, check=False)
+                    if args.fp8:
+                        record(label, jit(dense_fp8, compiler_options=o), x, w[0], check=False)
+                    else:
+                        record(label, jit(jnp.matmul, compiler_options=o), x, dense_w, check=False)
             if "ragged_dot" in args.candidates:
-                record("ragged_dot", jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"),
+                as_float = (lambda a: a.astype(jnp.float32)) if args.fp8 else (lambda a: a)  # noqa: E731
+                record("ragged_dot", jit(lambda a, b, s: moe.grouped_matmul(as_float(a), as_float(b), s,
+                                                                            "ragged_dot"),
                                          compiler_options=opts), x, w, sizes)
             if "mgpu" in args.candidates:
                 record("mgpu", jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "mgpu"), compiler_options=opts),
@@ -192,7 +222,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                                                   **moe.mgpu_tiling(n, k)),
                                       compiler_options=opts), x, w_kn, sizes)
                 del w_kn
-            if "tiled" in args.candidates:
+            if "tiled" in args.candidates and args.fp8:  # each GEMM at its own fp8 config, no SwiGLU epilogue
+                pair = moe.tiled_configs(d, f, fp8=True) or (grouped_gemm.TileConfig(tile_k=128),) * 2
+                time_tiled(record, x, w, sizes, pair[0 if shape_name == "gate_up" else 1])
+            elif "tiled" in args.candidates:
                 pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
                 if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
                     time_tiled(record, x, w, sizes, pair[0], swiglu=True)
@@ -224,9 +257,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.tune_tiled:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             routing, tune_start = "uniform", time.perf_counter()
-            # 128-deep k steps and 6 stages overflow shared memory (measured 2026-11-28); band 1 was slowest
-            for swiglu, tn, tk, stages, band in itertools.product((shape_name == "gate_up",), (128, 64), (64, 32),
-                                                                   (3, 4, 5), (8, 16)):
+            # bf16: 128-deep k steps and 6 stages overflow shared memory (measured 2026-11-28); band 1 was slowest.
+            # fp8 (one-byte values): 128-deep k steps fit, no SwiGLU epilogue
+            swiglus, depths = ((False,), (128, 64)) if args.fp8 else ((shape_name == "gate_up",), (64, 32))
+            for swiglu, tn, tk, stages, band in itertools.product(swiglus, (128, 64), depths, (3, 4, 5), (8, 16)):
                 config = grouped_gemm.TileConfig(tile_m=128, tile_n=tn, tile_k=tk, stages=stages, band=band)
                 if time.perf_counter() - tune_start > args.tune_seconds:
                     log("tiled tuning: time budget spent")
@@ -271,6 +305,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     block_params = {"router": (jax.random.normal(key, (d, e), jnp.float32) * 0.02).astype(dtype),
                     "gate_up": (jax.random.normal(key, (nl, e, 2 * f, d), jnp.float32) * 0.02).astype(dtype),
                     "down": (jax.random.normal(key, (nl, e, d, f), jnp.float32) * 0.02).astype(dtype)}
+    if args.fp8:  # e4m3 experts with per-column scales, as load_model(..., dtype="fp8") stores them
+        from jaxllm.fp8 import quantize_out_in
+
+        block_params |= {name: quantize_out_in(block_params[name]) for name in ("gate_up", "down")}
     tokens = jax.random.normal(key, (args.tokens, d), jnp.float32).astype(dtype)
     gemm_flops = 2 * rows_n * d * 3 * f
     reference = None

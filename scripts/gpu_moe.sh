@@ -12,8 +12,10 @@
 #                                         # use sampled every second (OUT/memory.csv: the peak of each step), ~9 min
 #   bash scripts/gpu_moe.sh fp8 OUT       # W8A8 experts: the GPU kernel tests (bf16 and e4m3), then both encoders
 #                                         # in bf16 and fp8 at the default memory fraction, ~9 min
+#   bash scripts/gpu_moe.sh fp8kernels OUT  # the e4m3 expert kernels vs a dense fp8 GEMM, their config sweep, the
+#                                           # fp8 block with its kernel profile, ~5 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels}
 out=${2:?output directory}
 mkdir -p "$out"
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -92,6 +94,10 @@ case $stage in
       run "encoder_$model" "$limit" python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes bfloat16 fp8 \
         --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_$model.json"
     done
+    ;;
+  fp8kernels)
+    run moe_fp8 280 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled \
+      --tune-seconds 60 --block-impls tiled --profile-block /tmp/moe-fp8-profile --out "$out/moe_fp8.json"
     ;;
   train)
     for dtype in bfloat16 fp8; do

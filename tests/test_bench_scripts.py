@@ -149,6 +149,18 @@ def test_bench_moe_smoke(tmp_path):
     assert res["moe_block"]["ms"] > 0 and (tmp_path / "moe.json").is_file()
 
 
+def test_bench_moe_fp8_smoke():
+    """--fp8: e4m3 operands; ragged_dot's products of them equal the float32 per-group products exactly; the fp8
+    dense GEMM and the block with e4m3 experts run; candidates that take no e4m3 operands are skipped."""
+    from scripts import bench_moe
+
+    res = bench_moe.main(["--smoke", "--fp8"])
+    assert res["operands"] == "float8_e4m3fn"
+    assert {r["candidate"] for r in res["results"]} == {"dense", "dense_xla_defaults", "ragged_dot"}
+    assert all(r["max_rel_err"] == 0.0 for r in res["results"] if r["candidate"] == "ragged_dot")
+    assert res["moe_block"]["ms"] > 0
+
+
 def test_moe_routing_report_smoke():
     """float32 against itself flips nothing; the report's fields are there for bfloat16."""
     from scripts import moe_routing_report
