@@ -11,7 +11,7 @@
 #                                         # bf16 and fp8, the 30B bf16 trainer cold (4 updates), the GPU memory in
 #                                         # use sampled every second (OUT/memory.csv: the peak of each step), ~9 min
 #   bash scripts/gpu_moe.sh fp8 OUT       # W8A8 experts: the GPU kernel tests (bf16 and e4m3), then both encoders
-#                                         # in bf16 and fp8 at the default memory fraction, ~9 min
+#                                         # in bf16 and fp8 at the default memory fraction, ~6 min
 #   bash scripts/gpu_moe.sh fp8kernels OUT  # the e4m3 expert kernels vs a dense fp8 GEMM, their config sweep, the
 #                                           # fp8 block with its kernel profile, ~5 min
 set -uo pipefail
