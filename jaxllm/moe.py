@@ -211,20 +211,29 @@ def _tiled_experts(tokens: jax.Array, plan: Dispatch, gate_up: jax.Array, down: 
     (token, expert) slot in them [N*k]). gate_up/down: one layer's [E, ...] or, with `layer`, the whole [L, E, ...]
     stacks, read in place (the tile table is offset to layer * E). The first GEMM applies SwiGLU in its epilogue
     (from float32: transformers rounds gate and up to the model dtype first; the difference is one bf16 rounding)."""
-    num_experts = plan.group_sizes.shape[0]
-    tiles = tile_plan(plan.group_sizes, plan.order.shape[0], configs[0].tile_m)
-    groups = tiles.tile_groups
+    offset = 0
     if layer is not None:
-        groups = jnp.where(groups >= 0, groups + layer * num_experts, -1)
+        offset = layer * plan.group_sizes.shape[0]
         gate_up, down = (w.reshape(-1, *w.shape[2:]) for w in (gate_up, down))
-    # padding rows point past the last token: the gather fills them with zeros (their outputs are then zero)
-    source = jnp.full((tiles.num_rows,), tokens.shape[0], jnp.int32)
-    source = source.at[tiles.padded_row].set(plan.order // top_k, unique_indices=True)
+    groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
     rows = jnp.take(tokens, source, axis=0, mode="fill", fill_value=0)
     interpret = _interpret_params()
     hidden = tiled_grouped_matmul(rows, gate_up, groups, configs[0], swiglu=True, interpret=interpret)
     out = tiled_grouped_matmul(hidden, down, groups, configs[1], interpret=interpret)
-    return out, tiles.padded_row[plan.inverse]
+    return out, row_of_slot
+
+
+def _tile_layout(plan: Dispatch, num_tokens: int, top_k: int, tile_m: int,
+                 offset: jax.Array | int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The tiled kernel's row layout of `plan` (`tile_plan`): (the expert of each row tile [R // tile_m], offset
+    into the weights' flattened [L * E] stack, -1 for unused tiles; the token each row reads [R], num_tokens for
+    padding rows, which a gather with mode="fill" makes zero rows; the row of each flat (token, expert) slot
+    [N*k])."""
+    tiles = tile_plan(plan.group_sizes, plan.order.shape[0], tile_m)
+    groups = jnp.where(tiles.tile_groups >= 0, tiles.tile_groups + offset, -1)
+    source = jnp.full((tiles.num_rows,), num_tokens, jnp.int32)
+    source = source.at[tiles.padded_row].set(plan.order // top_k, unique_indices=True)
+    return groups, source, tiles.padded_row[plan.inverse]
 
 
 class _Fp8Rows(NamedTuple):
@@ -271,10 +280,7 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
     d, f = tokens.shape[-1], down.weight.shape[-1]
     configs = tiled_configs(d, f, fp8=True) if impl == "tiled" else None
     if configs is not None:
-        tiles = tile_plan(plan.group_sizes, plan.order.shape[0], configs[0].tile_m)
-        groups = jnp.where(tiles.tile_groups >= 0, tiles.tile_groups + offset, -1)
-        source = jnp.full((tiles.num_rows,), tokens.shape[0], jnp.int32)
-        source = source.at[tiles.padded_row].set(plan.order // top_k, unique_indices=True)
+        groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
         rows = _Fp8Rows(jnp.take(values, source, axis=0, mode="fill", fill_value=0),
                         jnp.take(scale, source, axis=0, mode="fill", fill_value=0),
                         jnp.repeat(groups, configs[0].tile_m))
@@ -283,20 +289,16 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
         def matmul(v: jax.Array, w: jax.Array, which: int) -> jax.Array:
             return tiled_grouped_matmul(v, w, groups, configs[which], interpret=interpret)
 
-        row_of_slot = tiles.padded_row[plan.inverse]
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)
         sources = plan.order // top_k
         experts = jnp.repeat(jnp.arange(num_experts, dtype=jnp.int32), plan.group_sizes,
                              total_repeat_length=plan.order.shape[0]) + offset
         rows = _Fp8Rows(jnp.take(values, sources, axis=0), jnp.take(scale, sources), experts)
         sizes = plan.group_sizes
-        if stacked:
-            pick = lambda w: lax.dynamic_slice_in_dim(w, offset, num_experts)  # noqa: E731
-        else:
-            pick = lambda w: w  # noqa: E731
 
         def matmul(v: jax.Array, w: jax.Array, which: int) -> jax.Array:
-            return grouped_matmul(v.astype(jnp.float32), pick(w).astype(jnp.float32), sizes, "ragged_dot")
+            layer_w = lax.dynamic_slice_in_dim(w, offset, num_experts)  # the layer's E experts (all, unstacked)
+            return grouped_matmul(v.astype(jnp.float32), layer_w.astype(jnp.float32), sizes, "ragged_dot")
 
         row_of_slot = plan.inverse
     out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul)
