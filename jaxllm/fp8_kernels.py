@@ -69,6 +69,23 @@ def _swiglu_quantize_kernel(gate_ref, up_ref, x_scale_ref, gate_scale_ref, up_sc
     _quantize_block(values_of, q_ref, scale_ref, width, chunk)
 
 
+def _expert_swiglu_quantize_kernel(gate_up_ref, row_scale_ref, group_ref, col_scale_ref, q_ref, scale_ref, *,
+                                   width: int, chunk: int):
+    # the program's rows lie in one row tile, so they share one expert: its row of the [groups, 2 * width] scales
+    group = jnp.maximum(group_ref[0], 0)  # unused tiles (-1) hold zero rows: any expert's scales give zeros
+    row_scale = pltriton.load(row_scale_ref).astype(jnp.float32)  # [rows, 1]
+
+    def values_of(cols):
+        up_cols = pl.ds(cols.start + width, cols.size)
+        gate = pltriton.load(gate_up_ref.at[:, cols]).astype(jnp.float32) * row_scale
+        gate = gate * pltriton.load(col_scale_ref.at[group, cols])[None, :]
+        up = pltriton.load(gate_up_ref.at[:, up_cols]).astype(jnp.float32) * row_scale
+        up = up * pltriton.load(col_scale_ref.at[group, up_cols])[None, :]
+        return gate * jax.nn.sigmoid(gate) * up
+
+    _quantize_block(values_of, q_ref, scale_ref, width, chunk)
+
+
 def _residual_norm_quantize_kernel(h_ref, y_ref, row_scale_ref, col_scale_ref, weight_ref, h_out_ref, q_ref,
                                    scale_ref, *, width: int, chunk: int, eps: float):
     dtype = h_out_ref.dtype
@@ -177,6 +194,40 @@ def swiglu_quantize_pallas(gate: jax.Array, up: jax.Array, x_scale: jax.Array, g
     return _row_kernel_call(_swiglu_quantize_kernel, [gate, up, x_scale.astype(jnp.float32)],
                             [gate_scale.astype(jnp.float32), up_scale.astype(jnp.float32)], name="swiglu_quantize",
                             interpret=interpret, rows=rows, num_warps=num_warps, chunk=chunk)
+
+
+@functools.partial(jax.jit, static_argnames=("tile_m",) + _TUNING)
+def expert_swiglu_quantize_pallas(gate_up: jax.Array, row_scale: jax.Array, tile_groups: jax.Array,
+                                  col_scale: jax.Array, tile_m: int, interpret: bool = False, rows: int = 1,
+                                  num_warps: int = 4, chunk: int = 512) -> tuple[jax.Array, jax.Array]:
+    """The fp8 experts' step between their two GEMMs: silu(gate) * up of the scaled gate+up product, quantised
+    per row to e4m3 (`jaxllm.moe.expert_swiglu_quantize_reference`'s arithmetic, from one kernel that reads each
+    product row once; XLA reads it twice, for the abs-max and for the cast).
+
+    gate_up [R, 2F] the unscaled product of rows in the tiled kernel's layout (each run of `tile_m` rows belongs to
+    one expert), row_scale [R] float32, tile_groups int32 [R // tile_m] (each row tile's expert: a row of
+    col_scale [G, 2F], -1 for unused tiles, whose rows are zero). Returns (e4m3 [R, F], float32 scale [R]).
+    `rows` per program must divide `tile_m`; `interpret` and the tuning as `quantize_rows_pallas`."""
+    n, two_f = gate_up.shape
+    if tile_m % rows or n % tile_m or tile_groups.shape != (n // tile_m,):
+        raise ValueError(f"expert_swiglu_quantize_pallas: {n} rows in tiles of {tile_m} with {rows} rows per "
+                         f"program need {n // tile_m} tile groups and rows dividing tile_m; got "
+                         f"{tile_groups.shape[0]} groups")
+    width = two_f // 2
+    spec = lambda columns: pl.BlockSpec((rows, columns), lambda i: (i, 0))  # noqa: E731
+    q, scale = pl.pallas_call(
+        functools.partial(_expert_swiglu_quantize_kernel, width=width, chunk=chunk),
+        out_shape=(jax.ShapeDtypeStruct((n, width), E4M3), jax.ShapeDtypeStruct((n, 1), jnp.float32)),
+        grid=(n // rows,),
+        in_specs=[spec(two_f), spec(1), pl.BlockSpec((1,), lambda i: (i * rows // tile_m,)),
+                  pl.BlockSpec(col_scale.shape, lambda i: (0, 0))],
+        out_specs=(spec(width), spec(1)),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="expert_swiglu_quantize",
+    )(gate_up, row_scale.astype(jnp.float32).reshape(n, 1), tile_groups.astype(jnp.int32),
+      col_scale.astype(jnp.float32))
+    return q, scale[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("eps",) + _TUNING)

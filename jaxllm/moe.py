@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .fp8 import Fp8Matrix, quantize_rows
+from .fp8 import Fp8Matrix, native_fp8_available, quantize_rows
 from .grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
+from .row_gather import gather_rows
 
 GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu", "tiled")
 
@@ -216,7 +217,7 @@ def _tiled_experts(tokens: jax.Array, plan: Dispatch, gate_up: jax.Array, down: 
         offset = layer * plan.group_sizes.shape[0]
         gate_up, down = (w.reshape(-1, *w.shape[2:]) for w in (gate_up, down))
     groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
-    rows = jnp.take(tokens, source, axis=0, mode="fill", fill_value=0)
+    rows = gather_rows(tokens, source)
     interpret = _interpret_params()
     hidden = tiled_grouped_matmul(rows, gate_up, groups, configs[0], swiglu=True, interpret=interpret)
     out = tiled_grouped_matmul(hidden, down, groups, configs[1], interpret=interpret)
@@ -245,20 +246,36 @@ class _Fp8Rows(NamedTuple):
     expert: jax.Array
 
 
-def _scaled(product: jax.Array, rows: _Fp8Rows, weights: Fp8Matrix) -> jax.Array:
-    """An unscaled e4m3 product [R, N] times each row's scale and its expert's column scales, float32."""
-    col_scale = jnp.take(weights.scale, rows.expert, axis=0, mode="clip")
-    return product.astype(jnp.float32) * rows.scale[:, None] * col_scale
-
-
-def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix,
-                     matmul: Any) -> tuple[jax.Array, _Fp8Rows]:
-    """W8A8 SwiGLU experts: gate+up on e4m3 rows, scaled, SwiGLU in float32, requantised per row to e4m3 for down
-    (as the dense fp8 MLP). matmul(values, weight) is the grouped GEMM of e4m3 operands (unscaled products).
-    Returns down's unscaled product [R, D] and its rows (their scales apply with the down weights')."""
-    gu = _scaled(matmul(rows.values, gate_up.weight, 0), rows, gate_up)
+def expert_swiglu_quantize_reference(gate_up: jax.Array, row_scale: jax.Array, expert: jax.Array,
+                                     col_scale: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The fp8 experts' step between their GEMMs: the unscaled gate+up product [R, 2F] times each row's scale
+    row_scale [R] and its expert's column scales col_scale[expert] ([G, 2F]; expert int32 [R], -1 read as 0), in
+    float32; silu(gate) * up; quantised per row to e4m3 for down. Returns (e4m3 [R, F], float32 scale [R]).
+    XLA's form of `jaxllm.fp8_kernels.expert_swiglu_quantize_pallas` (same arithmetic)."""
+    gu = gate_up.astype(jnp.float32) * row_scale[:, None] * jnp.take(col_scale, expert, axis=0, mode="clip")
     f = gu.shape[-1] // 2
-    hidden, hidden_scale = quantize_rows(jax.nn.silu(gu[:, :f]) * gu[:, f:])
+    return quantize_rows(jax.nn.silu(gu[:, :f]) * gu[:, f:])
+
+
+def _expert_swiglu_quantize(gate_up: jax.Array, rows: _Fp8Rows, col_scale: jax.Array,
+                            tiles: tuple[jax.Array, int] | None) -> tuple[jax.Array, jax.Array]:
+    """`expert_swiglu_quantize_reference`'s result; for rows in the tiled layout (`tiles`: (the expert of each
+    row tile, tile_m)) on a GPU with FP8 tensor cores from one Pallas kernel that reads each product row once."""
+    if tiles is None or not native_fp8_available():
+        return expert_swiglu_quantize_reference(gate_up, rows.scale, rows.expert, col_scale)
+    from .fp8_kernels import expert_swiglu_quantize_pallas
+
+    return expert_swiglu_quantize_pallas(gate_up, rows.scale, tiles[0], col_scale, tile_m=tiles[1])
+
+
+def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul: Any,
+                     tiles: tuple[jax.Array, int] | None = None) -> tuple[jax.Array, _Fp8Rows]:
+    """W8A8 SwiGLU experts: gate+up on e4m3 rows, scaled, SwiGLU in float32, requantised per row to e4m3 for down
+    (as the dense fp8 MLP). matmul(values, weight) is the grouped GEMM of e4m3 operands (unscaled products);
+    `tiles` as `_expert_swiglu_quantize`'s. Returns down's unscaled product [R, D] and its rows (their scales
+    apply with the down weights')."""
+    product = matmul(rows.values, gate_up.weight, 0)
+    hidden, hidden_scale = _expert_swiglu_quantize(product, rows, gate_up.scale, tiles)
     hidden_rows = _Fp8Rows(hidden, hidden_scale, rows.expert)
     return matmul(hidden, down.weight, 1), hidden_rows
 
@@ -279,11 +296,12 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
     values, scale = quantize_rows(tokens)
     d, f = tokens.shape[-1], down.weight.shape[-1]
     configs = tiled_configs(d, f, fp8=True) if impl == "tiled" else None
+    tiles = None
     if configs is not None:
         groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
-        rows = _Fp8Rows(jnp.take(values, source, axis=0, mode="fill", fill_value=0),
-                        jnp.take(scale, source, axis=0, mode="fill", fill_value=0),
+        rows = _Fp8Rows(gather_rows(values, source), jnp.take(scale, source, axis=0, mode="fill", fill_value=0),
                         jnp.repeat(groups, configs[0].tile_m))
+        tiles = (groups, configs[0].tile_m)
         interpret = _interpret_params()
 
         def matmul(v: jax.Array, w: jax.Array, which: int) -> jax.Array:
@@ -301,7 +319,7 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
             return grouped_matmul(v.astype(jnp.float32), layer_w.astype(jnp.float32), sizes, "ragged_dot")
 
         row_of_slot = plan.inverse
-    out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul)
+    out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles)
     slot_expert = jnp.take(hidden_rows.expert, row_of_slot)
     slot_scale = jnp.take(hidden_rows.scale, row_of_slot)[:, None] * jnp.take(down.scale, slot_expert, axis=0)
     return out, row_of_slot, slot_scale

@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (ragged_dot and dense only)")
     p.add_argument("--fp8", action="store_true", help="e4m3 rows and weights (the W8A8 experts), module doc")
+    p.add_argument("--movement", action="store_true",
+                   help="time the block's memory-bound steps alone: the row gather (bf16 and e4m3 rows, each "
+                        "`jaxllm.row_gather` impl) and the fp8 scale + SwiGLU + requantisation (XLA vs Pallas)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.smoke:
@@ -139,6 +142,77 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = 
     del padded
 
 
+def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None:
+    """The sparse block's memory-bound steps at one pass's shapes, each candidate checked bit for bit against the
+    first: the row gather of the tokens into the tiled layout (uniform routing; bf16 and e4m3 rows) and the fp8
+    experts' step between their GEMMs. GB/s counts bytes written plus bytes read once."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxllm import fp8_kernels, moe, row_gather
+    from jaxllm.compile import compiler_options, jit
+
+    d, f, e = args.hidden, args.ffn, args.experts
+    tile_m = 128
+    key = jax.random.key(7)
+    routed = jax.random.normal(key, (args.tokens, d), jnp.float32)
+    _, experts = moe.route(routed, jax.random.normal(key, (d, e)) * 0.02, args.top_k, True)
+    plan = moe.dispatch(experts, e)
+    groups, source, _ = moe._tile_layout(plan, args.tokens, args.top_k, tile_m, 0)
+    opts = compiler_options()
+    rows_out = source.shape[0]
+    interpret = jax.default_backend() != "gpu"  # --smoke on a CPU: the Pallas kernels in their interpreter
+
+    def record(step: str, name: str, fn, operands, nbytes: int, reference=None):
+        row = {"step": step, "candidate": name, "rows": rows_out}
+        try:
+            out = jax.block_until_ready(fn(*operands))
+            seconds = time_calls(lambda: fn(*operands), jax.block_until_ready, args.iters)
+        except Exception as err:  # noqa: BLE001 - report and keep measuring the others
+            row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+        else:
+            row |= {"ms": seconds * 1e3, "gb_per_s": nbytes / seconds / 1e9}
+            if reference is not None:
+                row["equal_to_first"] = all(np.array_equal(np.asarray(a.astype(jnp.float32)),
+                                                           np.asarray(b.astype(jnp.float32)))
+                                            for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(reference)))
+        result.setdefault("movement", []).append(row)
+        log(row)
+        return out if "ms" in row else None
+
+    for dtype in (jnp.float8_e4m3fn, jnp.bfloat16):
+        values = routed.astype(dtype)
+        nbytes = 2 * rows_out * d * jnp.dtype(dtype).itemsize
+        step = f"gather {jnp.dtype(dtype).name}"
+        first = record(step, "elements", jit(lambda v, s: row_gather.gather_rows(v, s, "elements"),
+                                             compiler_options=opts), (values, source), nbytes)
+        record(step, "words", jit(row_gather.gather_rows_words, compiler_options=opts), (values, source), nbytes,
+               first)
+        for rows, warps in ((1, 4), (4, 4), (8, 8)):
+            fn = jax.jit(lambda v, s, r=rows, w=warps: row_gather.gather_rows_pallas(v, s, interpret=interpret,
+                                                                                    rows=r, num_warps=w))
+            record(step, f"pallas rows {rows} warps {warps}", fn, (values, source), nbytes, first)
+        del values
+    kp, ks, kc = jax.random.split(key, 3)
+    product = (jax.random.normal(kp, (rows_out, 2 * f), jnp.float32) * 30).astype(jnp.bfloat16)
+    row_scale = jax.random.uniform(ks, (rows_out,), minval=0.001, maxval=0.05)
+    col_scale = jax.random.uniform(kc, (e, 2 * f), minval=0.1, maxval=1.0)
+    expert = jnp.repeat(groups, tile_m)
+    nbytes = rows_out * (2 * f * 2 + f + 8)
+    step = "fp8 scale + swiglu + requantise"
+    first = record(step, "xla", jit(moe.expert_swiglu_quantize_reference, compiler_options=opts),
+                   (product, row_scale, expert, col_scale), nbytes)
+    for rows, warps, chunk in ((1, 4, 512), (2, 4, 512), (4, 8, 256), (1, 2, 256)):
+        fn = jax.jit(lambda p, r_s, g, c, r=rows, w=warps, k=chunk: fp8_kernels.expert_swiglu_quantize_pallas(
+            p, r_s, g, c, tile_m=tile_m, interpret=interpret, rows=r, num_warps=w, chunk=k))
+        out = record(step, f"pallas rows {rows} warps {warps} chunk {chunk}", fn,
+                     (product, row_scale, groups, col_scale), nbytes)
+        if out is not None and first is not None:  # exp's last bit may differ from XLA's: count the changes
+            result["movement"][-1]["values_changed"] = float(np.mean(np.asarray(out[0].astype(jnp.float32))
+                                                                     != np.asarray(first[0].astype(jnp.float32))))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     import jax
@@ -159,6 +233,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "shapes": shapes, "operands": jnp.dtype(operand_dtype).name, "results": []}
     opts = compiler_options()
     key = jax.random.key(0)
+    if args.movement:
+        time_movement(args, log, result)
     for shape_name, (k, n) in shapes.items():
         kx, kw = jax.random.split(jax.random.fold_in(key, k))
         scale = 1.0 if args.fp8 else 0.02  # e4m3 values near 1 (as quantised weights are), not in its subnormals

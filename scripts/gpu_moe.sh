@@ -14,8 +14,12 @@
 #                                         # in bf16 and fp8 at the default memory fraction, ~6 min
 #   bash scripts/gpu_moe.sh fp8kernels OUT  # the e4m3 expert kernels vs a dense fp8 GEMM, their config sweep, the
 #                                           # fp8 block with its kernel profile, ~5 min
+#   bash scripts/gpu_moe.sh movement OUT  # the block's memory-bound steps: the GPU tests of the row gather and the
+#                                         # fp8 scale + SwiGLU kernel, both alone against their XLA forms, the e4m3
+#                                         # kernels vs dense fp8 with their sweep, the fp8 block profiled, the bf16
+#                                         # kernels' sweep on this card, ~9 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement}
 out=${2:?output directory}
 mkdir -p "$out"
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -98,6 +102,14 @@ case $stage in
   fp8kernels)
     run moe_fp8 280 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled \
       --tune-seconds 60 --block-impls tiled --profile-block /tmp/moe-fp8-profile --out "$out/moe_fp8.json"
+    ;;
+  movement)
+    run gpu_tests 120 python3 -m pytest -q tests/test_llm_row_gather.py tests/test_llm_fp8.py \
+      tests/test_llm_grouped_gemm.py -k "gpu or compiled"
+    run moe_fp8 270 python3 -u scripts/bench_moe.py --fp8 --movement --candidates dense tiled --routings uniform \
+      --tune-tiled --tune-seconds 50 --block-impls tiled --profile-block /tmp/moe-fp8-profile --out "$out/moe_fp8.json"
+    run moe_bf16 130 python3 -u scripts/bench_moe.py --candidates dense tiled --routings uniform --tune-tiled \
+      --tune-seconds 45 --block-impls tiled --out "$out/moe_bf16.json"
     ;;
   train)
     for dtype in bfloat16 fp8; do

@@ -151,11 +151,17 @@ def test_bench_moe_smoke(tmp_path):
 
 def test_bench_moe_fp8_smoke():
     """--fp8: e4m3 operands; ragged_dot's products of them equal the float32 per-group products exactly; the fp8
-    dense GEMM and the block with e4m3 experts run; candidates that take no e4m3 operands are skipped."""
+    dense GEMM and the block with e4m3 experts run; candidates that take no e4m3 operands are skipped. With
+    --movement, the block's memory-bound steps run in each of their forms."""
     from scripts import bench_moe
 
-    res = bench_moe.main(["--smoke", "--fp8"])
+    res = bench_moe.main(["--smoke", "--fp8", "--movement"])
     assert res["operands"] == "float8_e4m3fn"
+    # --movement: every gather and every scale + SwiGLU kernel ran and equals the first (XLA's) bit for bit
+    steps = {(r["step"], r["candidate"]): r for r in res["movement"]}
+    assert len(steps) == 2 * 5 + 5 and all("error" not in r for r in steps.values()), steps
+    assert all(r["equal_to_first"] for r in steps.values() if "equal_to_first" in r)
+    assert all(r["values_changed"] == 0.0 for r in steps.values() if "values_changed" in r)
     assert {r["candidate"] for r in res["results"]} == {"dense", "dense_xla_defaults", "ragged_dot"}
     assert all(r["max_rel_err"] == 0.0 for r in res["results"] if r["candidate"] == "ragged_dot")
     assert res["moe_block"]["ms"] > 0

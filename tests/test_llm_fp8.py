@@ -170,6 +170,54 @@ def test_pallas_quantisation_kernels_equal_their_xla_forms(rows, width, block_ro
         np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
 
 
+def _expert_rows(tiles: list[int], tile_m: int, two_f: int, groups: int, seed: int = 0):
+    """gate+up products of rows in the tiled layout: tile t's rows belong to expert tiles[t] (-1: an unused tile,
+    zero rows), with per-row scales and per-expert column scales."""
+    keys = jax.random.split(jax.random.key(seed), 3)
+    n = len(tiles) * tile_m
+    tile_groups = jnp.asarray(tiles, jnp.int32)
+    expert = jnp.repeat(tile_groups, tile_m)
+    product = (jax.random.normal(keys[0], (n, two_f), jnp.float32) * 30).astype(jnp.bfloat16)
+    product = jnp.where((expert >= 0)[:, None], product, 0)
+    row_scale = jnp.where(expert >= 0, jax.random.uniform(keys[1], (n,), minval=0.001, maxval=0.05), 0)
+    col_scale = jax.random.uniform(keys[2], (groups, two_f), minval=0.1, maxval=1.0)
+    return product, row_scale, tile_groups, expert, col_scale
+
+
+@pytest.mark.parametrize("two_f, tile_m, block_rows, chunk", [(192, 8, 1, 512), (192, 8, 2, 32), (64, 4, 4, 16)])
+def test_pallas_expert_swiglu_kernel_equals_its_xla_form(two_f, tile_m, block_rows, chunk):
+    """The fp8 experts' scale + SwiGLU + requantisation kernel (Pallas's interpreter): bit-equal to
+    `moe.expert_swiglu_quantize_reference`, each row tile reading its own expert's column scales (an unused tile's
+    zero rows included), for widths that are not powers of two."""
+    from jaxllm.moe import expert_swiglu_quantize_reference
+
+    product, row_scale, tile_groups, expert, col_scale = _expert_rows([2, 0, 0, 3, -1], tile_m, two_f, 4)
+    got = fp8_kernels.expert_swiglu_quantize_pallas(product, row_scale, tile_groups, col_scale, tile_m=tile_m,
+                                                    interpret=True, rows=block_rows, chunk=chunk)
+    want = expert_swiglu_quantize_reference(product, row_scale, expert, col_scale)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
+    # a wrong expert's column scales would change the values
+    shuffled = expert_swiglu_quantize_reference(product, row_scale, jnp.where(expert == 2, 3, expert), col_scale)
+    assert not np.array_equal(np.asarray(shuffled[0].astype(jnp.float32)), np.asarray(want[0].astype(jnp.float32)))
+    with pytest.raises(ValueError, match="rows dividing tile_m"):
+        fp8_kernels.expert_swiglu_quantize_pallas(product, row_scale, tile_groups, col_scale, tile_m=tile_m,
+                                                  interpret=True, rows=2 * tile_m)
+
+
+@pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
+def test_compiled_expert_swiglu_kernel_matches_its_xla_form_at_the_30b_width():
+    """On the GPU: the compiled kernel against its XLA form at Qwen3-30B-A3B's expert width (F 768: a 512 and a
+    256 slice) in 128-row tiles, up to the last bit of `exp` (a value may round to the neighbouring e4m3 step)."""
+    from jaxllm.moe import expert_swiglu_quantize_reference
+
+    tiles = [5, 0, 7, 7, 1, -1, -1]
+    product, row_scale, tile_groups, expert, col_scale = _expert_rows(tiles, 128, 1536, 8, seed=3)
+    got = fp8_kernels.expert_swiglu_quantize_pallas(product, row_scale, tile_groups, col_scale, tile_m=128)
+    want = jax.jit(expert_swiglu_quantize_reference)(product, row_scale, expert, col_scale)
+    assert_quantized_close(got, want)
+
+
 def assert_quantized_close(got, want, max_changed=0.01):
     """Two per-row e4m3 quantisations (values, scales) of the same rows computed with sums of squares in a
     different order: a row's RMS may move by a float32 ulp, which can move a bf16 value (and so its e4m3

@@ -110,11 +110,15 @@ def _w8a8_block_reference(x, router, gate_up, down, layer, top_k, norm_topk_prob
     return out
 
 
-def test_moe_block_fp8_experts_are_w8a8_on_both_kernels():
+def test_moe_block_fp8_experts_are_w8a8_on_both_kernels(monkeypatch):
     """fp8 experts (e4m3 stacks with per-column scales): the tokens quantised per row, e4m3 GEMMs, scales after
     them, SwiGLU in float32 and requantised for down. The ragged_dot path (a CPU's) equals a float64 reference of
     that arithmetic; the tiled kernel (interpreted here) equals the ragged_dot path up to its bfloat16 products;
-    and both stay near the bfloat16 block of the dequantised weights."""
+    and both stay near the bfloat16 block of the dequantised weights. With the GPU's one-pass scale + SwiGLU +
+    requantisation kernel forced on (interpreted), the tiled block is unchanged to the bit."""
+    import functools
+
+    from jaxllm import fp8_kernels
     from jaxllm.fp8 import out_in_weights, quantize_out_in
 
     e, d, f, n, layers = 4, 128, 128, 24, 2
@@ -131,6 +135,13 @@ def test_moe_block_fp8_experts_are_w8a8_on_both_kernels():
     scale = np.abs(want).max()
     np.testing.assert_allclose(ragged, want, rtol=1e-2, atol=1e-2 * scale)  # bf16 output: 2^-8 relative
     np.testing.assert_allclose(tiled, ragged, rtol=2e-2, atol=2e-2 * scale)
+    traced = []
+    kernel = functools.partial(fp8_kernels.expert_swiglu_quantize_pallas, interpret=True)
+    monkeypatch.setattr(moe, "native_fp8_available", lambda: True)
+    monkeypatch.setattr(fp8_kernels, "expert_swiglu_quantize_pallas",
+                        lambda *a, **kw: traced.append(kw["tile_m"]) or kernel(*a, **kw))
+    np.testing.assert_array_equal(block("tiled"), tiled)
+    assert traced == [64]  # the kernel ran, on the layout's 64-row tiles
     dense = {"router": router, **{name: out_in_weights(jax.tree.map(lambda a: a[1], w), jnp.bfloat16)
                                   for name, w in (("gate_up", gate_up), ("down", down))}}
     bf16 = np.asarray(moe.moe_block(x, dense, 2, False, impl="ragged_dot"), np.float32)
