@@ -62,3 +62,4 @@ def test_pallas_gather_equals_take_on_gpu():
         values, source, want = _case(dtype, 4096, 2048, 20000, seed=2)
         np.testing.assert_array_equal(_bits(gather_rows_pallas(values, source)), _bits(want))
         np.testing.assert_array_equal(_bits(jax.jit(gather_rows_words)(values, source)), _bits(want))
+        np.testing.assert_array_equal(_bits(jax.jit(gather_rows)(values, source)), _bits(want))  # GPU default
