@@ -28,7 +28,7 @@ from jax import lax
 
 from .fp8 import Fp8Matrix, native_fp8_available, quantize_rows
 from .grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
-from .row_gather import gather_rows
+from .moe_rows import ExpertRowScales, combine_rows, gather_rows
 
 GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu", "tiled")
 
@@ -283,11 +283,11 @@ def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul
 
 
 def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, down: Fp8Matrix, top_k: int,
-                        impl: str, layer: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+                        impl: str, layer: jax.Array | None) -> tuple[jax.Array, jax.Array, ExpertRowScales]:
     """fp8 (W8A8) experts: the tokens quantised per row to e4m3 once (before the gather: half the bytes moved),
     both GEMMs on e4m3 operands with float32 accumulation and per-row x per-column scales after them. Returns
-    (down's unscaled product rows, the row of each flat (token, expert) slot in them [N*k], and the scale of each
-    slot's row [N*k, D]: row scale x its expert's column scale)."""
+    (down's unscaled product rows, the row of each flat (token, expert) slot in them [N*k], and their scales for
+    the combine: each row's scale and expert, the experts' column scales)."""
     num_experts = plan.group_sizes.shape[0]
     stacked = gate_up.weight.ndim == 4
     if stacked != (layer is not None):
@@ -322,9 +322,7 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
 
         row_of_slot = plan.inverse
     out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles)
-    slot_expert = jnp.take(hidden_rows.expert, row_of_slot)
-    slot_scale = jnp.take(hidden_rows.scale, row_of_slot)[:, None] * jnp.take(down.scale, slot_expert, axis=0)
-    return out, row_of_slot, slot_scale
+    return out, row_of_slot, ExpertRowScales(hidden_rows.scale, hidden_rows.expert, down.scale)
 
 
 def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
@@ -343,9 +341,9 @@ def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: 
     weights, experts = route(tokens, params["router"], top_k, norm_topk_prob)
     plan = dispatch(experts, params["router"].shape[-1])
     gate_up, down = params["gate_up"], params["down"]
-    slot_scale = None
+    scales = None
     if isinstance(gate_up, Fp8Matrix):
-        out, row_of_slot, slot_scale = _fp8_expert_outputs(tokens, plan, gate_up, down, top_k, impl, layer)
+        out, row_of_slot, scales = _fp8_expert_outputs(tokens, plan, gate_up, down, top_k, impl, layer)
     else:
         configs = tiled_configs(d, gate_up.shape[-2] // 2)
         tiled = impl == "tiled" and configs is not None and gate_up.dtype == x.dtype
@@ -356,13 +354,8 @@ def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: 
         else:
             rows = jnp.take(tokens, plan.order // top_k, axis=0)
             out, row_of_slot = experts_ffn(rows, gate_up, down, plan.group_sizes, impl), plan.inverse
-    per_slot = jnp.take(out, row_of_slot, axis=0).astype(jnp.float32)
-    if slot_scale is not None:
-        per_slot = per_slot * slot_scale
-    per_slot = per_slot.reshape(tokens.shape[0], top_k, d)
-    # one fusion (gather, multiply, sum): no [N, k, D] float32 intermediate (2 GiB at one 32,768-token pass)
-    combined = jnp.sum(per_slot * weights[..., None].astype(jnp.float32), axis=1)
-    return combined.astype(x.dtype).reshape(*lead, d)
+    combined = combine_rows(out, row_of_slot.reshape(tokens.shape[0], top_k), weights, scales, x.dtype)
+    return combined.reshape(*lead, d)
 
 
 def expert_load(experts: jax.Array, num_experts: int) -> jax.Array:

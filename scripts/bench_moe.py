@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fp8", action="store_true", help="e4m3 rows and weights (the W8A8 experts), module doc")
     p.add_argument("--movement", action="store_true",
                    help="time the block's memory-bound steps alone: the row gather (bf16 and e4m3 rows, each "
-                        "`jaxllm.row_gather` impl) and the fp8 scale + SwiGLU + requantisation (XLA vs Pallas)")
+                        "`jaxllm.moe_rows` impl) and the fp8 scale + SwiGLU + requantisation (XLA vs Pallas)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.smoke:
@@ -150,7 +150,7 @@ def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxllm import fp8_kernels, moe, row_gather
+    from jaxllm import fp8_kernels, moe, moe_rows
     from jaxllm.compile import compiler_options, jit
 
     d, f, e = args.hidden, args.ffn, args.experts
@@ -185,12 +185,12 @@ def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None
         values = routed.astype(dtype)
         nbytes = 2 * rows_out * d * jnp.dtype(dtype).itemsize
         step = f"gather {jnp.dtype(dtype).name}"
-        first = record(step, "elements", jit(lambda v, s: row_gather.gather_rows(v, s, "elements"),
+        first = record(step, "elements", jit(lambda v, s: moe_rows.gather_rows(v, s, "elements"),
                                              compiler_options=opts), (values, source), nbytes)
-        record(step, "words", jit(row_gather.gather_rows_words, compiler_options=opts), (values, source), nbytes,
+        record(step, "words", jit(moe_rows.gather_rows_words, compiler_options=opts), (values, source), nbytes,
                first)
         for rows, warps in ((1, 4), (4, 4), (8, 8)):
-            fn = jax.jit(lambda v, s, r=rows, w=warps: row_gather.gather_rows_pallas(v, s, interpret=interpret,
+            fn = jax.jit(lambda v, s, r=rows, w=warps: moe_rows.gather_rows_pallas(v, s, interpret=interpret,
                                                                                     rows=r, num_warps=w))
             record(step, f"pallas rows {rows} warps {warps}", fn, (values, source), nbytes, first)
         del values
@@ -211,6 +211,24 @@ def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None
         if out is not None and first is not None:  # exp's last bit may differ from XLA's: count the changes
             result["movement"][-1]["values_changed"] = float(np.mean(np.asarray(out[0].astype(jnp.float32))
                                                                      != np.asarray(first[0].astype(jnp.float32))))
+    # the combine: each token's 8 expert rows (bf16 down products) weighted and summed, without and with fp8 scales
+    slot_row = moe._tile_layout(plan, args.tokens, args.top_k, tile_m, 0)[2].reshape(args.tokens, args.top_k)
+    weights = jax.nn.softmax(jax.random.normal(kp, slot_row.shape), axis=-1).astype(jnp.bfloat16)
+    down_rows = (jax.random.normal(kp, (rows_out, d), jnp.float32) * 30).astype(jnp.bfloat16)
+    scales = moe_rows.ExpertRowScales(row_scale, expert, jax.random.uniform(kc, (e, d), minval=0.1, maxval=1.0))
+    nbytes = args.tokens * (args.top_k + 1) * d * 2
+    for label, sc in (("combine", None), ("combine fp8 scales", scales)):
+        first = record(label, "xla", jit(lambda r, s, w, c: moe_rows.combine_rows_reference(r, s, w, c, jnp.bfloat16),
+                                         compiler_options=opts), (down_rows, slot_row, weights, sc), nbytes)
+        for per, warps in ((1, 4), (2, 8)):
+            fn = jax.jit(lambda r, s, w, c, p_=per, w_=warps: moe_rows.combine_rows_pallas(
+                r, s, w, c, jnp.bfloat16, interpret=interpret, rows_per_program=p_, num_warps=w_))
+            out = record(label, f"pallas tokens {per} warps {warps}", fn, (down_rows, slot_row, weights, sc),
+                         nbytes)
+            if out is not None and first is not None:  # float32 sums in another order: bf16 roundings may differ
+                result["movement"][-1]["max_abs_diff_over_max"] = float(
+                    jnp.max(jnp.abs(out.astype(jnp.float32) - first.astype(jnp.float32)))
+                    / jnp.max(jnp.abs(first.astype(jnp.float32))))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

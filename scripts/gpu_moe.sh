@@ -18,8 +18,10 @@
 #                                         # fp8 scale + SwiGLU kernel, both alone against their XLA forms, the e4m3
 #                                         # kernels vs dense fp8 with their sweep, the fp8 block profiled, the bf16
 #                                         # kernels' sweep on this card, ~9 min
+#   bash scripts/gpu_moe.sh rows OUT      # after a change to the row movement: the GPU tests, the movement steps and
+#                                         # the fp8 block alone, both encoders in bf16 and fp8 (the 30B's profiled), ~9 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows}
 out=${2:?output directory}
 mkdir -p "$out"
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -91,11 +93,13 @@ case $stage in
     echo "peak GPU memory in use per step (MiB, nvidia-smi):"
     sort -t, -k2 -n "$out/memory.csv" | awk -F, '{peak[$1] = $2} END {for (s in peak) print s, peak[s]}'
     ;;
-  fp8)
-    run gpu_tests 110 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py tests/test_llm_row_gather.py \
+  fp8|rows)
+    run gpu_tests 110 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py tests/test_llm_moe_rows.py \
       tests/test_llm_fp8.py -k "gpu or compiled"
+    [ "$stage" = rows ] && run moe_rows 100 python3 -u scripts/bench_moe.py --fp8 --movement --candidates dense \
+      --routings uniform --block-impls tiled --out "$out/moe_rows.json"
     for model in qwen3-30b-a3b qwen3-4b; do
-      limit=$([ "$model" = qwen3-4b ] && echo 120 || echo 260)
+      limit=$([ "$model" = qwen3-4b ] && echo 150 || echo 220)
       # the 30B's passes profiled after timing (OUT/encoder_qwen3-30b-a3b.log: where its GPU time goes)
       profile=$([ "$model" = qwen3-4b ] || echo "--profile /tmp/encoder-profile")
       run "encoder_$model" "$limit" python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes bfloat16 fp8 \
@@ -107,7 +111,7 @@ case $stage in
       --tune-seconds 60 --block-impls tiled --profile-block /tmp/moe-fp8-profile --out "$out/moe_fp8.json"
     ;;
   movement)
-    run gpu_tests 120 python3 -m pytest -q tests/test_llm_row_gather.py tests/test_llm_fp8.py \
+    run gpu_tests 120 python3 -m pytest -q tests/test_llm_moe_rows.py tests/test_llm_fp8.py \
       tests/test_llm_grouped_gemm.py -k "gpu or compiled"
     run moe_fp8 270 python3 -u scripts/bench_moe.py --fp8 --movement --candidates dense tiled --routings uniform \
       --tune-tiled --tune-seconds 50 --block-impls tiled --profile-block /tmp/moe-fp8-profile --out "$out/moe_fp8.json"

@@ -1,0 +1,213 @@
+"""Rows between token order and expert order, the MoE block's memory-bound steps (`jaxllm.moe`).
+
+Gather: `moe_block` copies each token's row once per chosen expert (8 copies for Qwen3-30B-A3B: ~570 MB of e4m3
+rows or ~1.1 GB of bf16 rows per 32K-token pass and layer), so the copy runs at memory speed or costs as much as a
+GEMM. XLA's gather moves one element per thread: for one-byte e4m3 values ~1.2 TB/s on an H200 (2026-11-28). Two
+ways to move more bytes per thread:
+
+- `gather_rows_words`: XLA's gather on the rows bitcast to 4-byte words (same bytes, a quarter or half the
+  elements), exact for any dtype;
+- `gather_rows_pallas`: a Pallas (Triton) kernel, a program per few output rows, each row copied in wide
+  contiguous slices: the GPU's default (`gather_rows`), 2.4x XLA's gather of e4m3 rows and 1.45x of bf16 rows.
+
+Rows whose index is out of range (>= the row count: the tiled layout's padding rows) come back as zeros.
+
+Combine: each token's output is the sum over its k expert rows of routing weight x row (for fp8 experts, x the
+row's scale x its expert's column scales), in float32, rounded once. `combine_rows_reference` is XLA's form;
+`combine_rows_pallas` computes it in one kernel that writes only the token rows (a fusion barrier too: XLA fused
+the bf16 combine into the residual add and norm after it and paid for that).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+GATHER_IMPLS = ("elements", "words", "pallas")
+
+
+def _as_words(values: jax.Array) -> jax.Array | None:
+    """values [N, W] bitcast to uint32 [N, W * itemsize / 4], or None when its rows are not whole words."""
+    n, width = values.shape
+    per_word = 4 // values.dtype.itemsize if values.dtype.itemsize < 4 else 1
+    if values.dtype.itemsize > 4 or width % per_word:
+        return None
+    if per_word == 1:
+        return lax.bitcast_convert_type(values, jnp.uint32)
+    return lax.bitcast_convert_type(values.reshape(n, width // per_word, per_word), jnp.uint32)
+
+
+def _from_words(words: jax.Array, dtype, width: int) -> jax.Array:
+    return lax.bitcast_convert_type(words, dtype).reshape(words.shape[0], width)
+
+
+def gather_rows_words(values: jax.Array, source: jax.Array) -> jax.Array:
+    """values [N, W] -> [len(source), W]: row source[i] of values, zeros where source[i] >= N; XLA's gather on
+    4-byte words (falls back to elements for rows that are not whole words)."""
+    words = _as_words(values)
+    if words is None:
+        return jnp.take(values, source, axis=0, mode="fill", fill_value=0)
+    moved = jnp.take(words, source, axis=0, mode="fill", fill_value=0)
+    return _from_words(moved, values.dtype, values.shape[1])
+
+
+def _gather_rows_kernel(source_ref, values_ref, out_ref, *, num_rows: int, slices: tuple[tuple[int, int], ...]):
+    for r in range(out_ref.shape[0]):
+        row = source_ref[r]
+        valid = row < num_rows
+        row = jnp.minimum(row, num_rows - 1)
+        for start, size in slices:
+            v = pltriton.load(values_ref.at[pl.ds(row, 1), pl.ds(start, size)])  # [1, size]
+            pltriton.store(out_ref.at[pl.ds(r, 1), pl.ds(start, size)], jnp.where(valid, v, jnp.zeros_like(v)))
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "rows", "num_warps", "chunk"))
+def gather_rows_pallas(values: jax.Array, source: jax.Array, interpret: bool = False, rows: int = 4,
+                       num_warps: int = 4, chunk: int = 1024) -> jax.Array:
+    """`gather_rows_words`' result from a Pallas (Triton) kernel on the rows' 4-byte words: each program copies
+    `rows` output rows in slices of up to `chunk` words (Triton's shapes are powers of two: a width that is not
+    is copied as its binary parts). `interpret`: Pallas's interpreter (CPU tests)."""
+    words = _as_words(values)
+    if words is None:
+        raise ValueError(f"gather_rows_pallas: rows of {values.shape[1]} {values.dtype} values are not whole "
+                         f"4-byte words; use gather_rows_words")
+    n, width = words.shape
+    m = source.shape[0]
+    rows = min(rows, pl.next_power_of_2(m))
+    padded = -(-m // rows) * rows
+    source = jnp.pad(source.astype(jnp.int32), (0, padded - m), constant_values=n)
+    slices, start = [], 0
+    while start < width:
+        size = min(chunk, 1 << ((width - start).bit_length() - 1))
+        slices.append((start, size))
+        start += size
+    out = pl.pallas_call(
+        functools.partial(_gather_rows_kernel, num_rows=n, slices=tuple(slices)),
+        out_shape=jax.ShapeDtypeStruct((padded, width), jnp.uint32),
+        grid=(padded // rows,),
+        in_specs=[pl.BlockSpec((rows,), lambda i: (i,)), pl.BlockSpec((n, width), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((rows, width), lambda i: (i, 0)),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="gather_rows",
+    )(source, words)
+    return _from_words(out[:m], values.dtype, values.shape[1])
+
+
+def pallas_gather_tuning(row_bytes: int) -> dict[str, int]:
+    """`gather_rows_pallas`' rows per program and warps for rows of this many bytes: the best of
+    `scripts/bench_moe.py --movement` on an H200 (2026-11-28) at 278,400 rows of Qwen3-30B-A3B's 2,048 values:
+    e4m3 rows (2 KiB) 0.40 ms at 4 rows x 4 warps (XLA's gather: 0.95 ms on elements, 0.46 on words); bf16 rows
+    (4 KiB) 0.66 ms at 8 rows x 8 warps (0.96 / 0.87 ms)."""
+    return {"rows": 8, "num_warps": 8} if row_bytes >= 4096 else {"rows": 4, "num_warps": 4}
+
+
+def gather_rows(values: jax.Array, source: jax.Array, impl: str | None = None) -> jax.Array:
+    """values [N, W] -> [len(source), W]: row source[i] of values, zeros where source[i] >= N. impl: one of
+    `GATHER_IMPLS`, None = "pallas" on a GPU (falling back to "words" for rows that are not whole words), "words"
+    elsewhere; "elements" is XLA's gather as is."""
+    on_gpu = jax.devices()[0].platform == "gpu"
+    impl = impl or ("pallas" if on_gpu else "words")
+    if impl not in GATHER_IMPLS:
+        raise ValueError(f"gather impl must be one of {GATHER_IMPLS}, got {impl!r}")
+    if impl == "pallas" and on_gpu and _as_words(values) is not None:
+        return gather_rows_pallas(values, source, **pallas_gather_tuning(values.shape[1] * values.dtype.itemsize))
+    if impl == "elements":
+        return jnp.take(values, source, axis=0, mode="fill", fill_value=0)
+    return gather_rows_words(values, source)
+
+
+class ExpertRowScales(NamedTuple):
+    """The scales of fp8 experts' down products: each expert row's `row` scale [R] float32, its expert `group`
+    [R] int32 (a row of `col`; -1 read as 0) and the experts' column scales `col` [G, D] float32."""
+
+    row: jax.Array
+    group: jax.Array
+    col: jax.Array
+
+
+def combine_rows_reference(rows: jax.Array, slot_row: jax.Array, weights: jax.Array,
+                           scales: ExpertRowScales | None, dtype: Any) -> jax.Array:
+    """Token outputs [N, D] in `dtype`: sum over j of weights[n, j] x rows[slot_row[n, j]] (times, with `scales`,
+    the row's scale x its expert's column scales), in float32. rows [R, D]; slot_row int32 [N, k]; weights [N, k].
+    One fusion in XLA (gather, multiply, sum): no [N, k, D] float32 intermediate."""
+    n, k = slot_row.shape
+    flat = slot_row.reshape(-1)
+    per_slot = jnp.take(rows, flat, axis=0).astype(jnp.float32)
+    if scales is not None:
+        col = jnp.take(scales.col, jnp.take(scales.group, flat), axis=0, mode="clip")
+        per_slot = per_slot * (jnp.take(scales.row, flat)[:, None] * col)
+    per_slot = per_slot.reshape(n, k, rows.shape[1])
+    return jnp.sum(per_slot * weights[..., None].astype(jnp.float32), axis=1).astype(dtype)
+
+
+def _combine_rows_kernel(slot_row_ref, weights_ref, rows_ref, *scale_and_out_refs, slices, scaled: bool):
+    *scale_refs, out_ref = scale_and_out_refs
+    for r in range(out_ref.shape[0]):
+        acc = {start: None for start, _ in slices}
+        for j in range(slot_row_ref.shape[1]):
+            row, weight = slot_row_ref[r, j], weights_ref[r, j]
+            if scaled:
+                row_scale_ref, group_ref, col_ref = scale_refs
+                row_scale = pltriton.load(row_scale_ref.at[pl.ds(row, 1)])[None, :]  # [1, 1]
+                group = jnp.maximum(group_ref[row], 0)
+            for start, size in slices:
+                v = pltriton.load(rows_ref.at[pl.ds(row, 1), pl.ds(start, size)]).astype(jnp.float32)
+                if scaled:
+                    v = v * (row_scale * pltriton.load(col_ref.at[pl.ds(group, 1), pl.ds(start, size)]))
+                v = v * weight
+                acc[start] = v if acc[start] is None else acc[start] + v
+        for start, size in slices:
+            pltriton.store(out_ref.at[pl.ds(r, 1), pl.ds(start, size)], acc[start].astype(out_ref.dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "interpret", "rows_per_program", "num_warps", "chunk"))
+def combine_rows_pallas(rows: jax.Array, slot_row: jax.Array, weights: jax.Array, scales: ExpertRowScales | None,
+                        dtype: Any, interpret: bool = False, rows_per_program: int = 1, num_warps: int = 4,
+                        chunk: int = 1024) -> jax.Array:
+    """`combine_rows_reference`'s result from one Pallas (Triton) kernel: a program per `rows_per_program` tokens
+    sums their k rows in float32 registers, in slices of up to `chunk` columns (a width that is not a power of two
+    as its binary parts), and writes each token row once. `interpret`: Pallas's interpreter (CPU tests)."""
+    n, k = slot_row.shape
+    width = rows.shape[1]
+    per = min(rows_per_program, pl.next_power_of_2(n))
+    padded = -(-n // per) * per
+    slot_row = jnp.pad(slot_row.astype(jnp.int32), ((0, padded - n), (0, 0)))
+    weights = jnp.pad(weights.astype(jnp.float32), ((0, padded - n), (0, 0)))
+    slices, start = [], 0
+    while start < width:
+        size = min(chunk, 1 << ((width - start).bit_length() - 1))
+        slices.append((start, size))
+        start += size
+    whole = lambda a: pl.BlockSpec(a.shape, lambda i: (0,) * a.ndim)  # noqa: E731
+    extra = [] if scales is None else [scales.row.astype(jnp.float32), scales.group.astype(jnp.int32),
+                                       scales.col.astype(jnp.float32)]
+    out = pl.pallas_call(
+        functools.partial(_combine_rows_kernel, slices=tuple(slices), scaled=scales is not None),
+        out_shape=jax.ShapeDtypeStruct((padded, width), dtype),
+        grid=(padded // per,),
+        in_specs=[pl.BlockSpec((per, k), lambda i: (i, 0)), pl.BlockSpec((per, k), lambda i: (i, 0)), whole(rows)]
+                 + [whole(a) for a in extra],
+        out_specs=pl.BlockSpec((per, width), lambda i: (i, 0)),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="combine_rows",
+    )(slot_row, weights, rows, *extra)
+    return out[:n]
+
+
+def combine_rows(rows: jax.Array, slot_row: jax.Array, weights: jax.Array, scales: ExpertRowScales | None,
+                 dtype: Any, impl: str | None = None) -> jax.Array:
+    """`combine_rows_reference`'s result. impl: "pallas" (`combine_rows_pallas`, the GPU's default) or "xla"
+    (the default elsewhere)."""
+    impl = impl or ("pallas" if jax.devices()[0].platform == "gpu" else "xla")
+    if impl not in ("pallas", "xla"):
+        raise ValueError(f"combine impl must be 'pallas' or 'xla', got {impl!r}")
+    if impl == "pallas" and jax.devices()[0].platform == "gpu":
+        return combine_rows_pallas(rows, slot_row, weights, scales, dtype)
+    return combine_rows_reference(rows, slot_row, weights, scales, dtype)
