@@ -209,5 +209,6 @@ def combine_rows(rows: jax.Array, slot_row: jax.Array, weights: jax.Array, scale
     if impl not in ("pallas", "xla"):
         raise ValueError(f"combine impl must be 'pallas' or 'xla', got {impl!r}")
     if impl == "pallas" and jax.devices()[0].platform == "gpu":
-        return combine_rows_pallas(rows, slot_row, weights, scales, dtype)
+        # 2 tokens x 8 warps: the best or equal of scripts/bench_moe.py --movement on an H200 (2026-11-28)
+        return combine_rows_pallas(rows, slot_row, weights, scales, dtype, rows_per_program=2, num_warps=8)
     return combine_rows_reference(rows, slot_row, weights, scales, dtype)
