@@ -4,7 +4,8 @@ For N tokens and k experts per token, the N*k (token, expert) rows are sorted by
 one contiguous group; one grouped GEMM computes gate and up for every group at once (weights [E, 2F, D],
 contraction innermost), one more computes down ([E, D, F]), and the k weighted outputs of each token are gathered
 back through the inverse permutation and summed in float32 (a gather, never a scatter-add of floats: the result
-does not depend on thread timing). No token is ever dropped: group sizes are whatever the router chose.
+does not depend on thread timing). No token is ever dropped: group sizes are whatever the router chose. The rows
+move both ways in `jaxllm.moe_rows` (Pallas kernels on a GPU).
 
 The grouped GEMM's implementation is chosen per backend in one place, `default_grouped_matmul_impl`:
 - "ragged_dot": `jax.lax.ragged_dot_general` (XLA). On a CPU it is a plain loop over groups; on a GPU XLA lowers
@@ -266,7 +267,8 @@ def _expert_swiglu_quantize(gate_up: jax.Array, rows: _Fp8Rows, col_scale: jax.A
         return expert_swiglu_quantize_reference(gate_up, rows.scale, rows.expert, col_scale)
     from .fp8_kernels import expert_swiglu_quantize_pallas
 
-    # 2 rows x 4 warps: 0.55 ms at 278,400 rows of Qwen3-30B-A3B (XLA's two passes: 1.04 ms; H200, 2026-11-28)
+    # 2 rows x 4 warps a program: 0.55 ms at 278,400 rows of Qwen3-30B-A3B (XLA's two passes: 1.04 ms) on one H200,
+    # 0.76 ms (1.14; 1 row: 0.68) on another (scripts/bench_moe.py --movement, 2026-11-28)
     return expert_swiglu_quantize_pallas(gate_up, rows.scale, tiles[0], col_scale, tile_m=tiles[1], rows=2)
 
 
