@@ -28,7 +28,7 @@ from jax.experimental.pallas import triton as pltriton
 from .fp8_format import E4M3, E4M3_MAX, TINY
 
 
-def _column_slices(width: int, chunk: int) -> list[pl.Slice]:
+def column_slices(width: int, chunk: int) -> list[pl.Slice]:
     """[0, width) as slices of `chunk` columns, then the remainder's binary parts, largest first (Triton's
     shapes are powers of two)."""
     slices, start = [], 0
@@ -42,7 +42,7 @@ def _column_slices(width: int, chunk: int) -> list[pl.Slice]:
 def _quantize_block(values_of: Callable[[pl.Slice], jax.Array], q_ref, scale_ref, width: int, chunk: int) -> None:
     """Quantise the program's [rows, width] block: `values_of(cols)` gives the float32 values of a column slice;
     they stay in registers (the loop is unrolled) until the rows' abs-max is known."""
-    values = [(cols, values_of(cols)) for cols in _column_slices(width, chunk)]
+    values = [(cols, values_of(cols)) for cols in column_slices(width, chunk)]
     absmax = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(v), axis=1, keepdims=True) for _, v in values])
     scale = jnp.maximum(absmax / E4M3_MAX, TINY)  # [rows, 1]
     for cols, v in values:
@@ -90,7 +90,7 @@ def _residual_norm_quantize_kernel(h_ref, y_ref, row_scale_ref, col_scale_ref, w
                                    scale_ref, *, width: int, chunk: int, eps: float):
     dtype = h_out_ref.dtype
     row_scale = pltriton.load(row_scale_ref).astype(jnp.float32)  # [rows, 1]
-    slices = _column_slices(width, chunk)
+    slices = column_slices(width, chunk)
     new_rows, sum_sq = [], None
     for cols in slices:
         y = pltriton.load(y_ref.at[:, cols]).astype(jnp.float32)

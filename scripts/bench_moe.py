@@ -144,8 +144,9 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = 
 
 def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None:
     """The sparse block's memory-bound steps at one pass's shapes, each candidate checked bit for bit against the
-    first: the row gather of the tokens into the tiled layout (uniform routing; bf16 and e4m3 rows) and the fp8
-    experts' step between their GEMMs. GB/s counts bytes written plus bytes read once."""
+    first: the row gather of the tokens into the tiled layout (uniform routing; bf16 and e4m3 rows), the fp8
+    experts' step between their GEMMs, and the combine (with fp8 scales and without: checked against the first up
+    to the order of its float32 sums). GB/s counts bytes written plus bytes read once."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -159,7 +160,7 @@ def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None
     routed = jax.random.normal(key, (args.tokens, d), jnp.float32)
     _, experts = moe.route(routed, jax.random.normal(key, (d, e)) * 0.02, args.top_k, True)
     plan = moe.dispatch(experts, e)
-    groups, source, _ = moe._tile_layout(plan, args.tokens, args.top_k, tile_m, 0)
+    groups, source, row_of_slot = moe._tile_layout(plan, args.tokens, args.top_k, tile_m, 0)
     opts = compiler_options()
     rows_out = source.shape[0]
     interpret = jax.default_backend() != "gpu"  # --smoke on a CPU: the Pallas kernels in their interpreter
@@ -212,7 +213,7 @@ def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None
             result["movement"][-1]["values_changed"] = float(np.mean(np.asarray(out[0].astype(jnp.float32))
                                                                      != np.asarray(first[0].astype(jnp.float32))))
     # the combine: each token's 8 expert rows (bf16 down products) weighted and summed, without and with fp8 scales
-    slot_row = moe._tile_layout(plan, args.tokens, args.top_k, tile_m, 0)[2].reshape(args.tokens, args.top_k)
+    slot_row = row_of_slot.reshape(args.tokens, args.top_k)
     weights = jax.nn.softmax(jax.random.normal(kp, slot_row.shape), axis=-1).astype(jnp.bfloat16)
     down_rows = (jax.random.normal(kp, (rows_out, d), jnp.float32) * 30).astype(jnp.bfloat16)
     scales = moe_rows.ExpertRowScales(row_scale, expert, jax.random.uniform(kc, (e, d), minval=0.1, maxval=1.0))
