@@ -62,6 +62,15 @@ class QuantizedRows:
 
 
 @flax.struct.dataclass
+class ValueAndRows:
+    """Activations for a consumer that reads them both ways (an MoE block in fp8: its router takes the 16-bit
+    `value` [..., in], its experts the e4m3 `rows` of the same values)."""
+
+    value: jax.Array
+    rows: QuantizedRows
+
+
+@flax.struct.dataclass
 class Fp8Product:
     """An fp8 GEMM's product before its scales: `product` [..., out] (the unscaled float32 accumulator rounded to
     `product`'s dtype), `row_scale` float32 [...] (the activations'), `col_scale` float32 [out] (the weight's).

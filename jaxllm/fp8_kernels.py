@@ -86,8 +86,9 @@ def _expert_swiglu_quantize_kernel(gate_up_ref, row_scale_ref, group_ref, col_sc
     _quantize_block(values_of, q_ref, scale_ref, width, chunk)
 
 
-def _residual_norm_quantize_kernel(h_ref, y_ref, row_scale_ref, col_scale_ref, weight_ref, h_out_ref, q_ref,
-                                   scale_ref, *, width: int, chunk: int, eps: float):
+def _residual_norm_quantize_kernel(h_ref, y_ref, row_scale_ref, col_scale_ref, weight_ref, h_out_ref, *refs,
+                                   width: int, chunk: int, eps: float):
+    normed_ref, q_ref, scale_ref = refs if len(refs) == 3 else (None, *refs)  # the normed rows only when asked for
     dtype = h_out_ref.dtype
     row_scale = pltriton.load(row_scale_ref).astype(jnp.float32)  # [rows, 1]
     slices = column_slices(width, chunk)
@@ -106,6 +107,8 @@ def _residual_norm_quantize_kernel(h_ref, y_ref, row_scale_ref, col_scale_ref, w
     for cols, h in zip(slices, new_rows):
         weight = pltriton.load(weight_ref.at[cols]).astype(jnp.float32)[None, :]
         normed[cols.start] = (weight * (h * inv_rms).astype(dtype).astype(jnp.float32)).astype(dtype)
+        if normed_ref is not None:
+            pltriton.store(normed_ref.at[:, cols], normed[cols.start])
     _quantize_block(lambda cols: normed[cols.start].astype(jnp.float32), q_ref, scale_ref, width, chunk)
 
 
@@ -230,20 +233,24 @@ def expert_swiglu_quantize_pallas(gate_up: jax.Array, row_scale: jax.Array, tile
     return q, scale[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("eps",) + _TUNING)
+@functools.partial(jax.jit, static_argnames=("eps", "keep_normed") + _TUNING)
 def residual_norm_quantize_pallas(h: jax.Array, y: jax.Array, row_scale: jax.Array, col_scale: jax.Array,
-                                  weight: jax.Array, eps: float, interpret: bool = False, rows: int = 1,
-                                  num_warps: int = 4, chunk: int = 512) -> tuple[jax.Array, jax.Array, jax.Array]:
+                                  weight: jax.Array, eps: float, keep_normed: bool = False, interpret: bool = False,
+                                  rows: int = 1, num_warps: int = 4, chunk: int = 512) -> tuple[jax.Array, ...]:
     """The residual add of an fp8 GEMM's product, then RMSNorm and per-row e4m3 quantisation of the sum.
 
     h [N, D] the residual stream (16-bit); y [N, D] the GEMM's unscaled product, row_scale [N] / col_scale [D]
-    its activation / weight scales; weight [D] the RMSNorm weight. Returns (h + the scaled product [N, D] in h's
-    dtype, e4m3 [N, D], float32 scale [N]): `jaxllm.layer_ops.residual_norm_reference`'s values, from one kernel
-    that reads each row once. `interpret` and the tuning as `quantize_rows_pallas`."""
+    its activation / weight scales (a 16-bit y with unit scales is a plain residual add); weight [D] the RMSNorm
+    weight. Returns (h + the scaled product [N, D] in h's dtype, e4m3 [N, D], float32 scale [N]):
+    `jaxllm.layer_ops.residual_norm_reference`'s values, from one kernel that reads each row once. `keep_normed`:
+    also the normalised rows themselves [N, D] in h's dtype, second (for a consumer that needs both, such as an
+    MoE block: its router reads the 16-bit rows, its experts the e4m3 ones). `interpret` and the tuning as
+    `quantize_rows_pallas`."""
     kernel = functools.partial(_residual_norm_quantize_kernel, eps=eps)
     return _row_kernel_call(kernel, [h, y, row_scale.astype(jnp.float32)],
                             [col_scale.astype(jnp.float32), weight], name="residual_norm_quantize",
-                            interpret=interpret, rows=rows, num_warps=num_warps, chunk=chunk, row_outputs=(h.dtype,))
+                            interpret=interpret, rows=rows, num_warps=num_warps, chunk=chunk,
+                            row_outputs=(h.dtype,) * (2 if keep_normed else 1))
 
 
 @functools.partial(jax.jit, static_argnames=("head_dim", "eps", "dtype", "interpret", "rows", "num_warps"))

@@ -3,8 +3,9 @@
 Each step is written once in XLA form (any backend, any dtype; HF's numerics). For fp8 weights on a GPU with
 FP8 tensor cores, the two steps XLA splits into several passes over a tensor run as one Pallas kernel each
 (`jaxllm.fp8_kernels`), with the same roundings:
-- `residual_norm`: h + an fp8 GEMM's scaled product, then RMSNorm and the next GEMM's e4m3 quantisation (two
-  reductions in a row; XLA made three kernels of it);
+- `residual_norm`: h + an fp8 GEMM's scaled product (or an MoE block's output), then RMSNorm and the next GEMM's
+  e4m3 quantisation (two reductions in a row; XLA made three kernels of it), with the 16-bit normalised rows too
+  where an fp8 MoE block's router reads them;
 - `head_norm_rope`: an fp8 q/k product, scaled, then each head's RMSNorm and RoPE (XLA made two).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .fp8 import Fp8Product, QuantizedRows, native_fp8_available, quantize
+from .fp8 import Fp8Product, QuantizedRows, ValueAndRows, native_fp8_available, quantize
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -45,18 +46,22 @@ def value(y: jax.Array | Fp8Product) -> jax.Array:
     return y.value() if isinstance(y, Fp8Product) else y
 
 
-def norm_input(h: jax.Array, weight: jax.Array, eps: float, quantized: bool) -> jax.Array | QuantizedRows:
+def norm_input(h: jax.Array, weight: jax.Array, eps: float, quantized: bool, keep_value: bool = False
+               ) -> jax.Array | QuantizedRows | ValueAndRows:
     """RMSNorm of the residual stream h, as the next projection takes it: e4m3 rows when `quantized` (its
-    weights are fp8), else h's dtype."""
+    weights are fp8), else h's dtype; with `keep_value` too, both (`ValueAndRows`: an fp8 MoE block's input)."""
     x = rms_norm(h, weight, eps)
-    return quantize(x) if quantized else x
+    if not quantized:
+        return x
+    return ValueAndRows(x, quantize(x)) if keep_value else quantize(x)
 
 
 def residual_norm_reference(h: jax.Array, delta: jax.Array | Fp8Product, weight: jax.Array, eps: float,
-                            quantized: bool) -> tuple[jax.Array, jax.Array | QuantizedRows]:
+                            quantized: bool, keep_value: bool = False
+                            ) -> tuple[jax.Array, jax.Array | QuantizedRows | ValueAndRows]:
     """(h + delta, `norm_input` of that sum) in XLA form."""
     h = h + value(delta)
-    return h, norm_input(h, weight, eps, quantized)
+    return h, norm_input(h, weight, eps, quantized, keep_value)
 
 
 def _one_pass_kernels(y: Any) -> bool:
@@ -64,22 +69,35 @@ def _one_pass_kernels(y: Any) -> bool:
     return isinstance(y, Fp8Product) and native_fp8_available()
 
 
+def _unit_scaled(delta: jax.Array) -> Fp8Product:
+    """A plain 16-bit delta as an `Fp8Product` with unit scales: `value()` gives it back bit for bit, so the
+    residual kernel adds it as it is."""
+    ones = lambda n: jnp.ones((n,), jnp.float32)  # noqa: E731
+    rows = ones(delta.size // delta.shape[-1]).reshape(delta.shape[:-1])
+    return Fp8Product(delta, rows, ones(delta.shape[-1]), delta.dtype)
+
+
 def residual_norm(h: jax.Array, delta: jax.Array | Fp8Product, weight: jax.Array, eps: float,
-                  quantized: bool) -> tuple[jax.Array, jax.Array | QuantizedRows]:
+                  quantized: bool, keep_value: bool = False
+                  ) -> tuple[jax.Array, jax.Array | QuantizedRows | ValueAndRows]:
     """The residual add h + delta, then the next projection's input (`norm_input` of the sum).
 
-    h [..., D]; delta: a plain array or an fp8 GEMM's `Fp8Product`. For a product that is quantised again on a
-    GPU with FP8 tensor cores, one kernel reads each row once (`residual_norm_quantize_pallas`); elsewhere
+    h [..., D]; delta: a plain array (an MoE block's output) or an fp8 GEMM's `Fp8Product`. When the sum is
+    quantised again on a GPU with FP8 tensor cores, one kernel reads each row once
+    (`residual_norm_quantize_pallas`, which also writes the 16-bit normalised rows for `keep_value`); elsewhere
     `residual_norm_reference`, with the same values."""
+    if quantized and isinstance(delta, jax.Array) and delta.dtype == h.dtype and native_fp8_available():
+        delta = _unit_scaled(delta)
     if not (quantized and _one_pass_kernels(delta) and delta.dtype == h.dtype):
-        return residual_norm_reference(h, delta, weight, eps, quantized)
+        return residual_norm_reference(h, delta, weight, eps, quantized, keep_value)
     from .fp8_kernels import residual_norm_quantize_pallas
 
     width = h.shape[-1]
-    h_new, values, scale = residual_norm_quantize_pallas(
+    h_new, *normed, values, scale = residual_norm_quantize_pallas(
         h.reshape(-1, width), delta.product.reshape(-1, width), delta.row_scale.reshape(-1), delta.col_scale,
-        weight, eps=eps)
-    return h_new.reshape(h.shape), QuantizedRows(values.reshape(h.shape), scale.reshape(h.shape[:-1]), h.dtype)
+        weight, eps=eps, keep_normed=keep_value)
+    rows = QuantizedRows(values.reshape(h.shape), scale.reshape(h.shape[:-1]), h.dtype)
+    return h_new.reshape(h.shape), ValueAndRows(normed[0].reshape(h.shape), rows) if keep_value else rows
 
 
 def head_norm_rope_reference(y: jax.Array | Fp8Product, weight: jax.Array, cos: jax.Array, sin: jax.Array,

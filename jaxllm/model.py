@@ -159,8 +159,10 @@ def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, mp: Pa
         # attention is a custom call (cuDNN) on a GPU: XLA cannot fuse o_proj's fp8 input quantisation into it
         attn = quantize(attn, one_pass=True)
     sparse = "router" in mp
-    mlp_quantized = not sparse and isinstance(mp["gate_proj"], Fp8Matrix)
-    h, x = residual_norm(h, project(attn, lp["o_proj"]), lp["post_attention_layernorm"], eps, mlp_quantized)
+    # fp8 experts take e4m3 rows and their router the 16-bit ones: both from the one step after the residual add
+    mlp_quantized = isinstance(mp["gate_up" if sparse else "gate_proj"], Fp8Matrix)
+    h, x = residual_norm(h, project(attn, lp["o_proj"]), lp["post_attention_layernorm"], eps, mlp_quantized,
+                         keep_value=sparse)
     if sparse:
         delta = moe_block(x, mp, config.num_experts_per_tok, config.norm_topk_prob, layer=expert_layer)
     else:

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .fp8 import Fp8Matrix, native_fp8_available, quantize_rows
+from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows
 from .grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
 from .moe_rows import ExpertRowScales, combine_rows, gather_rows
 
@@ -285,11 +285,13 @@ def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul
 
 
 def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, down: Fp8Matrix, top_k: int,
-                        impl: str, layer: jax.Array | None) -> tuple[jax.Array, jax.Array, ExpertRowScales]:
-    """fp8 (W8A8) experts: the tokens quantised per row to e4m3 once (before the gather: half the bytes moved),
-    both GEMMs on e4m3 operands with float32 accumulation and per-row x per-column scales after them. Returns
-    (down's unscaled product rows, the row of each flat (token, expert) slot in them [N*k], and their scales for
-    the combine: each row's scale and expert, the experts' column scales)."""
+                        impl: str, layer: jax.Array | None, quantized: QuantizedRows | None = None
+                        ) -> tuple[jax.Array, jax.Array, ExpertRowScales]:
+    """fp8 (W8A8) experts: the tokens quantised per row to e4m3 once (before the gather: half the bytes moved;
+    `quantized`: already, by the step that normalised them), both GEMMs on e4m3 operands with float32
+    accumulation and per-row x per-column scales after them. Returns (down's unscaled product rows, the row of
+    each flat (token, expert) slot in them [N*k], and their scales for the combine: each row's scale and expert,
+    the experts' column scales)."""
     num_experts = plan.group_sizes.shape[0]
     stacked = gate_up.weight.ndim == 4
     if stacked != (layer is not None):
@@ -297,7 +299,10 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
     flat = lambda w: jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), w) if stacked else w  # noqa: E731
     gate_up, down = flat(gate_up), flat(down)
     offset = layer * num_experts if layer is not None else 0
-    values, scale = quantize_rows(tokens)
+    if quantized is None:
+        values, scale = quantize_rows(tokens)
+    else:
+        values, scale = quantized.values.reshape(tokens.shape), quantized.scale.reshape(-1)
     d, f = tokens.shape[-1], down.weight.shape[-1]
     configs = tiled_configs(d, f, fp8=True) if impl == "tiled" else None
     tiles = None
@@ -327,17 +332,19 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
     return out, row_of_slot, ExpertRowScales(hidden_rows.scale, hidden_rows.expert, down.scale)
 
 
-def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
+def moe_block(x: jax.Array | ValueAndRows, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
               impl: str | None = None, layer: jax.Array | None = None) -> jax.Array:
     """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
     [E, 2F, D] and params["down"] [E, D, F], or `fp8.Fp8Matrix` of them: W8A8, the tokens quantised per row to
-    e4m3, e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its output requantised per row for down.
+    e4m3 (or given so: x a `ValueAndRows`), e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its
+    output requantised per row for down.
     With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and this block
     uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
     Each token's output is the sum over its top_k experts of routing weight x expert output (summed in float32,
     one rounding to x's dtype); tokens never interact, so padding tokens cost work but never change a real
     token's result. impl: the grouped GEMM (`GROUPED_MATMUL_IMPLS`, None = the backend's default)."""
     impl = impl or default_grouped_matmul_impl()
+    x, quantized = (x.value, x.rows) if isinstance(x, ValueAndRows) else (x, None)
     lead, d = x.shape[:-1], x.shape[-1]
     tokens = x.reshape(-1, d)
     weights, experts = route(tokens, params["router"], top_k, norm_topk_prob)
@@ -345,7 +352,7 @@ def moe_block(x: jax.Array, params: dict[str, Any], top_k: int, norm_topk_prob: 
     gate_up, down = params["gate_up"], params["down"]
     scales = None
     if isinstance(gate_up, Fp8Matrix):
-        out, row_of_slot, scales = _fp8_expert_outputs(tokens, plan, gate_up, down, top_k, impl, layer)
+        out, row_of_slot, scales = _fp8_expert_outputs(tokens, plan, gate_up, down, top_k, impl, layer, quantized)
     else:
         configs = tiled_configs(d, gate_up.shape[-2] // 2)
         tiled = impl == "tiled" and configs is not None and gate_up.dtype == x.dtype

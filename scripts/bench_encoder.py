@@ -56,10 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "packed in each --dtypes, against the card's best GEMM rate at the model's projection shapes")
     p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
-                   choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "float32"],
+                   choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
-                        "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA)")
+                        "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
+                        "MoE model's two residual steps around each sparse block left to XLA, the rest as fp8)")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -248,7 +249,15 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     from jaxllm import layer_ops
     from jaxllm.fp8 import quantize_params, swiglu_quantize
 
-    one_pass_kernels = layer_ops._one_pass_kernels
+    from jaxllm import model as model_module
+
+    one_pass_kernels, residual_norm = layer_ops._one_pass_kernels, model_module.residual_norm
+
+    def moe_residual_steps_in_xla(h, delta, weight, eps, quantized, keep_value=False):
+        """fp8-moe-xla-norms: the steps before (16-bit rows kept) and after (a plain delta) an MoE block in XLA."""
+        if keep_value or not isinstance(delta, fp8.Fp8Product):
+            return layer_ops.residual_norm_reference(h, delta, weight, eps, quantized, keep_value)
+        return residual_norm(h, delta, weight, eps, quantized, keep_value)
 
     config = model_config(args)
     t0 = time.perf_counter()
@@ -268,6 +277,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     for dtype in args.dtypes:
         fp8.swiglu_quantize = fp8.swiglu_quantize_reference if dtype == "fp8-xla-swiglu" else swiglu_quantize
         layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
+        model_module.residual_norm = moe_residual_steps_in_xla if dtype == "fp8-moe-xla-norms" else residual_norm
         if config.is_moe:
             params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
             params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)
@@ -328,6 +338,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
             log({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()})
         params = cache = None  # free them before the next dtype
     fp8.swiglu_quantize, layer_ops._one_pass_kernels = swiglu_quantize, one_pass_kernels
+    model_module.residual_norm = residual_norm
     if args.no_gemm_ceiling:
         return {"capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's

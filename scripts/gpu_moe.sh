@@ -20,8 +20,11 @@
 #                                         # kernels' sweep on this card, ~9 min
 #   bash scripts/gpu_moe.sh rows OUT      # after a change to the row movement: the GPU tests, the movement steps and
 #                                         # the fp8 block alone, both encoders in bf16 and fp8 (the 30B's profiled), ~9 min
+#   bash scripts/gpu_moe.sh norms OUT     # the fp8 MoE layer's residual steps on the one-pass kernel: its GPU tests,
+#                                         # the 30B encoder in fp8 with the kernel and with those steps in XLA (one
+#                                         # process, both rows profiled), the 4B's fp8 encoder, ~8 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms}
 out=${2:?output directory}
 mkdir -p "$out"
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -105,6 +108,14 @@ case $stage in
       run "encoder_$model" "$limit" python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes bfloat16 fp8 \
         --methods packed --no-hf --no-gemm-ceiling $profile --out "$out/encoder_$model.json"
     done
+    ;;
+  norms)
+    run gpu_tests 100 python3 -m pytest -q tests/test_llm_fp8.py -k "compiled"
+    run encoder_qwen3-30b-a3b 260 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-xla-norms --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
+      --out "$out/encoder_qwen3-30b-a3b.json"
+    run encoder_qwen3-4b 120 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
+      --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
   fp8kernels)
     run moe_fp8 280 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled \

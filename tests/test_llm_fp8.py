@@ -1,5 +1,6 @@
 """FP8 (W8A8 e4m3) matmuls: the quantisation against a NumPy reference, and the model's fidelity to float32."""
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -262,6 +263,72 @@ def test_pallas_residual_norm_kernel_matches_its_xla_form(rows, width, block_row
     assert_quantized_close((q, scale), (want_x.values, want_x.scale))
 
 
+@pytest.mark.parametrize("rows, width, block_rows, chunk", [(5, 96, 1, 512), (7, 200, 2, 64)])
+def test_pallas_residual_norm_kernel_adds_a_plain_delta_and_keeps_the_normed_rows(rows, width, block_rows, chunk,
+                                                                                   on_cpu):
+    """An fp8 MoE layer's two residual steps on the kernel (Pallas's interpreter): a plain 16-bit delta (the MoE
+    block's output) passed as a unit-scaled product is added bit for bit, and `keep_normed` also writes the
+    16-bit normalised rows (the router's input) beside the e4m3 ones, which it leaves unchanged."""
+    from jaxllm.layer_ops import _unit_scaled, residual_norm_reference
+
+    keys = jax.random.split(jax.random.key(rows * width), 3)
+    h = jax.random.normal(keys[0], (rows, width), jnp.bfloat16) * 3
+    delta = jax.random.normal(keys[1], (rows, width), jnp.bfloat16) * 2
+    weight = (1 + 0.3 * jax.random.normal(keys[2], (width,))).astype(jnp.bfloat16)
+    product = _unit_scaled(delta)
+    np.testing.assert_array_equal(np.asarray(product.value(), np.float32), np.asarray(delta, np.float32))
+    run = lambda keep: fp8_kernels.residual_norm_quantize_pallas(  # noqa: E731
+        h, product.product, product.row_scale, product.col_scale, weight, eps=1e-6, keep_normed=keep,
+        interpret=True, rows=block_rows, chunk=chunk)
+    h_new, normed, q, scale = run(True)
+    want_h, want_x = residual_norm_reference(h, delta, weight, 1e-6, quantized=True, keep_value=True)
+    np.testing.assert_array_equal(np.asarray(h_new, np.float32), np.asarray(want_h, np.float32))
+    assert normed.dtype == jnp.bfloat16
+    got_n, want_n = np.asarray(normed, np.float32), np.asarray(want_x.value, np.float32)
+    assert (got_n != want_n).mean() <= 0.01  # a float32 ulp of the RMS (sum order) moves a value one bf16 step
+    np.testing.assert_allclose(got_n, want_n, rtol=2.0 ** -7)
+    assert_quantized_close((q, scale), (want_x.rows.values, want_x.rows.scale))
+    _, q_alone, scale_alone = run(False)
+    np.testing.assert_array_equal(np.asarray(q_alone, np.float32), np.asarray(q, np.float32))
+    np.testing.assert_array_equal(np.asarray(scale_alone), np.asarray(scale))
+
+
+@pytest.mark.parametrize("plain_delta", [False, True])
+def test_residual_norm_keeps_the_16bit_rows_for_an_moe_block(plain_delta, monkeypatch, on_cpu):
+    """`layer_ops.residual_norm(..., keep_value=True)`, an fp8 MoE layer's step after attention (delta an fp8
+    product) and the one after its block (a plain delta), on the kernel (forced on, interpreted) against the XLA
+    form: the stream bit-equal, the 16-bit normalised rows to one bf16 step, their e4m3 rows as close as two
+    quantisations of them; the value is the normalised rows, not the stream."""
+    from jaxllm import layer_ops
+
+    keys = jax.random.split(jax.random.key(11), 5)
+    h = jax.random.normal(keys[0], (2, 6, 80), jnp.bfloat16) * 3
+    if plain_delta:
+        delta = jax.random.normal(keys[1], (2, 6, 80), jnp.bfloat16) * 2
+    else:
+        delta = fp8.Fp8Product(jax.random.normal(keys[1], (2, 6, 80), jnp.bfloat16) * 100,
+                               jax.random.uniform(keys[2], (2, 6), minval=0.001, maxval=0.05),
+                               jax.random.uniform(keys[3], (80,), minval=0.1, maxval=1.0), jnp.bfloat16)
+    weight = (1 + 0.3 * jax.random.normal(keys[4], (80,))).astype(jnp.bfloat16)
+    want_h, want_x = layer_ops.residual_norm(h, delta, weight, 1e-6, True, keep_value=True)
+    assert isinstance(want_x, fp8.ValueAndRows)
+    np.testing.assert_array_equal(np.asarray(want_x.value, np.float32),
+                                  np.asarray(layer_ops.rms_norm(want_h, weight, 1e-6), np.float32))
+    monkeypatch.setattr(layer_ops, "native_fp8_available", lambda: True)
+    kernel = functools.partial(fp8_kernels.residual_norm_quantize_pallas, interpret=True)
+    calls = []
+    monkeypatch.setattr(fp8_kernels, "residual_norm_quantize_pallas",
+                        lambda *a, **kw: calls.append(kw["keep_normed"]) or kernel(*a, **kw))
+    got_h, got_x = layer_ops.residual_norm(h, delta, weight, 1e-6, True, keep_value=True)
+    assert calls == [True]
+    np.testing.assert_array_equal(np.asarray(got_h, np.float32), np.asarray(want_h, np.float32))
+    assert got_x.value.shape == h.shape and got_x.rows.scale.shape == h.shape[:-1]
+    got_n, want_n = np.asarray(got_x.value, np.float32), np.asarray(want_x.value, np.float32)
+    assert (got_n != want_n).mean() <= 0.01
+    np.testing.assert_allclose(got_n, want_n, rtol=2.0 ** -7)
+    assert_quantized_close((got_x.rows.values, got_x.rows.scale), (want_x.rows.values, want_x.rows.scale))
+
+
 @pytest.mark.parametrize("tokens, heads, head_dim, block_rows", [(5, 4, 16, 16), (33, 2, 32, 8), (8, 8, 16, 4)])
 def test_pallas_head_norm_rope_kernel_matches_its_xla_form(tokens, heads, head_dim, block_rows, on_cpu):
     """The one-pass q/k scale + per-head RMSNorm + RoPE (Pallas's interpreter) against
@@ -319,6 +386,28 @@ def test_model_with_one_pass_kernels_matches_the_xla_forms(monkeypatch):
         assert cosine(g, w).min() >= 0.999
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=0.05,
                                    atol=0.05 * float(jnp.abs(w).max()))
+
+
+@pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
+def test_compiled_residual_kernel_keeps_the_normed_rows_at_the_30b_width():
+    """On the GPU, Qwen3-30B-A3B's hidden width (2,048): the compiled residual kernel with a plain delta (the MoE
+    block's output, unit scales) and the 16-bit normalised rows kept, against its XLA form op by op."""
+    from jaxllm.layer_ops import _unit_scaled, residual_norm_reference
+
+    n, width = 1000, 2048
+    keys = jax.random.split(jax.random.key(9), 3)
+    h = jax.random.normal(keys[0], (n, width), jnp.bfloat16) * 3
+    delta = jax.random.normal(keys[1], (n, width), jnp.bfloat16) * 2
+    weight = (1 + 0.3 * jax.random.normal(keys[2], (width,))).astype(jnp.bfloat16)
+    p = _unit_scaled(delta)
+    got = jax.jit(fp8_kernels.residual_norm_quantize_pallas, static_argnames=("eps", "keep_normed"))(
+        h, p.product, p.row_scale, p.col_scale, weight, eps=1e-6, keep_normed=True)
+    want_h, want_x = residual_norm_reference(h, delta, weight, 1e-6, True, keep_value=True)
+    np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want_h, np.float32))
+    got_n, want_n = np.asarray(got[1], np.float32), np.asarray(want_x.value, np.float32)
+    assert (got_n != want_n).mean() <= 0.01
+    np.testing.assert_allclose(got_n, want_n, rtol=2.0 ** -7)
+    assert_quantized_close(got[2:], (want_x.rows.values, want_x.rows.scale))
 
 
 @pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")

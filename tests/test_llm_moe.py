@@ -243,8 +243,7 @@ def test_tiny_moe_preset_encodes_real_template_prompts():
 
 
 def test_fp8_moe_quantizes_attention_and_stays_close():
-    """fp8 on an MoE model: attention matrices W8A8, experts stored in e4m3 (weight-only: dequantised per layer for
-    the bfloat16 grouped GEMM), the router 16-bit; the vectors stay near float32's (tiny-moe at its init scale;
+    """fp8 on an MoE model: attention matrices and experts W8A8 (experts stacked in e4m3), the router 16-bit; the vectors stay near float32's (tiny-moe at its init scale;
     routing near-ties may flip an expert, docs/PARITY.md)."""
     from jaxllm.fp8 import Fp8Matrix, quantize_out_in
 
@@ -265,6 +264,45 @@ def test_fp8_moe_quantizes_attention_and_stays_close():
     b = np.asarray(q.encode(ids, np.full(4, 24)))
     cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
     assert cos.min() > 0.99, cos
+
+
+def test_fp8_moe_residual_steps_on_the_one_pass_kernel_match_the_xla_forms(monkeypatch):
+    """fp8 MoE layers on a GPU's residual kernel (forced on, Pallas's interpreter): the step after attention writes
+    the router's 16-bit rows and the experts' e4m3 rows in one pass (the experts quantise nothing again), the
+    step after the MoE block adds its plain output; the vectors equal the XLA forms' up to the ulp-level RMS
+    differences of a sum of squares in another order, padded and packed (tiny-moe: at its init scale those
+    differences flip no expert; `tests/test_llm_fp8.py` checks the step's outputs themselves)."""
+    import contextlib
+    import functools
+
+    from jaxllm import encode, fp8_kernels, layer_ops
+    from jaxllm.fp8 import native_fp8_available
+
+    with pytest.warns(UserWarning, match="emulated") if not native_fp8_available() else contextlib.nullcontext():
+        model = load_model("tiny-moe", dtype="fp8")
+    rng = np.random.default_rng(8)
+    ids = jnp.asarray(rng.integers(0, 150000, size=(3, 18)), jnp.int32)
+    lengths = jnp.asarray([18, 11, 4], jnp.int32)
+    # fresh functions each run: the kernels are chosen at trace time
+    run = lambda: [np.asarray(f(model.params, ids, lengths), np.float32) for f in (  # noqa: E731
+        jax.jit(lambda p, i, n: encode(p, model.config, i, n)),
+        jax.jit(lambda p, i, n: encode_packed(p, model.config, i, n, capacity=32)))]
+    want = run()
+    monkeypatch.setattr(layer_ops, "native_fp8_available", lambda: True)
+    kept, given = [], []
+    residual = functools.partial(fp8_kernels.residual_norm_quantize_pallas, interpret=True)
+    heads = functools.partial(fp8_kernels.head_norm_rope_pallas, interpret=True)
+    monkeypatch.setattr(fp8_kernels, "residual_norm_quantize_pallas",
+                        lambda *a, **kw: kept.append(kw["keep_normed"]) or residual(*a, **kw))
+    monkeypatch.setattr(fp8_kernels, "head_norm_rope_pallas", heads)
+    experts = moe._fp8_expert_outputs
+    monkeypatch.setattr(moe, "_fp8_expert_outputs", lambda *a: given.append(a[-1] is not None) or experts(*a))
+    got = run()
+    assert sorted(set(kept)) == [False, True] and set(given) == {True}
+    for g, w in zip(got, want):
+        cos = (g * w).sum(-1) / np.linalg.norm(g, axis=-1) / np.linalg.norm(w, axis=-1)
+        assert cos.min() >= 0.999, cos
+        np.testing.assert_allclose(g, w, rtol=0.05, atol=0.05 * np.abs(w).max())
 
 
 def test_fp8_checkpoint_load_quantizes_experts_layer_by_layer(ckpts):
