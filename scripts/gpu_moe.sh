@@ -23,10 +23,14 @@
 #   bash scripts/gpu_moe.sh norms OUT     # the fp8 MoE layer's residual steps on the one-pass kernel: its GPU tests,
 #                                         # the 30B encoder in fp8 with the kernel and with those steps in XLA (one
 #                                         # process, both rows profiled), the 4B's fp8 encoder, ~8 min
+#   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
+#                                         # older tree DIR on the same machine: what a change cost the first status
+#                                         # line. DIR: `git archive REV | tar -x -C .device_carry/old`, carried
+#                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | coldstart}
 out=${2:?output directory}
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 # Qwen3-30B-A3B's bf16 weights are 57 GiB: JAX's allocator must be allowed more than its default 75% of an H100
@@ -128,6 +132,14 @@ case $stage in
       --tune-tiled --tune-seconds 50 --block-impls tiled --profile-block /tmp/moe-fp8-profile --out "$out/moe_fp8.json"
     run moe_bf16 130 python3 -u scripts/bench_moe.py --candidates dense tiled --routings uniform --tune-tiled \
       --tune-seconds 45 --block-impls tiled --out "$out/moe_bf16.json"
+    ;;
+  coldstart)
+    old=$(cd "${OLD_TREE:?OLD_TREE: the older tree to compare with}" && pwd)
+    train_30b=(python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype bfloat16 --skip-n 8
+      --num-envs 128 --max-updates 2 --compile-cache off)
+    run train_30b_here 220 "${train_30b[@]}" --run-dir "$out/run-here"
+    # python -m puts the working directory first on sys.path: the old tree's packages win over PYTHONPATH's
+    (cd "$old" && run train_30b_old 220 "${train_30b[@]}" --run-dir "$out/run-old")
     ;;
   train)
     for dtype in bfloat16 fp8; do
