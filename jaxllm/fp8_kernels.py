@@ -136,7 +136,7 @@ def _head_norm_rope_kernel(y_ref, row_scale_ref, col_scale_ref, weight_ref, cos_
         pltriton.store(out_ref.at[:, cols], out.astype(dtype))
 
 
-def _row_blocks(per_row: list[jax.Array], rows: int) -> tuple[int, int, list[jax.Array]]:
+def row_blocks(per_row: list[jax.Array], rows: int) -> tuple[int, int, list[jax.Array]]:
     """Blocks of `rows` token rows over arrays [N, ...] or [N] (made [N, 1]): (rows, padded N, the arrays padded
     to whole blocks). `rows` shrinks to the smallest power of two that holds N; padding rows are cut off after."""
     n = per_row[0].shape[0]
@@ -155,7 +155,7 @@ def _row_kernel_call(kernel: Callable, per_row: list[jax.Array], per_column: lis
     `per_column` arrays [W] (whole, to every program). Returns (one [N, W] array per dtype of `row_outputs`, which
     the kernel writes first, then e4m3 [N, W], float32 scale [N])."""
     n, width = per_row[0].shape
-    rows, padded, per_row = _row_blocks(per_row, rows)
+    rows, padded, per_row = row_blocks(per_row, rows)
     spec = lambda columns: pl.BlockSpec((rows, columns), lambda i: (i, 0))
     widths_dtypes = [(width, dtype) for dtype in row_outputs] + [(width, E4M3), (1, jnp.float32)]
     *extra, q, scale = pl.pallas_call(
@@ -264,7 +264,7 @@ def head_norm_rope_pallas(y: jax.Array, row_scale: jax.Array, col_scale: jax.Arr
     `jaxllm.layer_ops.head_norm_rope_reference`'s values from one kernel (a program holds `rows` tokens x one
     head; 32 x 4 warps measured best on an H100 at Qwen3-4B's q and k, scripts/bench_layer_kernels.py)."""
     n, width = y.shape
-    rows, padded, (y, row_scale, cos, sin) = _row_blocks([y, row_scale.astype(jnp.float32), cos, sin], rows)
+    rows, padded, (y, row_scale, cos, sin) = row_blocks([y, row_scale.astype(jnp.float32), cos, sin], rows)
     out = pl.pallas_call(
         functools.partial(_head_norm_rope_kernel, eps=eps),
         out_shape=jax.ShapeDtypeStruct((padded, width), dtype),

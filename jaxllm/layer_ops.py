@@ -86,15 +86,15 @@ def residual_norm(h: jax.Array, delta: jax.Array | Fp8Product, weight: jax.Array
     quantised again on a GPU with FP8 tensor cores, one kernel reads each row once
     (`residual_norm_quantize_pallas`, which also writes the 16-bit normalised rows for `keep_value`); elsewhere
     `residual_norm_reference`, with the same values."""
-    if quantized and isinstance(delta, jax.Array) and delta.dtype == h.dtype and native_fp8_available():
-        delta = _unit_scaled(delta)
-    if not (quantized and _one_pass_kernels(delta) and delta.dtype == h.dtype):
+    plain = quantized and isinstance(delta, jax.Array) and native_fp8_available()  # added with unit scales
+    product = _unit_scaled(delta) if plain else delta
+    if not (quantized and _one_pass_kernels(product) and product.dtype == h.dtype):
         return residual_norm_reference(h, delta, weight, eps, quantized, keep_value)
     from .fp8_kernels import residual_norm_quantize_pallas
 
     width = h.shape[-1]
     h_new, *normed, values, scale = residual_norm_quantize_pallas(
-        h.reshape(-1, width), delta.product.reshape(-1, width), delta.row_scale.reshape(-1), delta.col_scale,
+        h.reshape(-1, width), product.product.reshape(-1, width), product.row_scale.reshape(-1), product.col_scale,
         weight, eps=eps, keep_normed=keep_value)
     rows = QuantizedRows(values.reshape(h.shape), scale.reshape(h.shape[:-1]), h.dtype)
     return h_new.reshape(h.shape), ValueAndRows(normed[0].reshape(h.shape), rows) if keep_value else rows

@@ -32,7 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from .fp8_kernels import column_slices
+from .fp8_kernels import column_slices, row_blocks
 
 GATHER_IMPLS = ("elements", "words", "pallas")
 
@@ -174,10 +174,8 @@ def combine_rows_pallas(rows: jax.Array, slot_row: jax.Array, weights: jax.Array
     as its binary parts), and writes each token row once. `interpret`: Pallas's interpreter (CPU tests)."""
     n, k = slot_row.shape
     width = rows.shape[1]
-    per = min(rows_per_program, pl.next_power_of_2(n))
-    padded = -(-n // per) * per
-    slot_row = jnp.pad(slot_row.astype(jnp.int32), ((0, padded - n), (0, 0)))
-    weights = jnp.pad(weights.astype(jnp.float32), ((0, padded - n), (0, 0)))
+    per, padded, (slot_row, weights) = row_blocks([slot_row.astype(jnp.int32), weights.astype(jnp.float32)],
+                                                  rows_per_program)
     whole = lambda a: pl.BlockSpec(a.shape, lambda i: (0,) * a.ndim)  # noqa: E731
     extra = [] if scales is None else [scales.row.astype(jnp.float32), scales.group.astype(jnp.int32),
                                        scales.col.astype(jnp.float32)]

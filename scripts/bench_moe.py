@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fp8", action="store_true", help="e4m3 rows and weights (the W8A8 experts), module doc")
     p.add_argument("--movement", action="store_true",
                    help="time the block's memory-bound steps alone: the row gather (bf16 and e4m3 rows, each "
-                        "`jaxllm.moe_rows` impl) and the fp8 scale + SwiGLU + requantisation (XLA vs Pallas)")
+                        "`jaxllm.moe_rows` impl), the fp8 scale + SwiGLU + requantisation and the combine (XLA vs "
+                        "Pallas)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.smoke:
