@@ -30,6 +30,7 @@ from jax import lax
 from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows
 from .grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
 from .moe_rows import ExpertRowScales, combine_rows, gather_rows
+from .top_k import top_k_rows
 
 GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu", "tiled")
 
@@ -159,7 +160,7 @@ def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool) -> 
     x [N, D] -> (weights [N, top_k] in x's dtype, experts int32 [N, top_k])."""
     logits = x @ router
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    weights, experts = lax.top_k(probs, top_k)
+    weights, experts = top_k_rows(probs, top_k)
     if norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return weights.astype(x.dtype), experts.astype(jnp.int32)

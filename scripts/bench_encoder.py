@@ -56,11 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "packed in each --dtypes, against the card's best GEMM rate at the model's projection shapes")
     p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
-                   choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms", "float32"],
+                   choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms",
+                            "fp8-moe-xla-topk", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
                         "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
-                        "MoE model's two residual steps around each sparse block left to XLA, the rest as fp8)")
+                        "MoE model's two residual steps around each sparse block left to XLA, the rest as fp8; "
+                        "fp8-moe-xla-topk: the MoE router's top-k as XLA's lax.top_k instead of the Pallas kernel)")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -250,8 +252,10 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     from jaxllm.fp8 import quantize_params, swiglu_quantize
 
     from jaxllm import model as model_module
+    from jaxllm import moe as moe_module
 
     one_pass_kernels, residual_norm = layer_ops._one_pass_kernels, model_module.residual_norm
+    top_k_rows = moe_module.top_k_rows
 
     def moe_residual_steps_in_xla(h, delta, weight, eps, quantized, keep_value=False):
         """fp8-moe-xla-norms: the steps before (16-bit rows kept) and after (a plain delta) an MoE block in XLA."""
@@ -278,6 +282,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         fp8.swiglu_quantize = fp8.swiglu_quantize_reference if dtype == "fp8-xla-swiglu" else swiglu_quantize
         layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
         model_module.residual_norm = moe_residual_steps_in_xla if dtype == "fp8-moe-xla-norms" else residual_norm
+        moe_module.top_k_rows = (lambda v, k: top_k_rows(v, k, "xla")) if dtype == "fp8-moe-xla-topk" else top_k_rows
         if config.is_moe:
             params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
             params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)

@@ -23,12 +23,15 @@
 #   bash scripts/gpu_moe.sh norms OUT     # the fp8 MoE layer's residual steps on the one-pass kernel: its GPU tests,
 #                                         # the 30B encoder in fp8 with the kernel and with those steps in XLA (one
 #                                         # process, both rows profiled), the 4B's fp8 encoder, ~8 min
+#   bash scripts/gpu_moe.sh topk OUT      # the router's top-k kernel: its GPU test, the 30B encoder in fp8 with the
+#                                         # kernel and with lax.top_k (one process, profiled), the 4B's fp8 encoder,
+#                                         # the 30B fp8 trainer cold (5 updates), ~8 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -120,6 +123,16 @@ case $stage in
       --out "$out/encoder_qwen3-30b-a3b.json"
     run encoder_qwen3-4b 120 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
+    ;;
+  topk)
+    run gpu_tests 60 python3 -m pytest -q tests/test_llm_top_k.py -k compiled
+    run encoder_qwen3-30b-a3b 230 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-xla-topk --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
+      --out "$out/encoder_qwen3-30b-a3b.json"
+    run encoder_qwen3-4b 120 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
+      --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
+    run train_30b_fp8 170 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 --skip-n 8 \
+      --num-envs 128 --max-updates 5 --compile-cache off --run-dir /tmp/run30b-fp8
     ;;
   fp8kernels)
     run moe_fp8 280 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled \

@@ -1,0 +1,79 @@
+"""The k largest entries of each row of a small matrix: the MoE router's choice of experts (`jaxllm.moe.route`).
+
+XLA lowers `lax.top_k` over Qwen3-30B-A3B's router probabilities ([32,768, 128], k = 8) to a sort of every row on a
+GPU: 5.9 ms of a 372 ms fp8 encode of 128 prompts on one H200 (48 layers, 2026-11-28). `top_k_pallas` keeps a
+block of rows in registers and takes the maximum k times instead, reading the matrix once. For rows without NaN
+its result equals `lax.top_k`'s bit for bit: the same values in descending order, ties broken towards the lower
+column.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from .fp8_kernels import row_blocks
+
+TOP_K_IMPLS = ("pallas", "xla")
+
+
+def _top_k_kernel(values_ref, top_ref, index_ref, *, k: int, width: int):
+    values = values_ref[...]  # [rows, columns]: columns past `width` are padding (-inf)
+    columns = lax.broadcasted_iota(jnp.int32, values.shape, 1)
+    slots = lax.broadcasted_iota(jnp.int32, top_ref.shape, 1)
+    top = jnp.zeros(top_ref.shape, jnp.float32)
+    index = jnp.zeros(index_ref.shape, jnp.int32)
+    for slot in range(k):
+        best = jnp.max(values, axis=1)[:, None]
+        # the lowest column holding the maximum; a NaN row matches nowhere and takes the last real column
+        pick = jnp.minimum(jnp.min(jnp.where(values == best, columns, width), axis=1), width - 1)[:, None]
+        top = jnp.where(slots == slot, best, top)
+        index = jnp.where(slots == slot, pick, index)
+        values = jnp.where(columns == pick, -jnp.inf, values)
+    top_ref[...] = top
+    index_ref[...] = index
+
+
+@functools.partial(jax.jit, static_argnames=("k", "interpret", "rows", "num_warps"))
+def top_k_pallas(values: jax.Array, k: int, interpret: bool = False, rows: int = 64,
+                 num_warps: int = 4) -> tuple[jax.Array, jax.Array]:
+    """`lax.top_k(values, k)` for float32 values [N, E] from one Pallas (Triton) kernel: (the k largest of each
+    row [N, k] in descending order, their columns int32 [N, k]; ties: the lower column first). A program holds
+    `rows` rows; E and k are padded to powers of two inside. `interpret`: Pallas's interpreter (CPU tests)."""
+    n, width = values.shape
+    if not 1 <= k <= width:
+        raise ValueError(f"top_k_pallas: k must be between 1 and the row width {width}, got {k}")
+    columns, slots = pl.next_power_of_2(width), pl.next_power_of_2(k)
+    values = values.astype(jnp.float32)
+    if columns != width:
+        values = jnp.pad(values, ((0, 0), (0, columns - width)), constant_values=-jnp.inf)
+    per, padded, (values,) = row_blocks([values], rows)
+    block = lambda cols: pl.BlockSpec((per, cols), lambda i: (i, 0))  # noqa: E731
+    top, index = pl.pallas_call(
+        functools.partial(_top_k_kernel, k=k, width=width),
+        out_shape=(jax.ShapeDtypeStruct((padded, slots), jnp.float32),
+                   jax.ShapeDtypeStruct((padded, slots), jnp.int32)),
+        grid=(padded // per,),
+        in_specs=[block(columns)],
+        out_specs=(block(slots), block(slots)),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="top_k_rows",
+    )(values)
+    return top[:n, :k], index[:n, :k]
+
+
+def top_k_rows(values: jax.Array, k: int, impl: str | None = None) -> tuple[jax.Array, jax.Array]:
+    """`lax.top_k(values, k)` of float32 values [N, E] (the MoE router's probabilities). impl: "pallas"
+    (`top_k_pallas`, the GPU's default) or "xla" (`lax.top_k`, the default elsewhere)."""
+    on_gpu = jax.devices()[0].platform == "gpu"
+    impl = impl or ("pallas" if on_gpu else "xla")
+    if impl not in TOP_K_IMPLS:
+        raise ValueError(f"top-k impl must be one of {TOP_K_IMPLS}, got {impl!r}")
+    if impl == "pallas" and on_gpu and values.ndim == 2 and values.dtype == jnp.float32:
+        return top_k_pallas(values, k)
+    return lax.top_k(values, k)
