@@ -26,12 +26,14 @@
 #   bash scripts/gpu_moe.sh topk OUT      # the router's top-k kernel: its GPU test, the 30B encoder in fp8 with the
 #                                         # kernel and with lax.top_k (one process, profiled), the 4B's fp8 encoder,
 #                                         # the 30B fp8 trainer cold (5 updates), ~8 min
+#   bash scripts/gpu_moe.sh ratio OUT     # the fp8 encoders' ratio: the 30B's, the 4B's, then the 30B's again with
+#                                         # XLA's command buffers also over while loops and conditionals, ~7 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -133,6 +135,15 @@ case $stage in
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     run train_30b_fp8 170 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 --skip-n 8 \
       --num-envs 128 --max-updates 5 --compile-cache off --run-dir /tmp/run30b-fp8
+    ;;
+  ratio)
+    encoder() { local name=$1 model=$2 limit=$3
+      run "$name" "$limit" python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes fp8 --methods packed \
+        --no-hf --no-gemm-ceiling --out "$out/$name.json"; }
+    encoder encoder_qwen3-30b-a3b qwen3-30b-a3b 150
+    encoder encoder_qwen3-4b qwen3-4b 170
+    XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE" \
+      encoder encoder_qwen3-30b-a3b_while_graphs qwen3-30b-a3b 150
     ;;
   fp8kernels)
     run moe_fp8 280 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled \
