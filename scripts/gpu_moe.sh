@@ -28,12 +28,14 @@
 #                                         # the 30B fp8 trainer cold (5 updates), ~8 min
 #   bash scripts/gpu_moe.sh ratio OUT     # the fp8 encoders' ratio: the 30B's, the 4B's, then the 30B's again with
 #                                         # XLA's command buffers also over while loops and conditionals, ~7 min
+#   bash scripts/gpu_moe.sh profiles OUT  # both fp8 encoders profiled in one call: where the 30B's extra time goes
+#                                         # (GPU busy time per kernel, and the time between kernels), ~6 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -144,6 +146,12 @@ case $stage in
     encoder encoder_qwen3-4b qwen3-4b 170
     XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE" \
       encoder encoder_qwen3-30b-a3b_while_graphs qwen3-30b-a3b 150
+    ;;
+  profiles)
+    for model in qwen3-30b-a3b qwen3-4b; do
+      run "encoder_$model" 170 python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes fp8 \
+        --methods packed --no-hf --no-gemm-ceiling --profile "/tmp/encoder-profile-$model" --out "$out/encoder_$model.json"
+    done
     ;;
   fp8kernels)
     run moe_fp8 280 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled \

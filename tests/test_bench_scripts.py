@@ -176,3 +176,22 @@ def test_moe_routing_report_smoke():
     assert res["dtypes"]["float32"]["token_layer_set_flip_rate"] == 0.0
     assert res["dtypes"]["float32"]["cosine_to_float32"]["min"] > 0.99999
     assert 0.0 <= res["dtypes"]["bfloat16"]["slot_flip_rate"] <= 1.0
+
+
+def test_hlo_fusions_finds_a_compiled_fusion_and_its_body(tmp_path, capsys):
+    """scripts/hlo_fusions.py on a CPU program's optimised HLO written where an XLA dump would put it: the
+    fusion's line (its shape) and the elementwise steps of the computation it calls."""
+    import re
+
+    import hlo_fusions
+    import jax
+    import jax.numpy as jnp
+
+    text = jax.jit(lambda x: (x * 2 + 1).astype(jnp.bfloat16)).lower(jnp.ones((64, 128))).compile().as_text()
+    name = re.search(r"%(\w*fusion[\w.]*) = bf16\[64,128\]", text).group(1)
+    (tmp_path / "module_0001.jit_f.cpu_after_optimizations.txt").write_text(text)
+    (tmp_path / "module_0001.jit_f.before_optimizations.txt").write_text(text)  # not read: no report of it
+    hlo_fusions.main([str(tmp_path), name, "no_such_fusion"])
+    out = capsys.readouterr().out
+    assert out.count("== ") == 1 and f"-- {name}" in out and "no_such_fusion" not in out
+    assert f"%{name} = bf16[64,128]" in out and "multiply(" in out and "convert(" in out
