@@ -156,8 +156,8 @@ def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, 
 
 def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool) -> tuple[jax.Array, jax.Array]:
     """transformers' Qwen3-MoE router: logits x @ router [D, E] in x's dtype, softmax over all experts in float32,
-    the top_k (ties: the lower expert index first), divided by their sum when `norm_topk_prob`, cast to x's dtype.
-    x [N, D] -> (weights [N, top_k] in x's dtype, experts int32 [N, top_k])."""
+    the top_k (ties: the lower expert index first; `jaxllm.top_k`, a Pallas kernel on a GPU), divided by their sum
+    when `norm_topk_prob`, cast to x's dtype. x [N, D] -> (weights [N, top_k] in x's dtype, experts int32 [N, top_k])."""
     logits = x @ router
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     weights, experts = top_k_rows(probs, top_k)
