@@ -326,6 +326,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                                        Path(args.profile) / f"{dtype}-{method}")
                 print_summary(summary, f"{dtype} {method}")
                 row["kernel_ms_by_kind"] = {line: s["by_kind_ms"] for line, s in summary.items()}
+                row["kernel_idle_ms"] = {line: round(s["idle_ms"], 3) for line, s in summary.items()}
             hlo = None
             if args.hlo_dir or (dtype.startswith("fp8") and method == "packed"):
                 hlo = calls[method].lower(params, cache, ids, lengths).compile().as_text()

@@ -195,3 +195,21 @@ def test_hlo_fusions_finds_a_compiled_fusion_and_its_body(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("== ") == 1 and f"-- {name}" in out and "no_such_fusion" not in out
     assert f"%{name} = bf16[64,128]" in out and "multiply(" in out and "convert(" in out
+
+
+def test_kernel_times_sums_a_line_its_idle_time_and_the_kernels_past_the_top():
+    """scripts/kernel_times.line_summary on a made-up GPU line (the CPU has no GPU plane to trace): overlapping
+    kernels count once towards the busy time, the gaps between them are the idle time, kinds from the names."""
+    import kernel_times
+
+    ms = 1e6  # ns
+    events = [("body_mosaic_gpu_kernel", 0, 4 * ms), ("gather_rows__5", 5 * ms, 1 * ms),
+              ("loop_convert_fusion", 5.5 * ms, 1 * ms),  # overlaps the gather by 0.5 ms
+              ("body_mosaic_gpu_kernel", 10 * ms, 4 * ms), ("cudnn_sdpa_fprop", 16 * ms, 2 * ms)]
+    s = kernel_times.line_summary(events, top=2)
+    assert s["events"] == 5 and math.isclose(s["total_ms"], 12.0)
+    assert math.isclose(s["span_ms"], 18.0) and math.isclose(s["idle_ms"], 18.0 - 11.5)
+    assert s["by_kind_ms"] == {"gemm": 8.0, "attention": 2.0, "pallas": 1.0, "other": 1.0}
+    assert [row["kernel"] for row in s["top"]] == ["body_mosaic_gpu_kernel", "cudnn_sdpa_fprop"]
+    assert s["rest"] == {"kernels": 2, "calls": 2, "ms": 2.0}
+    assert kernel_times.line_summary([], top=2)["idle_ms"] == 0.0
