@@ -66,9 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
-                   choices=["rect", "bucketed", "packed", "packed-halvings"],
+                   choices=["rect", "bucketed", "packed", "packed-halvings", "packed-one-pass"],
                    help="--ragged: encode paths to time (packed-halvings: packed with the last pass sized by "
-                        "halvings of the capacity only, jaxllm.pass_capacities(fine=False))")
+                        "halvings of the capacity only, jaxllm.pass_capacities(fine=False); packed-one-pass: packed "
+                        "at the smallest multiple of 1,024 tokens that holds every real token, so one pass where the "
+                        "packing allows: the same tokens in fewer launches)")
+    p.add_argument("--capacity", type=int, default=0,
+                   help="--ragged: tokens of the largest packed pass (0: jaxllm.default_capacity, 32,768 at 128 "
+                        "prompts; the trainer's --llm-capacity); e.g. 36,864 packs 128 Craftax prompts in one pass")
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="--ragged: trace one more call of each row into DIR/<row> and print where its GPU time goes "
                         "(scripts/kernel_times.py)")
@@ -268,8 +273,12 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True)
     ids, lengths, prefix_ids = (x % config.vocab_size for x in template_prompts(args.env, args.batch))  # smoke vocab
     t = ids.shape[1]
-    capacity = default_capacity(args.batch, t)
+    capacity = args.capacity or default_capacity(args.batch, t)
+    if capacity < t:
+        raise SystemExit(f"--capacity {capacity} cannot hold the longest prompt ({t} tokens); use at least {t}")
     real = int(lengths.sum())
+    one_pass = max(_round_to(real, 1024), t)  # packed-one-pass's capacity
+    capacities = {"packed": capacity, "packed-halvings": capacity, "packed-one-pass": one_pass}
     log(f"{args.env}: B={args.batch}, prefix {len(prefix_ids)} tokens, max_len {t}, real tokens {real} "
           f"(mean {lengths.mean():.0f}, max {lengths.max()}), packed capacity {capacity}")
     base_dtype = jnp.float32 if args.smoke else jnp.bfloat16
@@ -301,12 +310,15 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
             "packed-halvings": jit(lambda p, c, i, n: _packed_by_halvings(p, config, i, n, c, capacity,
                                                                           args.packed_attention),
                                    compiler_options=opts),
+            "packed-one-pass": jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=one_pass,
+                                                                    attention_impl=args.packed_attention),
+                                   compiler_options=opts),
         }
         for method in args.methods:
             row = {"dtype": dtype, "method": method, "batch": args.batch, "real_tokens": real,
                    "computed_tokens": args.batch * t if method == "rect" else None}
             if method.startswith("packed"):
-                row["passes"] = packed_passes(lengths, capacity, t, fine=method == "packed")
+                row["passes"] = packed_passes(lengths, capacities[method], t, fine=method != "packed-halvings")
                 row["computed_tokens"] = sum(row["passes"])
             log(f"{dtype} {method}: compiling and timing")
             try:

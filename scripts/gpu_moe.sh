@@ -29,7 +29,8 @@
 #   bash scripts/gpu_moe.sh ratio OUT     # the fp8 encoders' ratio: the 30B's, the 4B's, then the 30B's again with
 #                                         # XLA's command buffers also over while loops and conditionals, ~7 min
 #   bash scripts/gpu_moe.sh profiles OUT  # both fp8 encoders profiled in one call: where the 30B's extra time goes
-#                                         # (GPU busy time per kernel, and the time between kernels), ~6 min
+#                                         # (GPU busy time per kernel, the time between kernels), each also packed
+#                                         # in one pass of the same tokens instead of two (packed-one-pass), ~7 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
@@ -149,8 +150,10 @@ case $stage in
     ;;
   profiles)
     for model in qwen3-30b-a3b qwen3-4b; do
-      run "encoder_$model" 170 python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes fp8 \
-        --methods packed --no-hf --no-gemm-ceiling --profile "/tmp/encoder-profile-$model" --out "$out/encoder_$model.json"
+      limit=$([ "$model" = qwen3-4b ] && echo 160 || echo 220)
+      run "encoder_$model" "$limit" python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes fp8 \
+        --methods packed packed-one-pass --no-hf --no-gemm-ceiling --profile "/tmp/encoder-profile-$model" \
+        --out "$out/encoder_$model.json"
     done
     ;;
   fp8kernels)
