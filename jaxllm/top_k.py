@@ -1,10 +1,11 @@
 """The k largest entries of each row of a small matrix: the MoE router's choice of experts (`jaxllm.moe.route`).
 
 XLA lowers `lax.top_k` over Qwen3-30B-A3B's router probabilities ([32,768, 128], k = 8) to a sort of every row on a
-GPU: 5.9 ms of a 372 ms fp8 encode of 128 prompts on one H200 (48 layers, 2026-11-28). `top_k_pallas` keeps a
-block of rows in registers and takes the maximum k times instead, reading the matrix once. For rows without NaN
-its result equals `lax.top_k`'s bit for bit: the same values in descending order, ties broken towards the lower
-column.
+GPU: ~6 ms of a ~370 ms fp8 encode of 128 prompts on one H200 (48 layers, 2026-11-28); `top_k_pallas` took 1.1 ms
+there. It keeps a block of rows in registers and takes the maximum k times, reading the matrix once. For values
+like a softmax's (finite or +inf, no -0.0, no NaN) its result equals `lax.top_k`'s bit for bit: the same values
+in descending order, ties broken towards the lower column. It marks a taken column with -inf and compares with
+`==`, so rows holding -inf, -0.0 or NaN can differ from `lax.top_k` (which orders all floats totally).
 """
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ def _top_k_kernel(values_ref, top_ref, index_ref, *, k: int, width: int):
 @functools.partial(jax.jit, static_argnames=("k", "interpret", "rows", "num_warps"))
 def top_k_pallas(values: jax.Array, k: int, interpret: bool = False, rows: int = 64,
                  num_warps: int = 4) -> tuple[jax.Array, jax.Array]:
-    """`lax.top_k(values, k)` for float32 values [N, E] from one Pallas (Triton) kernel: (the k largest of each
-    row [N, k] in descending order, their columns int32 [N, k]; ties: the lower column first). A program holds
-    `rows` rows; E and k are padded to powers of two inside. `interpret`: Pallas's interpreter (CPU tests)."""
+    """`lax.top_k(values, k)` for float32 values [N, E] like a softmax's (module doc) from one Pallas (Triton)
+    kernel: (the k largest of each row [N, k] in descending order, their columns int32 [N, k]; ties: the lower
+    column first). A program holds `rows` rows; E and k are padded to powers of two inside. `interpret`: Pallas's
+    interpreter (CPU tests)."""
     n, width = values.shape
     if not 1 <= k <= width:
         raise ValueError(f"top_k_pallas: k must be between 1 and the row width {width}, got {k}")
@@ -69,7 +71,8 @@ def top_k_pallas(values: jax.Array, k: int, interpret: bool = False, rows: int =
 
 def top_k_rows(values: jax.Array, k: int, impl: str | None = None) -> tuple[jax.Array, jax.Array]:
     """`lax.top_k(values, k)` of float32 values [N, E] (the MoE router's probabilities). impl: "pallas"
-    (`top_k_pallas`, the GPU's default) or "xla" (`lax.top_k`, the default elsewhere)."""
+    (`top_k_pallas`, the GPU's default; off a GPU, or for values that are not float32 [N, E], `lax.top_k` runs
+    instead) or "xla" (`lax.top_k`, the default elsewhere)."""
     on_gpu = jax.devices()[0].platform == "gpu"
     impl = impl or ("pallas" if on_gpu else "xla")
     if impl not in TOP_K_IMPLS:

@@ -356,7 +356,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
             log({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()})
         params = cache = None  # free them before the next dtype
     fp8.swiglu_quantize, layer_ops._one_pass_kernels = swiglu_quantize, one_pass_kernels
-    model_module.residual_norm = residual_norm
+    model_module.residual_norm, moe_module.top_k_rows = residual_norm, top_k_rows
     if args.no_gemm_ceiling:
         return {"capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's

@@ -134,7 +134,7 @@ case $stage in
     run encoder_qwen3-30b-a3b 230 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
       --dtypes fp8 fp8-moe-xla-topk --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
       --out "$out/encoder_qwen3-30b-a3b.json"
-    run encoder_qwen3-4b 120 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
+    run encoder_qwen3-4b 170 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     run train_30b_fp8 170 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 --skip-n 8 \
       --num-envs 128 --max-updates 5 --compile-cache off --run-dir /tmp/run30b-fp8

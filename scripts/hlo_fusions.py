@@ -6,7 +6,9 @@ with `XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_as_text"`, then
     python scripts/hlo_fusions.py DIR loop_convert_fusion sort_34_1
 
 prints, for each module after optimisations that has one of the names, the instruction (its shape and operands) and
-the body of the computation it calls (a fusion's elementwise steps).
+the body of the computation it calls (a fusion's elementwise steps). A kernel name matches the instruction whose
+name it is with '.' and '-' written '_', also with a `_N` suffix (one instruction, several kernels); when two
+instructions fit one name, both are printed.
 """
 from __future__ import annotations
 
@@ -30,13 +32,26 @@ def computations(text: str) -> dict[str, list[str]]:
     return found
 
 
+def _kernel_name(instruction: str) -> str:
+    """An HLO instruction's name as a GPU kernel name spells it ('.' and '-' become '_')."""
+    return re.sub(r"[.\-]", "_", instruction)
+
+
+def matches(instruction: str, kernel: str) -> bool:
+    """Whether a profile's kernel name is this instruction's kernel: the same name with '.' and '-' as '_', or that
+    name with a `_N` suffix (an instruction emitted as several kernels, such as a sort)."""
+    own, kernel = _kernel_name(instruction), _kernel_name(kernel)
+    return kernel == own or re.fullmatch(re.escape(own) + r"(_\d+)+", kernel) is not None
+
+
 def describe(text: str, name: str, max_body: int = 40, width: int = 400) -> list[str]:
-    """The lines defining instruction `name` in an HLO module's text and the computations they call."""
+    """The lines defining the instruction behind kernel `name` (`matches`) in an HLO module's text and the
+    computations they call."""
     bodies = computations(text)
     out = []
-    pattern = re.compile(rf"^\s*(?:ROOT )?%?{re.escape(name)} = ")
     for line in text.splitlines():
-        if not pattern.match(line):
+        defined = re.match(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", line)
+        if not defined or not matches(defined.group(1), name):
             continue
         out.append(line.strip()[:width])
         for called in re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", line):

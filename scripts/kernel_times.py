@@ -5,8 +5,9 @@
 
 Kinds are read from the kernel names: `gemm` (cuBLAS / cuBLASLt, incl. `nvjet_*`, and the Mosaic GPU grouped
 GEMMs of `jaxllm.grouped_gemm`), `attention` (cuDNN), `pallas` (this project's Pallas (Triton) kernels), `other`
-(XLA's fusions, copies, ...). Per GPU line it also says how long the line was idle between its first and last
-kernel (time the GPU waited for the host: launches, host syncs) and what the kernels past the `top` add up to.
+(XLA's fusions, copies, ...). Per GPU line it also says how long no kernel ran on that line between its first
+kernel's start and its last one's end (waiting for the host's launches or syncs, or for work on another stream)
+and what the kernels past the `top` add up to.
 Reads the trace with `jax.profiler.ProfileData` (no TensorBoard needed).
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ def line_summary(events: Iterable[tuple[str, float, float]], top: int = 25) -> d
         if end > reach:
             busy += end - max(start, reach)
             reach = end
-    span = intervals[-1][1] - intervals[0][0] if intervals else 0.0
+    span = reach - intervals[0][0] if intervals else 0.0  # to the latest end, not the last start's end
     kinds: dict[str, float] = defaultdict(float)
     for name, (ms, _) in by_name.items():
         kinds[kind_of(name)] += ms

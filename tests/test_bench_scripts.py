@@ -49,7 +49,6 @@ def test_bench_encoder_ragged_moe_rows_smoke():
     # 1,229 real tokens: the default plan's last pass is the 2,304-token halving, one pass the 2,048 that holds them
     assert rows["packed"]["passes"] == [2304] and rows["packed-one-pass"]["passes"] == [2048]
     assert rows["packed-one-pass"]["real_tokens"] == 1229
-    assert rows["packed-one-pass"]["min_cosine_vs_first_bf16"] > 0.999
 
 
 def test_bench_template_smoke(tmp_path):
@@ -211,6 +210,9 @@ def test_hlo_fusions_finds_a_compiled_fusion_and_its_body(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("== ") == 1 and f"-- {name}" in out and "no_such_fusion" not in out
     assert f"%{name} = bf16[64,128]" in out and "multiply(" in out and "convert(" in out
+    # a profile spells instruction sort.34 as the kernels sort_34, sort_34_1, ...
+    assert hlo_fusions.matches("sort.34", "sort_34_1") and hlo_fusions.matches("sort.34", "sort_34")
+    assert not hlo_fusions.matches("sort.34", "sort_345") and not hlo_fusions.matches("fusion.2", "fusion_23")
 
 
 def test_kernel_times_sums_a_line_its_idle_time_and_the_kernels_past_the_top():
@@ -229,3 +231,6 @@ def test_kernel_times_sums_a_line_its_idle_time_and_the_kernels_past_the_top():
     assert [row["kernel"] for row in s["top"]] == ["body_mosaic_gpu_kernel", "cudnn_sdpa_fprop"]
     assert s["rest"] == {"kernels": 2, "calls": 2, "ms": 2.0}
     assert kernel_times.line_summary([], top=2)["idle_ms"] == 0.0
+    # a kernel inside a longer one (another stream's event on the same line): the span ends with the longer one
+    nested = kernel_times.line_summary([("a", 0, 10 * ms), ("b", 2 * ms, 1 * ms)])
+    assert math.isclose(nested["span_ms"], 10.0) and nested["idle_ms"] == 0.0

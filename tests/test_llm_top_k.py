@@ -64,7 +64,7 @@ def test_compiled_top_k_equals_lax_at_the_30b_router_shape(levels):
 
 def test_tiny_moe_routes_through_the_kernel_unchanged(monkeypatch):
     """tiny-moe's packed encode with the router's top-k on the kernel (forced on, interpreted) equals the encode
-    with lax.top_k bit for bit; the kernel is called once per sparse layer's trace."""
+    with lax.top_k bit for bit; the router called the kernel on its [tokens, experts] probabilities."""
     from jaxllm import encode_packed, load_model, moe
 
     model = load_model("tiny-moe", dtype="float32")
