@@ -300,19 +300,19 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         cache = jax.block_until_ready(jit(prefill, compiler_options=compiler_options(), static_argnums=1)(
             params, config, jnp.asarray(prefix_ids)))
         opts = compiler_options() | args.xla_option  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)
+        packed_at = lambda cap: jit(  # noqa: E731
+            lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=cap,
+                                             attention_impl=args.packed_attention), compiler_options=opts)
         calls = {
             "rect": jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c), compiler_options=opts),
             "bucketed": jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64),
                             compiler_options=opts),
-            "packed": jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=capacity,
-                                                           attention_impl=args.packed_attention),
-                          compiler_options=opts),
-            "packed-halvings": jit(lambda p, c, i, n: _packed_by_halvings(p, config, i, n, c, capacity,
+            "packed": packed_at(capacities["packed"]),
+            "packed-halvings": jit(lambda p, c, i, n: _packed_by_halvings(p, config, i, n, c,
+                                                                          capacities["packed-halvings"],
                                                                           args.packed_attention),
                                    compiler_options=opts),
-            "packed-one-pass": jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=one_pass,
-                                                                    attention_impl=args.packed_attention),
-                                   compiler_options=opts),
+            "packed-one-pass": packed_at(capacities["packed-one-pass"]),
         }
         for method in args.methods:
             row = {"dtype": dtype, "method": method, "batch": args.batch, "real_tokens": real,

@@ -243,8 +243,8 @@ def test_tiny_moe_preset_encodes_real_template_prompts():
 
 
 def test_fp8_moe_quantizes_attention_and_stays_close():
-    """fp8 on an MoE model: attention matrices and experts W8A8 (experts stacked in e4m3), the router 16-bit; the vectors stay near float32's (tiny-moe at its init scale;
-    routing near-ties may flip an expert, docs/PARITY.md)."""
+    """fp8 on an MoE model: attention matrices and experts W8A8 (experts stacked in e4m3), the router 16-bit; the
+    vectors stay near float32's (tiny-moe at its init scale; routing near-ties may flip an expert, docs/PARITY.md)."""
     from jaxllm.fp8 import Fp8Matrix, quantize_out_in
 
     f32, q = load_model("tiny-moe", dtype="float32"), load_model("tiny-moe", dtype="fp8")
