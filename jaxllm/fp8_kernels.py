@@ -86,17 +86,17 @@ def _expert_swiglu_quantize_kernel(gate_up_ref, row_scale_ref, group_ref, col_sc
     _quantize_block(values_of, q_ref, scale_ref, width, chunk)
 
 
-def _residual_norm_quantize_kernel(h_ref, y_ref, row_scale_ref, col_scale_ref, weight_ref, h_out_ref, *refs,
-                                   width: int, chunk: int, eps: float):
+def residual_norm_quantize_block(h_of: Callable[[pl.Slice], jax.Array], delta_of: Callable[[pl.Slice], jax.Array],
+                                 weight_ref, h_out_ref, *refs, width: int, chunk: int, eps: float) -> None:
+    """A program's rows of `residual_norm_quantize_pallas`: h_of(cols) / delta_of(cols) give a column slice of the
+    residual stream and of the delta (in its dtype); writes h + delta to h_out_ref, then (the normalised rows to
+    a `normed_ref` when three refs follow, ) the e4m3 rows and their scales."""
     normed_ref, q_ref, scale_ref = refs if len(refs) == 3 else (None, *refs)  # the normed rows only when asked for
     dtype = h_out_ref.dtype
-    row_scale = pltriton.load(row_scale_ref).astype(jnp.float32)  # [rows, 1]
     slices = column_slices(width, chunk)
     new_rows, sum_sq = [], None
     for cols in slices:
-        y = pltriton.load(y_ref.at[:, cols]).astype(jnp.float32)
-        delta = (y * (row_scale * pltriton.load(col_scale_ref.at[cols])[None, :])).astype(dtype)
-        h = (pltriton.load(h_ref.at[:, cols]).astype(jnp.float32) + delta.astype(jnp.float32)).astype(dtype)
+        h = (h_of(cols).astype(jnp.float32) + delta_of(cols).astype(jnp.float32)).astype(dtype)
         pltriton.store(h_out_ref.at[:, cols], h)
         h = h.astype(jnp.float32)
         part = jnp.sum(h * h, axis=1, keepdims=True)
@@ -110,6 +110,19 @@ def _residual_norm_quantize_kernel(h_ref, y_ref, row_scale_ref, col_scale_ref, w
         if normed_ref is not None:
             pltriton.store(normed_ref.at[:, cols], normed[cols.start])
     _quantize_block(lambda cols: normed[cols.start].astype(jnp.float32), q_ref, scale_ref, width, chunk)
+
+
+def _residual_norm_quantize_kernel(h_ref, y_ref, row_scale_ref, col_scale_ref, weight_ref, *out_refs,
+                                   width: int, chunk: int, eps: float):
+    dtype = out_refs[0].dtype
+    row_scale = pltriton.load(row_scale_ref).astype(jnp.float32)  # [rows, 1]
+
+    def delta_of(cols):
+        y = pltriton.load(y_ref.at[:, cols]).astype(jnp.float32)
+        return (y * (row_scale * pltriton.load(col_scale_ref.at[cols])[None, :])).astype(dtype)
+
+    residual_norm_quantize_block(lambda cols: pltriton.load(h_ref.at[:, cols]), delta_of, weight_ref, *out_refs,
+                                 width=width, chunk=chunk, eps=eps)
 
 
 def _head_norm_rope_kernel(y_ref, row_scale_ref, col_scale_ref, weight_ref, cos_ref, sin_ref, out_ref, *,

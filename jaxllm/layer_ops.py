@@ -5,7 +5,8 @@ FP8 tensor cores, the two steps XLA splits into several passes over a tensor run
 (`jaxllm.fp8_kernels`), with the same roundings:
 - `residual_norm`: h + an fp8 GEMM's scaled product (or an MoE block's output), then RMSNorm and the next GEMM's
   e4m3 quantisation (two reductions in a row; XLA made three kernels of it), with the 16-bit normalised rows too
-  where an fp8 MoE block's router reads them;
+  where an fp8 MoE block's router reads them; an MoE block's output comes uncombined (`moe_rows.ExpertOutputs`)
+  and its combine runs in the same kernel (`moe_rows.combine_residual_norm_quantize_pallas`);
 - `head_norm_rope`: an fp8 q/k product, scaled, then each head's RMSNorm and RoPE (XLA made two).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .fp8 import Fp8Product, QuantizedRows, ValueAndRows, native_fp8_available, quantize
+from .moe_rows import ExpertOutputs
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -41,9 +43,10 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def value(y: jax.Array | Fp8Product) -> jax.Array:
-    """A projection's result as an array (an `Fp8Product` scaled into its dtype)."""
-    return y.value() if isinstance(y, Fp8Product) else y
+def value(y: jax.Array | Fp8Product | ExpertOutputs) -> jax.Array:
+    """A projection's or an MoE block's result as an array (an `Fp8Product` scaled into its dtype, an
+    `ExpertOutputs` combined)."""
+    return y.value() if isinstance(y, (Fp8Product, ExpertOutputs)) else y
 
 
 def norm_input(h: jax.Array, weight: jax.Array, eps: float, quantized: bool, keep_value: bool = False
@@ -56,7 +59,7 @@ def norm_input(h: jax.Array, weight: jax.Array, eps: float, quantized: bool, kee
     return ValueAndRows(x, quantize(x)) if keep_value else quantize(x)
 
 
-def residual_norm_reference(h: jax.Array, delta: jax.Array | Fp8Product, weight: jax.Array, eps: float,
+def residual_norm_reference(h: jax.Array, delta: jax.Array | Fp8Product | ExpertOutputs, weight: jax.Array, eps: float,
                             quantized: bool, keep_value: bool = False
                             ) -> tuple[jax.Array, jax.Array | QuantizedRows | ValueAndRows]:
     """(h + delta, `norm_input` of that sum) in XLA form."""
@@ -77,15 +80,20 @@ def _unit_scaled(delta: jax.Array) -> Fp8Product:
     return Fp8Product(delta, rows, ones(delta.shape[-1]), delta.dtype)
 
 
-def residual_norm(h: jax.Array, delta: jax.Array | Fp8Product, weight: jax.Array, eps: float,
+def residual_norm(h: jax.Array, delta: jax.Array | Fp8Product | ExpertOutputs, weight: jax.Array, eps: float,
                   quantized: bool, keep_value: bool = False
                   ) -> tuple[jax.Array, jax.Array | QuantizedRows | ValueAndRows]:
     """The residual add h + delta, then the next projection's input (`norm_input` of the sum).
 
-    h [..., D]; delta: a plain array (an MoE block's output) or an fp8 GEMM's `Fp8Product`. When the sum is
-    quantised again on a GPU with FP8 tensor cores, one kernel reads each row once
-    (`residual_norm_quantize_pallas`, which also writes the 16-bit normalised rows for `keep_value`); elsewhere
+    h [..., D]; delta: a plain array, an fp8 GEMM's `Fp8Product` or an MoE block's uncombined `ExpertOutputs`.
+    When the sum is quantised again on a GPU with FP8 tensor cores, one kernel reads each row once
+    (`residual_norm_quantize_pallas`, which also writes the 16-bit normalised rows for `keep_value`; for
+    `ExpertOutputs`, `combine_residual_norm_quantize_pallas`, which also combines the expert rows); elsewhere
     `residual_norm_reference`, with the same values."""
+    if isinstance(delta, ExpertOutputs):
+        if quantized and native_fp8_available() and delta.dtype == h.dtype:
+            return _combine_residual_norm(h, delta, weight, eps, keep_value)
+        delta = delta.value()
     plain = quantized and isinstance(delta, jax.Array) and native_fp8_available()  # added with unit scales
     product = _unit_scaled(delta) if plain else delta
     if not (quantized and _one_pass_kernels(product) and product.dtype == h.dtype):
@@ -96,6 +104,24 @@ def residual_norm(h: jax.Array, delta: jax.Array | Fp8Product, weight: jax.Array
     h_new, *normed, values, scale = residual_norm_quantize_pallas(
         h.reshape(-1, width), product.product.reshape(-1, width), product.row_scale.reshape(-1), product.col_scale,
         weight, eps=eps, keep_normed=keep_value)
+    return _unflatten(h, h_new, normed, values, scale, keep_value)
+
+
+def _combine_residual_norm(h: jax.Array, delta: ExpertOutputs, weight: jax.Array, eps: float, keep_value: bool
+                           ) -> tuple[jax.Array, QuantizedRows | ValueAndRows]:
+    """`residual_norm` of an MoE block's uncombined output on a GPU: combine, add, norm and quantise in one kernel."""
+    from .moe_rows import combine_residual_norm_quantize_pallas
+
+    width = h.shape[-1]
+    h_new, *normed, values, scale = combine_residual_norm_quantize_pallas(
+        h.reshape(-1, width), delta.rows, delta.slot_row, delta.weights, delta.scales, weight, eps=eps,
+        keep_normed=keep_value)
+    return _unflatten(h, h_new, normed, values, scale, keep_value)
+
+
+def _unflatten(h: jax.Array, h_new: jax.Array, normed: list[jax.Array], values: jax.Array, scale: jax.Array,
+               keep_value: bool) -> tuple[jax.Array, QuantizedRows | ValueAndRows]:
+    """A residual kernel's [N, D] outputs in h's shape, as `residual_norm` returns them."""
     rows = QuantizedRows(values.reshape(h.shape), scale.reshape(h.shape[:-1]), h.dtype)
     return h_new.reshape(h.shape), ValueAndRows(normed[0].reshape(h.shape), rows) if keep_value else rows
 

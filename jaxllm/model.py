@@ -26,7 +26,7 @@ from jax import lax
 
 from .config import Qwen3Config
 from .fp8 import Fp8Matrix, QuantizedRows, mlp_product, project, quantize
-from .moe import moe_block
+from .moe import moe_expert_outputs
 from .params import layer_stacks
 from .layer_ops import head_norm_rope, norm_input, residual_norm, rms_norm, rope_cos_sin, value
 from .packed_attention import Segments, default_packed_attention_impl, packed_attention
@@ -164,7 +164,7 @@ def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, mp: Pa
     h, x = residual_norm(h, project(attn, lp["o_proj"]), lp["post_attention_layernorm"], eps, mlp_quantized,
                          keep_value=sparse)
     if sparse:
-        delta = moe_block(x, mp, config.num_experts_per_tok, config.norm_topk_prob, layer=expert_layer)
+        delta = moe_expert_outputs(x, mp, config.num_experts_per_tok, config.norm_topk_prob, layer=expert_layer)
     else:
         delta = mlp_product(x, mp["gate_proj"], mp["up_proj"], mp["down_proj"])
     h, x = residual_norm(h, delta, next_norm, eps, isinstance(lp["q_proj"], Fp8Matrix))

@@ -29,7 +29,7 @@ from jax import lax
 
 from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows
 from .grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
-from .moe_rows import ExpertRowScales, combine_rows, gather_rows
+from .moe_rows import ExpertOutputs, ExpertRowScales, gather_rows
 from .top_k import top_k_rows
 
 GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu", "tiled")
@@ -333,17 +333,11 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
     return out, row_of_slot, ExpertRowScales(hidden_rows.scale, hidden_rows.expert, down.scale)
 
 
-def moe_block(x: jax.Array | ValueAndRows, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
-              impl: str | None = None, layer: jax.Array | None = None) -> jax.Array:
-    """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
-    [E, 2F, D] and params["down"] [E, D, F], or `fp8.Fp8Matrix` of them: W8A8, the tokens quantised per row to
-    e4m3 (or given so: x a `ValueAndRows`), e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its
-    output requantised per row for down.
-    With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and this block
-    uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
-    Each token's output is the sum over its top_k experts of routing weight x expert output (summed in float32,
-    one rounding to x's dtype); tokens never interact, so padding tokens cost work but never change a real
-    token's result. impl: the grouped GEMM (`GROUPED_MATMUL_IMPLS`, None = the backend's default)."""
+def moe_expert_outputs(x: jax.Array | ValueAndRows, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
+                       impl: str | None = None, layer: jax.Array | None = None) -> ExpertOutputs:
+    """`moe_block` up to its combine: the expert rows, where each token's k rows are, its routing weights and (fp8)
+    the rows' scales (`moe_rows.ExpertOutputs`, whose `value()` is `moe_block`'s result). The decoder layer hands
+    it to the residual step after the block, which on a GPU combines the rows in its own kernel."""
     impl = impl or default_grouped_matmul_impl()
     x, quantized = (x.value, x.rows) if isinstance(x, ValueAndRows) else (x, None)
     lead, d = x.shape[:-1], x.shape[-1]
@@ -364,8 +358,21 @@ def moe_block(x: jax.Array | ValueAndRows, params: dict[str, Any], top_k: int, n
         else:
             rows = jnp.take(tokens, plan.order // top_k, axis=0)
             out, row_of_slot = experts_ffn(rows, gate_up, down, plan.group_sizes, impl), plan.inverse
-    combined = combine_rows(out, row_of_slot.reshape(tokens.shape[0], top_k), weights, scales, x.dtype)
-    return combined.reshape(*lead, d)
+    return ExpertOutputs(out, row_of_slot.reshape(tokens.shape[0], top_k), weights, scales, tuple(lead), x.dtype)
+
+
+def moe_block(x: jax.Array | ValueAndRows, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
+              impl: str | None = None, layer: jax.Array | None = None) -> jax.Array:
+    """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
+    [E, 2F, D] and params["down"] [E, D, F], or `fp8.Fp8Matrix` of them: W8A8, the tokens quantised per row to
+    e4m3 (or given so: x a `ValueAndRows`), e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its
+    output requantised per row for down.
+    With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and this block
+    uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
+    Each token's output is the sum over its top_k experts of routing weight x expert output (summed in float32,
+    one rounding to x's dtype); tokens never interact, so padding tokens cost work but never change a real
+    token's result. impl: the grouped GEMM (`GROUPED_MATMUL_IMPLS`, None = the backend's default)."""
+    return moe_expert_outputs(x, params, top_k, norm_topk_prob, impl, layer).value()
 
 
 def expert_load(experts: jax.Array, num_experts: int) -> jax.Array:

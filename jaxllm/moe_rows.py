@@ -26,13 +26,15 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from .fp8_kernels import column_slices, row_blocks
+from .fp8_format import E4M3
+from .fp8_kernels import column_slices, residual_norm_quantize_block, row_blocks
 
 GATHER_IMPLS = ("elements", "words", "pallas")
 
@@ -145,23 +147,31 @@ def combine_rows_reference(rows: jax.Array, slot_row: jax.Array, weights: jax.Ar
     return jnp.sum(per_slot * weights[..., None].astype(jnp.float32), axis=1).astype(dtype)
 
 
+def _combined_row(slot_row_ref, weights_ref, rows_ref, scale_refs, r: int, slices: list[pl.Slice]
+                  ) -> list[jax.Array]:
+    """Token r of the program's block: the float32 sum over its k expert rows (weighted, and scaled when
+    `scale_refs` holds (row scale, group, column scales)), as one [1, size] array per column slice."""
+    acc = [None] * len(slices)
+    for j in range(slot_row_ref.shape[1]):
+        row, weight = slot_row_ref[r, j], weights_ref[r, j]
+        if scale_refs:
+            row_scale_ref, group_ref, col_ref = scale_refs
+            row_scale = pltriton.load(row_scale_ref.at[pl.ds(row, 1)])[None, :]  # [1, 1]
+            group = jnp.maximum(group_ref[row], 0)
+        for i, cols in enumerate(slices):
+            v = pltriton.load(rows_ref.at[pl.ds(row, 1), cols]).astype(jnp.float32)
+            if scale_refs:
+                v = v * (row_scale * pltriton.load(col_ref.at[pl.ds(group, 1), cols]))
+            v = v * weight
+            acc[i] = v if acc[i] is None else acc[i] + v
+    return acc
+
+
 def _combine_rows_kernel(slot_row_ref, weights_ref, rows_ref, *scale_and_out_refs, slices, scaled: bool):
     *scale_refs, out_ref = scale_and_out_refs
     for r in range(out_ref.shape[0]):
-        acc = [None] * len(slices)
-        for j in range(slot_row_ref.shape[1]):
-            row, weight = slot_row_ref[r, j], weights_ref[r, j]
-            if scaled:
-                row_scale_ref, group_ref, col_ref = scale_refs
-                row_scale = pltriton.load(row_scale_ref.at[pl.ds(row, 1)])[None, :]  # [1, 1]
-                group = jnp.maximum(group_ref[row], 0)
-            for i, cols in enumerate(slices):
-                v = pltriton.load(rows_ref.at[pl.ds(row, 1), cols]).astype(jnp.float32)
-                if scaled:
-                    v = v * (row_scale * pltriton.load(col_ref.at[pl.ds(group, 1), cols]))
-                v = v * weight
-                acc[i] = v if acc[i] is None else acc[i] + v
-        for total, cols in zip(acc, slices):
+        totals = _combined_row(slot_row_ref, weights_ref, rows_ref, scale_refs if scaled else (), r, slices)
+        for total, cols in zip(totals, slices):
             pltriton.store(out_ref.at[pl.ds(r, 1), cols], total.astype(out_ref.dtype))
 
 
@@ -204,3 +214,68 @@ def combine_rows(rows: jax.Array, slot_row: jax.Array, weights: jax.Array, scale
         # 2 tokens x 8 warps: the best or equal of scripts/bench_moe.py --movement on an H200 (2026-11-28)
         return combine_rows_pallas(rows, slot_row, weights, scales, dtype, rows_per_program=2, num_warps=8)
     return combine_rows_reference(rows, slot_row, weights, scales, dtype)
+
+
+def _combine_residual_norm_quantize_kernel(slot_row_ref, weights_ref, h_ref, rows_ref, *refs, slices, width: int,
+                                           chunk: int, eps: float, scaled: bool):
+    scale_refs, (norm_weight_ref, *out_refs) = refs[:3 * scaled], refs[3 * scaled:]
+    dtype = out_refs[0].dtype
+    totals = _combined_row(slot_row_ref, weights_ref, rows_ref, scale_refs, 0, slices)
+    delta = {cols.start: total.astype(dtype) for cols, total in zip(slices, totals)}  # the combine's one rounding
+    residual_norm_quantize_block(lambda cols: pltriton.load(h_ref.at[:, cols]), lambda cols: delta[cols.start],
+                                 norm_weight_ref, *out_refs, width=width, chunk=chunk, eps=eps)
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "keep_normed", "interpret", "num_warps", "chunk"))
+def combine_residual_norm_quantize_pallas(h: jax.Array, rows: jax.Array, slot_row: jax.Array, weights: jax.Array,
+                                          scales: ExpertRowScales | None, norm_weight: jax.Array, eps: float,
+                                          keep_normed: bool = False, interpret: bool = False, num_warps: int = 4,
+                                          chunk: int = 1024) -> tuple[jax.Array, ...]:
+    """An fp8 MoE layer's last step in one kernel: the combine (`combine_rows_reference`: each token's k expert
+    rows weighted and summed in float32, rounded once to h's dtype), the residual add and the next RMSNorm with
+    its e4m3 quantisation (`jaxllm.fp8_kernels.residual_norm_quantize_pallas` with that sum as a plain delta).
+    The combined rows never go to memory: a program holds one token's row from its k expert rows to its e4m3
+    values. h [N, D] the residual stream; rows [R, D], slot_row int32 [N, k], weights [N, k], scales as
+    `combine_rows_reference`'s; norm_weight [D]. Returns (h + combined [N, D], the normed rows [N, D] with
+    `keep_normed`, e4m3 [N, D], float32 scale [N]). `interpret`: Pallas's interpreter (CPU tests)."""
+    n, width = h.shape
+    k = slot_row.shape[1]
+    per_token = lambda cols: pl.BlockSpec((1, cols), lambda i: (i, 0))  # noqa: E731
+    whole = lambda a: pl.BlockSpec(a.shape, lambda i: (0,) * a.ndim)  # noqa: E731
+    extra = [] if scales is None else [scales.row.astype(jnp.float32), scales.group.astype(jnp.int32),
+                                       scales.col.astype(jnp.float32)]
+    out_dtypes = [h.dtype] * (2 if keep_normed else 1) + [E4M3]
+    outs = pl.pallas_call(
+        functools.partial(_combine_residual_norm_quantize_kernel, slices=column_slices(width, chunk), width=width,
+                          chunk=chunk, eps=eps, scaled=scales is not None),
+        out_shape=tuple(jax.ShapeDtypeStruct((n, width), d) for d in out_dtypes)
+                  + (jax.ShapeDtypeStruct((n, 1), jnp.float32),),
+        grid=(n,),
+        in_specs=[per_token(k), per_token(k), per_token(width), whole(rows)] + [whole(a) for a in extra]
+                 + [pl.BlockSpec((width,), lambda i: (0,))],
+        out_specs=tuple(per_token(width) for _ in out_dtypes) + (per_token(1),),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="combine_residual_norm_quantize",
+    )(slot_row.astype(jnp.int32), weights.astype(jnp.float32), h, rows, *extra, norm_weight)
+    return (*outs[:-1], outs[-1][:, 0])
+
+
+@flax.struct.dataclass
+class ExpertOutputs:
+    """An MoE block's output before its combine: the expert rows `rows` [R, D], each token's rows `slot_row` int32
+    [N, k] and routing `weights` [N, k], the fp8 `scales` (or None), and the tokens' leading shape `lead` and
+    `dtype`. It stands for `value()`; kept apart so the step after the block (the residual add with the next
+    norm, `jaxllm.layer_ops.residual_norm`) can combine the rows in its own kernel."""
+
+    rows: jax.Array
+    slot_row: jax.Array
+    weights: jax.Array
+    scales: ExpertRowScales | None
+    lead: tuple[int, ...] = flax.struct.field(pytree_node=False)
+    dtype: Any = flax.struct.field(pytree_node=False)
+
+    def value(self) -> jax.Array:
+        """The block's output [*lead, D] in `dtype` (`combine_rows`)."""
+        combined = combine_rows(self.rows, self.slot_row, self.weights, self.scales, self.dtype)
+        return combined.reshape(*self.lead, self.rows.shape[-1])

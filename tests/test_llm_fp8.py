@@ -392,6 +392,64 @@ def test_model_with_one_pass_kernels_matches_the_xla_forms(monkeypatch):
                                    atol=0.05 * float(jnp.abs(w).max()))
 
 
+def _expert_outputs_case(tokens: int, k: int, rows: int, width: int, groups: int, scaled: bool, seed: int = 0):
+    """An MoE block's uncombined output (bf16 expert rows, each token's k rows and routing weights, fp8 scales or
+    none), a residual stream and a norm weight."""
+    from jaxllm.moe_rows import ExpertOutputs, ExpertRowScales
+
+    keys = jax.random.split(jax.random.key(seed), 9)
+    expert_rows = (jax.random.normal(keys[0], (rows, width), jnp.float32) * 20).astype(jnp.bfloat16)
+    slot_row = jax.random.permutation(keys[1], rows)[: tokens * k].reshape(tokens, k).astype(jnp.int32)
+    weights = jax.nn.softmax(jax.random.normal(keys[2], (tokens, k)), axis=-1).astype(jnp.bfloat16)
+    scales = ExpertRowScales(jax.random.uniform(keys[3], (rows,), minval=0.001, maxval=0.05),
+                             jax.random.randint(keys[4], (rows,), -1, groups),
+                             jax.random.uniform(keys[5], (groups, width), minval=0.1, maxval=1.0)) if scaled else None
+    h = jax.random.normal(keys[6], (tokens, width), jnp.bfloat16) * 3
+    weight = (1 + 0.3 * jax.random.normal(keys[7], (width,))).astype(jnp.bfloat16)
+    return h, ExpertOutputs(expert_rows, slot_row, weights, scales, (tokens,), jnp.bfloat16), weight
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("width, chunk", [(96, 1024), (200, 64)])
+def test_pallas_combine_residual_kernel_matches_its_xla_form(scaled, width, chunk, on_cpu):
+    """An fp8 MoE layer's last step in one kernel (Pallas's interpreter): its expert rows combined (fp8 scales or
+    none), added to the residual stream, normalised and quantised, against the combine's and the residual step's
+    XLA forms one after the other: the new residual stream bit-equal (the combine sums in slot order, as XLA's
+    form does, and rounds once), the normed rows and their e4m3 values up to the order of the sum of squares."""
+    from jaxllm.layer_ops import residual_norm_reference
+    from jaxllm.moe_rows import combine_residual_norm_quantize_pallas
+
+    h, delta, weight = _expert_outputs_case(13, 3, 50, width, 4, scaled)
+    want_h, want_x = residual_norm_reference(h, delta, weight, 1e-6, quantized=True, keep_value=True)
+    run = lambda keep: combine_residual_norm_quantize_pallas(  # noqa: E731
+        h, delta.rows, delta.slot_row, delta.weights, delta.scales, weight, eps=1e-6, keep_normed=keep,
+        interpret=True, chunk=chunk)
+    h_new, normed, q, scale = run(True)
+    assert h_new.dtype == normed.dtype == jnp.bfloat16 and q.shape == h.shape and scale.shape == (13,)
+    np.testing.assert_array_equal(np.asarray(h_new, np.float32), np.asarray(want_h, np.float32))
+    assert_normed_rows_close(normed, want_x.value)
+    assert_quantized_close((q, scale), (want_x.rows.values, want_x.rows.scale))
+    _, q_alone, scale_alone = run(False)
+    np.testing.assert_array_equal(np.asarray(q_alone, np.float32), np.asarray(q, np.float32))
+    np.testing.assert_array_equal(np.asarray(scale_alone), np.asarray(scale))
+
+
+@pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
+def test_compiled_combine_residual_kernel_matches_its_xla_form_at_the_30b_shape():
+    """On the GPU, Qwen3-30B-A3B's shapes (2,048 wide, 8 experts a token, fp8 scales): `layer_ops.residual_norm`
+    of an MoE block's uncombined output (the fused kernel) against `residual_norm_reference` (the combine's own
+    kernel, then the residual step in XLA form): within one bf16 rounding (the GPU's XLA may keep excess
+    precision between the residual step's ops)."""
+    from jaxllm import layer_ops
+
+    h, delta, weight = _expert_outputs_case(3000, 8, 30000, 2048, 128, scaled=True, seed=5)
+    got_h, got_x = jax.jit(lambda a, d, w: layer_ops.residual_norm(a, d, w, 1e-6, True))(h, delta, weight)
+    want_h, want_x = jax.jit(lambda a, d, w: layer_ops.residual_norm_reference(a, d, w, 1e-6, True))(h, delta, weight)
+    np.testing.assert_allclose(np.asarray(got_h, np.float32), np.asarray(want_h, np.float32), rtol=2.0 ** -7,
+                               atol=2.0 ** -7 * 3)
+    assert_quantized_close((got_x.values, got_x.scale), (want_x.values, want_x.scale), max_changed=0.05)
+
+
 @pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
 def test_compiled_residual_kernel_keeps_the_normed_rows_at_the_30b_width():
     """On the GPU, Qwen3-30B-A3B's hidden width (2,048): the compiled residual kernel with a plain delta (the MoE

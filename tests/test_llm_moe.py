@@ -267,15 +267,16 @@ def test_fp8_moe_quantizes_attention_and_stays_close():
 
 
 def test_fp8_moe_residual_steps_on_the_one_pass_kernel_match_the_xla_forms(monkeypatch):
-    """fp8 MoE layers on a GPU's residual kernel (forced on, Pallas's interpreter): the step after attention writes
-    the router's 16-bit rows and the experts' e4m3 rows in one pass (the experts quantise nothing again), the
-    step after the MoE block adds its plain output; the vectors equal the XLA forms' up to the ulp-level RMS
-    differences of a sum of squares in another order, padded and packed (tiny-moe: at its init scale those
-    differences flip no expert; `tests/test_llm_fp8.py` checks the step's outputs themselves)."""
+    """fp8 MoE layers on a GPU's residual kernels (forced on, Pallas's interpreter): the step after attention
+    writes the router's 16-bit rows and the experts' e4m3 rows in one pass (the experts quantise nothing again),
+    the step after the MoE block combines its expert rows and adds them in one kernel; the vectors equal the XLA
+    forms' up to the ulp-level RMS differences of a sum of squares in another order, padded and packed (tiny-moe:
+    at its init scale those differences flip no expert; `tests/test_llm_fp8.py` and `tests/test_llm_moe_rows.py`
+    check the steps' outputs themselves)."""
     import contextlib
     import functools
 
-    from jaxllm import encode, fp8_kernels, layer_ops
+    from jaxllm import encode, fp8_kernels, layer_ops, moe_rows
     from jaxllm.fp8 import native_fp8_available
 
     with pytest.warns(UserWarning, match="emulated") if not native_fp8_available() else contextlib.nullcontext():
@@ -295,10 +296,13 @@ def test_fp8_moe_residual_steps_on_the_one_pass_kernel_match_the_xla_forms(monke
     monkeypatch.setattr(fp8_kernels, "residual_norm_quantize_pallas",
                         lambda *a, **kw: kept.append(kw["keep_normed"]) or residual(*a, **kw))
     monkeypatch.setattr(fp8_kernels, "head_norm_rope_pallas", heads)
+    combined = functools.partial(moe_rows.combine_residual_norm_quantize_pallas, interpret=True)
+    monkeypatch.setattr(moe_rows, "combine_residual_norm_quantize_pallas",
+                        lambda *a, **kw: kept.append(("combine", kw["keep_normed"])) or combined(*a, **kw))
     experts = moe._fp8_expert_outputs
     monkeypatch.setattr(moe, "_fp8_expert_outputs", lambda *a: given.append(a[-1] is not None) or experts(*a))
     got = run()
-    assert sorted(set(kept)) == [False, True] and set(given) == {True}
+    assert set(kept) == {True, ("combine", False)} and set(given) == {True}
     for g, w in zip(got, want):
         cos = (g * w).sum(-1) / np.linalg.norm(g, axis=-1) / np.linalg.norm(w, axis=-1)
         assert cos.min() >= 0.999, cos
