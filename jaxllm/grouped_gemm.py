@@ -76,7 +76,8 @@ def tile_plan(group_sizes: jax.Array, num_rows: int, tile_m: int) -> TilePlan:
 
 
 def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, config: TileConfig,
-                 transposed: bool, swiglu: bool = False) -> None:
+                 transposed: bool, swiglu: bool = False, row_scale: jax.Array | None = None,
+                 col_scale: jax.Array | None = None) -> None:
     """Raises ValueError naming the dimension that `tiled_grouped_matmul` cannot take with this config."""
     m, k = rows.shape
     n = weights.shape[1] if transposed else weights.shape[2]
@@ -95,12 +96,18 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
         problems.append("the epilogue piece (epi_m, epi_n) must divide (tile_m, tile_n)")
     if rows.dtype != weights.dtype:
         problems.append(f"rows are {rows.dtype} but weights {weights.dtype}")
+    if (row_scale is None) != (col_scale is None):
+        problems.append("row_scale and col_scale come together")
+    elif row_scale is not None and (row_scale.shape != (m,) or col_scale.shape != (weights.shape[0], n)):
+        problems.append(f"scales must be row_scale [{m}] and col_scale [{weights.shape[0]}, {n}], got "
+                        f"{list(row_scale.shape)} and {list(col_scale.shape)}")
     if problems:
         raise ValueError("tiled_grouped_matmul: " + "; ".join(problems))
 
 
 def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array,
                          config: TileConfig = TileConfig(), *, transposed: bool = True, swiglu: bool = False,
+                         row_scale: jax.Array | None = None, col_scale: jax.Array | None = None,
                          out_dtype: Any = None, num_sms: int | None = None, interpret: Any = None) -> jax.Array:
     """rows [R, K] in `TilePlan` layout, weights [G, N, K] (`transposed`, contraction innermost) or [G, K, N],
     tile_groups int32 [R // tile_m]: row tile t of the result is rows' tile t times weights[tile_groups[t]]
@@ -112,13 +119,16 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     interpret: Mosaic GPU interpret params (runs on a CPU, for tests).
 
     fp8: rows and weights float8_e4m3fn (weights [G, N, K]: fp8 wgmma takes both operands K-major) give the
-    unscaled products of the e4m3 values (float32 accumulation, bfloat16 out by default); the caller applies its
-    scales (`jaxllm.moe`'s W8A8 experts). Scales inside the kernel (TMA-copied per tile, waited on a barrier)
-    deadlocked Mosaic GPU's interpreter in jax 0.10.2, so they stay outside until that can be tested."""
+    unscaled products of the e4m3 values (float32 accumulation, bfloat16 out by default). With row_scale float32
+    [R] and col_scale float32 [G, N] (W8A8: `jaxllm.moe`'s experts), the accumulators are multiplied by
+    row_scale[r] * col_scale[group, n] in the epilogue, before SwiGLU (gate and up each by their own columns):
+    the scales are TMA-copied to shared memory when a tile starts, behind its main loop, and waited on a barrier
+    (this deadlocked Mosaic GPU's interpreter in jax 0.10.2: test it compiled, on a GPU)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    check_shapes(rows, weights, tile_groups, config, transposed, swiglu)
+    check_shapes(rows, weights, tile_groups, config, transposed, swiglu, row_scale, col_scale)
+    scaled = row_scale is not None
     if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
         weights, transposed = jnp.swapaxes(weights, 1, 2), False
     m, k = rows.shape
@@ -152,7 +162,13 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         cols = pl.ds(part * out_n + ni * cta_n, cta_n)
         return b_gmem.at[group].at[cols, :] if transposed else b_gmem.at[group].at[:, cols]
 
-    def body(groups_gmem, a_gmem, b_gmem, out_gmem):
+    # scales: (row scales [tm], column scales [parts, tn]) per compute warpgroup, each copy with its own barrier
+    scale_buffers = dict(row_smem=plgpu.SMEM((2, tm), jnp.float32),
+                         col_smem=plgpu.SMEM((2, parts, tn), jnp.float32),
+                         scale_barriers=plgpu.Barrier(num_barriers=2 * (1 + parts))) if scaled else {}
+
+    def body(groups_gmem, a_gmem, b_gmem, *rest):
+        *scale_gmem, out_gmem = rest
         unused = lambda *_, **__: None
 
         @functools.partial(pl.run_scoped,
@@ -160,8 +176,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                a_gmem, *(weight_tile(b_gmem, 0, 0, p) for p in range(parts))),
                            out_smem=plgpu.SMEM((2, 2, config.epi_m, config.epi_n), out_dtype,
                                                transforms=out_layout),
-                           collective_axes="wg")
-        def scope(buffers, out_smem):
+                           **scale_buffers, collective_axes="wg")
+        def scope(buffers, out_smem, row_smem=None, col_smem=None, scale_barriers=None):
             wg = lax.axis_index("wg")
             wg_cols = pl.ds(wg * tn, tn)
 
@@ -174,16 +190,38 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                 def _():
                     row_slice, col_slice = pl.ds(mi * tm, tm), pl.ds(ni * cta_n, cta_n)
 
+                    def start_scale_copies():
+                        """TMA copies of this tile's scales (this warpgroup's columns); waited in the epilogue."""
+                        row_scales, col_scales = scale_gmem
+                        barrier = lambda i: scale_barriers.at[wg * (1 + parts) + i]  # noqa: E731
+                        plgpu.copy_gmem_to_smem(row_scales.at[row_slice], row_smem.at[wg], barrier(0))
+                        for p in range(parts):
+                            cols = pl.ds(p * out_n + ni * cta_n + wg * tn, tn)
+                            plgpu.copy_gmem_to_smem(col_scales.at[group].at[cols], col_smem.at[wg, p],
+                                                    barrier(1 + p))
+
+                    def epilogue_values(accs):
+                        """The tile's float32 results: the accumulators, scaled (W8A8), SwiGLU'd."""
+                        values = [acc[...] for acc in accs]
+                        if scaled:
+                            for i in range(1 + parts):
+                                plgpu.barrier_wait(scale_barriers.at[wg * (1 + parts) + i])
+                            row = lax.broadcast_in_dim(row_smem[wg], (tm, tn), [0])
+                            values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (tm, tn), [1])
+                                      for p, v in enumerate(values)]
+                        if swiglu:
+                            gate, up = values
+                            return gate / (1.0 + jnp.exp(-gate)) * up
+                        return values[0]
+
                     def context(run):
                         @functools.partial(pl.run_scoped,
                                            accs=[plgpu.ACC((tm, tn), jnp.float32) for _ in range(parts)])
                         def _(accs):
+                            if scaled:
+                                start_scale_copies()
                             run(tuple(accs))
-                            if swiglu:
-                                gate, up = accs[0][...], accs[1][...]
-                                result = (gate / (1.0 + jnp.exp(-gate)) * up).astype(out_dtype)
-                            else:
-                                result = accs[0][...].astype(out_dtype)
+                            result = epilogue_values(accs).astype(out_dtype)
                             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
                             piece = 0
                             for pm in range(tm // config.epi_m):
@@ -220,4 +258,5 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms,), grid_names=("sm",),
         num_threads=3, thread_name="wg", interpret=interpret,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
-    return kernel(tile_groups.astype(jnp.int32), rows, weights)
+    scales = (row_scale.astype(jnp.float32), col_scale.astype(jnp.float32)) if scaled else ()
+    return kernel(tile_groups.astype(jnp.int32), rows, weights, *scales)

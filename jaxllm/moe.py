@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows
+from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows, quantize_rows_one_pass
 from .grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
 from .moe_rows import ExpertOutputs, ExpertRowScales, gather_rows
 from .top_k import top_k_rows
@@ -91,6 +91,18 @@ TILED_FP8_CONFIGS = (
      TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=4, band=16)),
     (TileConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, band=1),) * 2,
 )
+
+
+# fp8 gate+up with its scales and SwiGLU in the kernel's epilogue (`FP8_SWIGLU`="epilogue"): two [tile_m, tile_n]
+# float32 accumulators per compute warpgroup (gate and up), so tile_n 64 as the bf16 SwiGLU config; 128-deep k
+# steps of e4m3; 3 stages of 48 KiB (4 would not leave shared memory for the epilogue). Not tuned.
+TILED_FP8_SWIGLU_CONFIG = TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=3, band=16)
+
+# where the fp8 experts apply gate+up's scales and SwiGLU: "kernel" (the GEMM writes the unscaled [R, 2F] product,
+# `expert_swiglu_quantize_pallas` scales, SwiGLUs and requantises it) or "epilogue" (the GEMM scales and SwiGLUs
+# its float32 accumulators and writes bf16 [R, F], which one pass quantises: half the bytes through memory, one
+# more bf16 rounding before the e4m3 one). Read at trace time.
+FP8_SWIGLU = "kernel"
 
 
 def _fits(config: TileConfig, out_n: int, k: int) -> bool:
@@ -274,13 +286,19 @@ def _expert_swiglu_quantize(gate_up: jax.Array, rows: _Fp8Rows, col_scale: jax.A
 
 
 def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul: Any,
-                     tiles: tuple[jax.Array, int] | None = None) -> tuple[jax.Array, _Fp8Rows]:
+                     tiles: tuple[jax.Array, int] | None = None, epilogue: bool = False
+                     ) -> tuple[jax.Array, _Fp8Rows]:
     """W8A8 SwiGLU experts: gate+up on e4m3 rows, scaled, SwiGLU in float32, requantised per row to e4m3 for down
-    (as the dense fp8 MLP). matmul(values, weight) is the grouped GEMM of e4m3 operands (unscaled products);
-    `tiles` as `_expert_swiglu_quantize`'s. Returns down's unscaled product [R, D] and its rows (their scales
-    apply with the down weights')."""
-    product = matmul(rows.values, gate_up.weight, 0)
-    hidden, hidden_scale = _expert_swiglu_quantize(product, rows, gate_up.scale, tiles)
+    (as the dense fp8 MLP). matmul(values, weight, which) is the grouped GEMM of e4m3 operands (unscaled
+    products; which: 0 gate+up, 1 down, 2 gate+up with its scales and SwiGLU in the epilogue, taking
+    `scales=(row, column)`, used with `epilogue`); `tiles` as `_expert_swiglu_quantize`'s. Returns down's
+    unscaled product [R, D] and its rows (their scales apply with the down weights')."""
+    if epilogue:
+        hidden, hidden_scale = quantize_rows_one_pass(matmul(rows.values, gate_up.weight, 2,
+                                                             scales=(rows.scale, gate_up.scale)))
+    else:
+        product = matmul(rows.values, gate_up.weight, 0)
+        hidden, hidden_scale = _expert_swiglu_quantize(product, rows, gate_up.scale, tiles)
     hidden_rows = _Fp8Rows(hidden, hidden_scale, rows.expert)
     return matmul(hidden, down.weight, 1), hidden_rows
 
@@ -306,15 +324,20 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
         values, scale = quantized.values.reshape(tokens.shape), quantized.scale.reshape(-1)
     d, f = tokens.shape[-1], down.weight.shape[-1]
     configs = tiled_configs(d, f, fp8=True) if impl == "tiled" else None
-    tiles = None
+    tiles, epilogue = None, False
     if configs is not None:
+        epilogue = (FP8_SWIGLU == "epilogue" and _fits(TILED_FP8_SWIGLU_CONFIG, f, d)
+                    and TILED_FP8_SWIGLU_CONFIG.tile_m == configs[0].tile_m)
         groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
         rows = _Fp8Rows(gather_rows(values, source), jnp.take(scale, source, axis=0, mode="fill", fill_value=0),
                         jnp.repeat(groups, configs[0].tile_m))
         tiles = (groups, configs[0].tile_m)
         interpret = _interpret_params()
 
-        def matmul(v: jax.Array, w: jax.Array, which: int) -> jax.Array:
+        def matmul(v: jax.Array, w: jax.Array, which: int, scales: tuple | None = None) -> jax.Array:
+            if which == 2:
+                return tiled_grouped_matmul(v, w, groups, TILED_FP8_SWIGLU_CONFIG, swiglu=True, row_scale=scales[0],
+                                            col_scale=scales[1], interpret=interpret)
             return tiled_grouped_matmul(v, w, groups, configs[which], interpret=interpret)
 
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)
@@ -329,7 +352,7 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
             return grouped_matmul(v.astype(jnp.float32), layer_w.astype(jnp.float32), sizes, "ragged_dot")
 
         row_of_slot = plan.inverse
-    out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles)
+    out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles, epilogue)
     return out, row_of_slot, ExpertRowScales(hidden_rows.scale, hidden_rows.expert, down.scale)
 
 

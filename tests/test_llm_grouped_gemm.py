@@ -216,3 +216,47 @@ def test_fp8_tiled_kernel_and_block_on_gpu():
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3e-2
     cosine = np.sum(got * want, -1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
     assert cosine.min() > 0.995, cosine.min()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
+def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
+    """At Qwen3-30B-A3B's gate+up shape (K 2048, 2F 1536): the e4m3 kernel with its row and column scales and
+    SwiGLU in the epilogue equals silu(gate) * up of the scaled exact products (within its bf16 output rounding);
+    the fp8 block with `moe.FP8_SWIGLU = "epilogue"` equals the block on ragged_dot as closely as the default."""
+    from jaxllm.fp8 import quantize_out_in
+
+    rng = np.random.default_rng(7)
+    config, f = moe.TILED_FP8_SWIGLU_CONFIG, 768
+    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
+    sizes[2] = 0
+    x = jnp.asarray(rng.normal(size=(int(sizes.sum()), 2048)), jnp.float8_e4m3fn)
+    w = jnp.asarray(rng.normal(size=(16, 2 * f, 2048)), jnp.float8_e4m3fn)
+    s = jnp.asarray(sizes, jnp.int32)
+    plan = tile_plan(s, x.shape[0], config.tile_m)
+    rows = jnp.zeros((plan.num_rows, 2048), x.dtype).at[plan.padded_row].set(x)
+    row_scale = jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32)
+    col_scale = jnp.asarray(rng.uniform(0.001, 0.01, (16, 2 * f)), jnp.float32)
+    kernel = jax.jit(lambda a, b, g, r, c: tiled_grouped_matmul(a, b, g, config, swiglu=True, row_scale=r,
+                                                                  col_scale=c))
+    got = np.asarray(kernel(rows, w, plan.tile_groups, row_scale, col_scale)[plan.padded_row], np.float32)
+    gu = np.asarray(moe.grouped_matmul(x.astype(jnp.float32), w.astype(jnp.float32), s, "ragged_dot"), np.float64)
+    expert = np.repeat(np.arange(16), sizes)
+    gu = gu * np.asarray(row_scale)[np.asarray(plan.padded_row)][:, None] * np.asarray(col_scale)[expert]
+    want = gu[:, :f] / (1 + np.exp(-gu[:, :f])) * gu[:, f:]
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-2
+    e, d, n, layers = 16, 2048, 2048, 2
+    ks = jax.random.split(jax.random.key(3), 4)
+    xb = jax.random.normal(ks[0], (n, d), jnp.float32).astype(jnp.bfloat16)
+    params = {"router": (jax.random.normal(ks[1], (d, e)) * 0.05).astype(jnp.bfloat16),
+              "gate_up": quantize_out_in(jax.random.normal(ks[2], (layers, e, 2 * f, d)) * 0.05),
+              "down": quantize_out_in(jax.random.normal(ks[3], (layers, e, d, f)) * 0.05)}
+    block = lambda impl: np.asarray(jax.jit(lambda p: moe.moe_block(xb, p, 8, True, impl=impl,  # noqa: E731
+                                                                    layer=jnp.int32(1)))(params), np.float32)
+    want = block("ragged_dot")
+    monkeypatch.setattr(moe, "FP8_SWIGLU", "epilogue")
+    got = block("tiled")
+    # as the default's comparison in test_fp8_tiled_kernel_and_block_on_gpu (its bf16 and e4m3 roundings differ
+    # from ragged_dot's float32 products by up to an e4m3 step in places)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3e-2
+    cosine = np.sum(got * want, -1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert cosine.min() > 0.995, cosine.min()
