@@ -171,15 +171,15 @@ def _product_dtype(x: jax.Array | QuantizedRows) -> Any:
     return x.dtype if jnp.dtype(x.dtype).itemsize == 2 else jnp.float32
 
 
-def quantize_rows_one_pass(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def quantize_rows_one_pass(x: jax.Array, rows: int = 1) -> tuple[jax.Array, jax.Array]:
     """`quantize_rows`; on a GPU with FP8 tensor cores from one Pallas kernel that reads x once
-    (`jaxllm.fp8_kernels`). For an x that XLA cannot fuse the quantisation into (a custom call's output, such as
-    attention's): XLA would read it twice, for the abs-max and for the cast."""
+    (`jaxllm.fp8_kernels`), `rows` rows per program. For an x that XLA cannot fuse the quantisation into (a custom
+    call's output, such as attention's): XLA would read it twice, for the abs-max and for the cast."""
     if not native_fp8_available():
         return quantize_rows(x)
     from .fp8_kernels import quantize_rows_pallas
 
-    q, scale = quantize_rows_pallas(x.reshape(-1, x.shape[-1]))
+    q, scale = quantize_rows_pallas(x.reshape(-1, x.shape[-1]), rows=rows)
     return q.reshape(x.shape), scale.reshape(x.shape[:-1])
 
 

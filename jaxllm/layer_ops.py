@@ -115,7 +115,7 @@ def _combine_residual_norm(h: jax.Array, delta: ExpertOutputs, weight: jax.Array
     width = h.shape[-1]
     h_new, *normed, values, scale = combine_residual_norm_quantize_pallas(
         h.reshape(-1, width), delta.rows, delta.slot_row, delta.weights, delta.scales, weight, eps=eps,
-        keep_normed=keep_value)
+        keep_normed=keep_value, num_warps=8)
     return _unflatten(h, h_new, normed, values, scale, keep_value)
 
 

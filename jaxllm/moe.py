@@ -98,11 +98,11 @@ TILED_FP8_CONFIGS = (
 # steps of e4m3; 3 stages of 48 KiB (4 would not leave shared memory for the epilogue). Not tuned.
 TILED_FP8_SWIGLU_CONFIG = TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=3, band=16)
 
-# where the fp8 experts apply gate+up's scales and SwiGLU: "kernel" (the GEMM writes the unscaled [R, 2F] product,
-# `expert_swiglu_quantize_pallas` scales, SwiGLUs and requantises it) or "epilogue" (the GEMM scales and SwiGLUs
-# its float32 accumulators and writes bf16 [R, F], which one pass quantises: half the bytes through memory, one
-# more bf16 rounding before the e4m3 one). Read at trace time.
-FP8_SWIGLU = "kernel"
+# where the fp8 experts apply gate+up's scales and SwiGLU on the tiled kernel: "epilogue" (the GEMM scales and
+# SwiGLUs its float32 accumulators and writes bf16 [R, F], which one pass quantises: half the bytes through
+# memory, one more bf16 rounding before the e4m3 one) or "kernel" (the GEMM writes the unscaled [R, 2F] product,
+# `expert_swiglu_quantize_pallas` scales, SwiGLUs and requantises it). Read at trace time.
+FP8_SWIGLU = "epilogue"
 
 
 def _fits(config: TileConfig, out_n: int, k: int) -> bool:
@@ -294,8 +294,9 @@ def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul
     `scales=(row, column)`, used with `epilogue`); `tiles` as `_expert_swiglu_quantize`'s. Returns down's
     unscaled product [R, D] and its rows (their scales apply with the down weights')."""
     if epilogue:
+        # 4 rows a program: a row of Qwen3-30B-A3B's hidden is 768 values (1 row: 2.5 TB/s on an H200)
         hidden, hidden_scale = quantize_rows_one_pass(matmul(rows.values, gate_up.weight, 2,
-                                                             scales=(rows.scale, gate_up.scale)))
+                                                             scales=(rows.scale, gate_up.scale)), rows=4)
     else:
         product = matmul(rows.values, gate_up.weight, 0)
         hidden, hidden_scale = _expert_swiglu_quantize(product, rows, gate_up.scale, tiles)

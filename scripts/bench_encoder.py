@@ -57,15 +57,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
                    choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms",
-                            "fp8-moe-xla-topk", "fp8-moe-split-combine", "fp8-moe-swiglu-epilogue", "float32"],
+                            "fp8-moe-xla-topk", "fp8-moe-split-combine", "fp8-moe-swiglu-kernel", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
                         "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
                         "MoE model's two residual steps around each sparse block left to XLA, the rest as fp8; "
                         "fp8-moe-xla-topk: the MoE router's top-k as XLA's lax.top_k instead of the Pallas kernel; "
                         "fp8-moe-split-combine: the MoE block's combine as its own kernel before the residual "
-                        "kernel, instead of inside it; fp8-moe-swiglu-epilogue: the fp8 experts' gate+up scales and "
-                        "SwiGLU in the grouped GEMM's epilogue, moe.FP8_SWIGLU = 'epilogue')")
+                        "kernel, instead of inside it; fp8-moe-swiglu-kernel: the fp8 experts' gate+up scales and "
+                        "SwiGLU in their own kernel after the grouped GEMM instead of its epilogue, moe.FP8_SWIGLU = "
+                        "'kernel')")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -302,7 +303,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         moe_module.top_k_rows = (lambda v, k: top_k_rows(v, k, "xla")) if dtype == "fp8-moe-xla-topk" else top_k_rows
         layer_ops._combine_residual_norm = (combine_then_residual if dtype == "fp8-moe-split-combine"
                                             else combine_residual_norm)
-        moe_module.FP8_SWIGLU = "epilogue" if dtype == "fp8-moe-swiglu-epilogue" else fp8_swiglu
+        moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
         if config.is_moe:
             params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
             params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)
