@@ -5,8 +5,8 @@ FP8 tensor cores, the two steps XLA splits into several passes over a tensor run
 (`jaxllm.fp8_kernels`), with the same roundings:
 - `residual_norm`: h + an fp8 GEMM's scaled product (or an MoE block's output), then RMSNorm and the next GEMM's
   e4m3 quantisation (two reductions in a row; XLA made three kernels of it), with the 16-bit normalised rows too
-  where an fp8 MoE block's router reads them; an MoE block's output comes uncombined (`moe_rows.ExpertOutputs`)
-  and its combine runs in the same kernel (`moe_rows.combine_residual_norm_quantize_pallas`);
+  where an fp8 MoE block's router reads them (an MoE block's output comes uncombined, `moe_rows.ExpertOutputs`:
+  with `FUSED_MOE_COMBINE` its combine runs in the same kernel, `moe_rows.combine_residual_norm_quantize_pallas`);
 - `head_norm_rope`: an fp8 q/k product, scaled, then each head's RMSNorm and RoPE (XLA made two).
 """
 from __future__ import annotations
@@ -19,6 +19,12 @@ from jax import lax
 
 from .fp8 import Fp8Product, QuantizedRows, ValueAndRows, native_fp8_available, quantize
 from .moe_rows import ExpertOutputs
+
+# an fp8 MoE block's combine inside the residual kernel after it (one kernel instead of two, the combined rows never
+# in memory). Off: on an H200 the fused kernel took 25.7 ms per 128-prompt encode of Qwen3-30B-A3B against 23.9 for
+# the combine's and the residual step's own kernels (1 token a program, 4 or 8 warps; docs/BENCHMARKS.md, ninth
+# 2026-11-28 session). Read at trace time.
+FUSED_MOE_COMBINE = False
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -88,10 +94,10 @@ def residual_norm(h: jax.Array, delta: jax.Array | Fp8Product | ExpertOutputs, w
     h [..., D]; delta: a plain array, an fp8 GEMM's `Fp8Product` or an MoE block's uncombined `ExpertOutputs`.
     When the sum is quantised again on a GPU with FP8 tensor cores, one kernel reads each row once
     (`residual_norm_quantize_pallas`, which also writes the 16-bit normalised rows for `keep_value`; for
-    `ExpertOutputs`, `combine_residual_norm_quantize_pallas`, which also combines the expert rows); elsewhere
-    `residual_norm_reference`, with the same values."""
+    `ExpertOutputs` with `FUSED_MOE_COMBINE`, `combine_residual_norm_quantize_pallas`, which also combines the
+    expert rows; else the combine's own kernel first); elsewhere `residual_norm_reference`, with the same values."""
     if isinstance(delta, ExpertOutputs):
-        if quantized and native_fp8_available() and delta.dtype == h.dtype:
+        if FUSED_MOE_COMBINE and quantized and native_fp8_available() and delta.dtype == h.dtype:
             return _combine_residual_norm(h, delta, weight, eps, keep_value)
         delta = delta.value()
     plain = quantized and isinstance(delta, jax.Array) and native_fp8_available()  # added with unit scales

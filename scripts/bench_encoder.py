@@ -57,14 +57,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
                    choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms",
-                            "fp8-moe-xla-topk", "fp8-moe-split-combine", "fp8-moe-swiglu-kernel", "float32"],
+                            "fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
                         "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
                         "MoE model's two residual steps around each sparse block left to XLA, the rest as fp8; "
                         "fp8-moe-xla-topk: the MoE router's top-k as XLA's lax.top_k instead of the Pallas kernel; "
-                        "fp8-moe-split-combine: the MoE block's combine as its own kernel before the residual "
-                        "kernel, instead of inside it; fp8-moe-swiglu-kernel: the fp8 experts' gate+up scales and "
+                        "fp8-moe-fused-combine: the MoE block's combine inside the residual kernel after it "
+                        "(layer_ops.FUSED_MOE_COMBINE) instead of its own kernel; fp8-moe-swiglu-kernel: the fp8 experts' gate+up scales and "
                         "SwiGLU in their own kernel after the grouped GEMM instead of its epilogue, moe.FP8_SWIGLU = "
                         "'kernel')")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
@@ -265,11 +265,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
 
     one_pass_kernels, residual_norm = layer_ops._one_pass_kernels, model_module.residual_norm
     top_k_rows = moe_module.top_k_rows
-    combine_residual_norm, fp8_swiglu = layer_ops._combine_residual_norm, moe_module.FP8_SWIGLU
-
-    def combine_then_residual(h, delta, weight, eps, keep_value):
-        """fp8-moe-split-combine: the combine kernel, then the residual kernel with its output as a plain delta."""
-        return residual_norm(h, delta.value(), weight, eps, True, keep_value)
+    fused_combine, fp8_swiglu = layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU
 
     def moe_residual_steps_in_xla(h, delta, weight, eps, quantized, keep_value=False):
         """fp8-moe-xla-norms: the steps before (16-bit rows kept) and after (a plain delta) an MoE block in XLA."""
@@ -301,8 +297,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
         model_module.residual_norm = moe_residual_steps_in_xla if dtype == "fp8-moe-xla-norms" else residual_norm
         moe_module.top_k_rows = (lambda v, k: top_k_rows(v, k, "xla")) if dtype == "fp8-moe-xla-topk" else top_k_rows
-        layer_ops._combine_residual_norm = (combine_then_residual if dtype == "fp8-moe-split-combine"
-                                            else combine_residual_norm)
+        layer_ops.FUSED_MOE_COMBINE = dtype == "fp8-moe-fused-combine" or fused_combine
         moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
         if config.is_moe:
             params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
@@ -369,7 +364,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         params = cache = None  # free them before the next dtype
     fp8.swiglu_quantize, layer_ops._one_pass_kernels = swiglu_quantize, one_pass_kernels
     model_module.residual_norm, moe_module.top_k_rows = residual_norm, top_k_rows
-    layer_ops._combine_residual_norm, moe_module.FP8_SWIGLU = combine_residual_norm, fp8_swiglu
+    layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU = fused_combine, fp8_swiglu
     if args.no_gemm_ceiling:
         return {"capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's

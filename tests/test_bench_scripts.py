@@ -37,12 +37,12 @@ def test_bench_encoder_counts_the_passes_the_encoder_plans():
 
 
 def test_bench_encoder_ragged_moe_rows_smoke():
-    """--ragged on the tiny MoE: the variant rows that put the router's top-k back on lax.top_k, the combine back in
-    its own kernel and the fp8 experts' SwiGLU in its own kernel after the GEMM (on a CPU they name paths the GPU
+    """--ragged on the tiny MoE: the variant rows that put the router's top-k back on lax.top_k, the combine inside
+    the residual kernel and the fp8 experts' SwiGLU in its own kernel after the GEMM (on a CPU they name paths the GPU
     takes and must run), and the one-pass packing (the smallest 1,024-multiple row that holds every real token)."""
     import bench_encoder
 
-    variants = ["fp8-moe-xla-topk", "fp8-moe-split-combine", "fp8-moe-swiglu-kernel"]
+    variants = ["fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel"]
     res = bench_encoder.main(["--ragged", "--smoke", "--model", "qwen3-30b-a3b", "--dtypes", *variants,
                               "--methods", "packed", "packed-one-pass", "--iters", "1", "--no-hf",
                               "--no-gemm-ceiling"])

@@ -443,7 +443,10 @@ def test_compiled_combine_residual_kernel_matches_its_xla_form_at_the_30b_shape(
     from jaxllm import layer_ops
 
     h, delta, weight = _expert_outputs_case(3000, 8, 30000, 2048, 128, scaled=True, seed=5)
-    got_h, got_x = jax.jit(lambda a, d, w: layer_ops.residual_norm(a, d, w, 1e-6, True))(h, delta, weight)
+    fused = jax.jit(lambda a, d, w: layer_ops.residual_norm(a, d, w, 1e-6, True))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layer_ops, "FUSED_MOE_COMBINE", True)
+        got_h, got_x = fused(h, delta, weight)
     want_h, want_x = jax.jit(lambda a, d, w: layer_ops.residual_norm_reference(a, d, w, 1e-6, True))(h, delta, weight)
     np.testing.assert_allclose(np.asarray(got_h, np.float32), np.asarray(want_h, np.float32), rtol=2.0 ** -7,
                                atol=2.0 ** -7 * 3)

@@ -266,10 +266,12 @@ def test_fp8_moe_quantizes_attention_and_stays_close():
     assert cos.min() > 0.99, cos
 
 
-def test_fp8_moe_residual_steps_on_the_one_pass_kernel_match_the_xla_forms(monkeypatch):
+@pytest.mark.parametrize("fused_combine", [False, True])
+def test_fp8_moe_residual_steps_on_the_one_pass_kernel_match_the_xla_forms(fused_combine, monkeypatch):
     """fp8 MoE layers on a GPU's residual kernels (forced on, Pallas's interpreter): the step after attention
     writes the router's 16-bit rows and the experts' e4m3 rows in one pass (the experts quantise nothing again),
-    the step after the MoE block combines its expert rows and adds them in one kernel; the vectors equal the XLA
+    the step after the MoE block adds its combined rows (`FUSED_MOE_COMBINE`: combines and adds them in one
+    kernel); the vectors equal the XLA
     forms' up to the ulp-level RMS differences of a sum of squares in another order, padded and packed (tiny-moe:
     at its init scale those differences flip no expert; `tests/test_llm_fp8.py` and `tests/test_llm_moe_rows.py`
     check the steps' outputs themselves)."""
@@ -290,6 +292,7 @@ def test_fp8_moe_residual_steps_on_the_one_pass_kernel_match_the_xla_forms(monke
         jax.jit(lambda p, i, n: encode_packed(p, model.config, i, n, capacity=32)))]
     want = run()
     monkeypatch.setattr(layer_ops, "native_fp8_available", lambda: True)
+    monkeypatch.setattr(layer_ops, "FUSED_MOE_COMBINE", fused_combine)
     kept, given = [], []
     residual = functools.partial(fp8_kernels.residual_norm_quantize_pallas, interpret=True)
     heads = functools.partial(fp8_kernels.head_norm_rope_pallas, interpret=True)
@@ -302,7 +305,7 @@ def test_fp8_moe_residual_steps_on_the_one_pass_kernel_match_the_xla_forms(monke
     experts = moe._fp8_expert_outputs
     monkeypatch.setattr(moe, "_fp8_expert_outputs", lambda *a: given.append(a[-1] is not None) or experts(*a))
     got = run()
-    assert set(kept) == {True, ("combine", False)} and set(given) == {True}
+    assert set(kept) == {True, ("combine", False) if fused_combine else False} and set(given) == {True}
     for g, w in zip(got, want):
         cos = (g * w).sum(-1) / np.linalg.norm(g, axis=-1) / np.linalg.norm(w, axis=-1)
         assert cos.min() >= 0.999, cos
