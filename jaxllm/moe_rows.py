@@ -20,6 +20,8 @@ row's scale x its expert's column scales), in float32, rounded once. `combine_ro
 `combine_rows_pallas` computes it in one kernel that writes only the token rows, the GPU's default: alone it runs
 as fast as XLA's fusion (bf16) or in 12% less time (fp8 scales), but in the bf16 model the fusion XLA built around the
 combine took 77 ms of a 554 ms encode of 128 prompts, the kernel 15 ms (the encode: 490 ms; one H200, 2026-11-28).
+A block's output can stay uncombined (`ExpertOutputs`) until the step after it; `combine_residual_norm_quantize_pallas`
+combines inside the fp8 residual kernel, but measured slower than the two kernels (docs/BENCHMARKS.md, ninth session).
 """
 from __future__ import annotations
 
