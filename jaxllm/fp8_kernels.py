@@ -149,48 +149,6 @@ def _head_norm_rope_kernel(y_ref, row_scale_ref, col_scale_ref, weight_ref, cos_
         pltriton.store(out_ref.at[:, cols], out.astype(dtype))
 
 
-def _merge_quantize_kernel(out_p_ref, lse_p_ref, out_r_ref, lse_r_ref, q_ref, scale_ref, *, width: int, chunk: int,
-                           dtype: Any):
-    # one column slice per head (chunk = head_dim): the merged values stay in registers, in `dtype`, until the
-    # rows' abs-max is known
-    merged = []
-    for cols in column_slices(width, chunk):
-        head = pl.ds(cols.start // chunk, 1)
-        lse_p, lse_r = pltriton.load(lse_p_ref.at[:, head]), pltriton.load(lse_r_ref.at[:, head])  # [rows, 1]
-        lse = jnp.logaddexp(lse_p, lse_r)
-        out_r = pltriton.load(out_r_ref.at[:, cols]).astype(jnp.float32)
-        out_r = jnp.where(jnp.isneginf(lse_r), 0.0, out_r)
-        out = (pltriton.load(out_p_ref.at[:, cols]).astype(jnp.float32) * jnp.exp(lse_p - lse)
-               + out_r * jnp.exp(lse_r - lse))
-        merged.append((cols, out.astype(dtype)))
-    absmax = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(m.astype(jnp.float32)), axis=1, keepdims=True)
-                                            for _, m in merged])
-    scale = jnp.maximum(absmax / E4M3_MAX, TINY)  # [rows, 1]
-    for cols, m in merged:
-        pltriton.store(q_ref.at[:, cols], (m.astype(jnp.float32) / scale).astype(E4M3))
-    scale_ref[...] = scale
-
-
-@functools.partial(jax.jit, static_argnames=("interpret", "rows", "num_warps"))
-def merge_quantize_pallas(out_p: jax.Array, lse_p: jax.Array, out_r: jax.Array, lse_r: jax.Array,
-                          interpret: bool = False, rows: int = 4, num_warps: int = 4) -> tuple[jax.Array, jax.Array]:
-    """Packed attention's two halves merged and quantised per row to e4m3 in one pass, as an fp8 o_proj takes
-    them: out_p, out_r [N, H * hd] (16-bit), lse_p, lse_r [N, H] float32 (lse_r -inf where the rest half is
-    undefined); each head's halves weighted by exp(its lse - logaddexp of both), rounded to the halves' dtype,
-    then the row quantised (`jaxllm.layer_ops.merge_quantize_reference`: XLA merged in one kernel and the quantisation read the
-    merged rows again). Returns (e4m3 [N, H * hd], float32 scale [N]). `interpret`: Pallas's interpreter (CPU
-    tests); `rows` per program, Triton `num_warps` (not tuned)."""
-    heads = lse_p.shape[1]
-    head_dim = out_p.shape[1] // heads
-    if out_p.shape[1] % heads or head_dim & (head_dim - 1):
-        raise ValueError(f"merge_quantize_pallas: rows of {out_p.shape[1]} values are not {heads} heads of a "
-                         f"power-of-two size")
-    kernel = functools.partial(_merge_quantize_kernel, dtype=out_p.dtype)
-    return _row_kernel_call(kernel, [out_p, lse_p.astype(jnp.float32), out_r, lse_r.astype(jnp.float32)], [],
-                            name="merge_quantize", interpret=interpret, rows=rows, num_warps=num_warps,
-                            chunk=head_dim)
-
-
 def row_blocks(per_row: list[jax.Array], rows: int) -> tuple[int, int, list[jax.Array]]:
     """Blocks of `rows` token rows over arrays [N, ...] or [N] (made [N, 1]): (rows, padded N, the arrays padded
     to whole blocks). `rows` shrinks to the smallest power of two that holds N; padding rows are cut off after."""

@@ -7,9 +7,7 @@ FP8 tensor cores, the two steps XLA splits into several passes over a tensor run
   e4m3 quantisation (two reductions in a row; XLA made three kernels of it), with the 16-bit normalised rows too
   where an fp8 MoE block's router reads them (an MoE block's output comes uncombined, `moe_rows.ExpertOutputs`:
   with `FUSED_MOE_COMBINE` its combine runs in the same kernel, `moe_rows.combine_residual_norm_quantize_pallas`);
-- `head_norm_rope`: an fp8 q/k product, scaled, then each head's RMSNorm and RoPE (XLA made two);
-- `quantize_attention`: o_proj's e4m3 input from packed attention's two unmerged halves, merged in the same pass
-  (XLA merged them in one kernel, the quantisation read the result again).
+- `head_norm_rope`: an fp8 q/k product, scaled, then each head's RMSNorm and RoPE (XLA made two).
 """
 from __future__ import annotations
 
@@ -19,9 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .fp8 import Fp8Product, QuantizedRows, ValueAndRows, native_fp8_available, quantize, quantize_rows
+from .fp8 import Fp8Product, QuantizedRows, ValueAndRows, native_fp8_available, quantize
 from .moe_rows import ExpertOutputs
-from .packed_attention import AttentionHalves
 
 # an fp8 MoE block's combine inside the residual kernel after it (one kernel instead of two, the combined rows never
 # in memory). Off: on an H200 the fused kernel took 25.7 ms per 128-prompt encode of Qwen3-30B-A3B against 23.9 for
@@ -52,10 +49,10 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def value(y: jax.Array | Fp8Product | ExpertOutputs | AttentionHalves) -> jax.Array:
-    """A projection's, an MoE block's or attention's result as an array (an `Fp8Product` scaled into its dtype, an
-    `ExpertOutputs` combined, `AttentionHalves` merged)."""
-    return y.value() if isinstance(y, (Fp8Product, ExpertOutputs, AttentionHalves)) else y
+def value(y: jax.Array | Fp8Product | ExpertOutputs) -> jax.Array:
+    """A projection's or an MoE block's result as an array (an `Fp8Product` scaled into its dtype, an
+    `ExpertOutputs` combined)."""
+    return y.value() if isinstance(y, (Fp8Product, ExpertOutputs)) else y
 
 
 def norm_input(h: jax.Array, weight: jax.Array, eps: float, quantized: bool, keep_value: bool = False
@@ -133,31 +130,6 @@ def _unflatten(h: jax.Array, h_new: jax.Array, normed: list[jax.Array], values: 
     """A residual kernel's [N, D] outputs in h's shape, as `residual_norm` returns them."""
     rows = QuantizedRows(values.reshape(h.shape), scale.reshape(h.shape[:-1]), h.dtype)
     return h_new.reshape(h.shape), ValueAndRows(normed[0].reshape(h.shape), rows) if keep_value else rows
-
-
-def merge_quantize_reference(out_p: jax.Array, lse_p: jax.Array, out_r: jax.Array, lse_r: jax.Array
-                             ) -> tuple[jax.Array, jax.Array]:
-    """`fp8_kernels.merge_quantize_pallas`'s result in XLA form (its arguments: flattened rows [N, H * hd] and
-    [N, H]): `AttentionHalves.value()`, then `fp8.quantize_rows`."""
-    n, width = out_p.shape
-    heads = lse_p.shape[-1]
-    split = lambda a: a.reshape(1, n, heads, width // heads)  # noqa: E731
-    merged = AttentionHalves(split(out_p), lse_p[None], split(out_r), lse_r[None]).value()
-    return quantize_rows(merged.reshape(n, width))
-
-
-def quantize_attention(attn: jax.Array | AttentionHalves, shape: tuple[int, ...]) -> QuantizedRows:
-    """An attention output as an fp8 o_proj's input: its rows [*shape] (…, Hq * hd) quantised to e4m3. Packed
-    attention's unmerged halves are merged and quantised by one kernel on a GPU with FP8 tensor cores
-    (`merge_quantize_pallas`); else the merged array is quantised in one pass (`fp8.quantize(one_pass=True)`:
-    attention is a custom call, XLA cannot fuse the quantisation into it)."""
-    if isinstance(attn, AttentionHalves) and native_fp8_available():
-        from .fp8_kernels import merge_quantize_pallas
-
-        flat = lambda a: a.reshape(-1, a.shape[-2] * a.shape[-1]) if a.ndim == 4 else a.reshape(-1, a.shape[-1])
-        values, scale = merge_quantize_pallas(flat(attn.out_p), flat(attn.lse_p), flat(attn.out_r), flat(attn.lse_r))
-        return QuantizedRows(values.reshape(shape), scale.reshape(shape[:-1]), attn.out_p.dtype)
-    return quantize(value(attn).reshape(shape), one_pass=True)
 
 
 def head_norm_rope_reference(y: jax.Array | Fp8Product, weight: jax.Array, cos: jax.Array, sin: jax.Array,

@@ -25,11 +25,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from .config import Qwen3Config
-from .fp8 import Fp8Matrix, QuantizedRows, mlp_product, project
+from .fp8 import Fp8Matrix, QuantizedRows, mlp_product, project, quantize
 from .moe import moe_expert_outputs
 from .params import layer_stacks
-from .layer_ops import head_norm_rope, norm_input, quantize_attention, residual_norm, rms_norm, rope_cos_sin, value
-from .packed_attention import AttentionHalves, Segments, default_packed_attention_impl, packed_attention
+from .layer_ops import head_norm_rope, norm_input, residual_norm, rms_norm, rope_cos_sin, value
+from .packed_attention import Segments, default_packed_attention_impl, packed_attention
 from .private_jax import cudnn_attention_module, probe
 
 Params = dict[str, Any]
@@ -106,7 +106,7 @@ def _split_prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None = None,
               prefix_v: jax.Array | None = None, implementation: str | None = None,
-              segments: Segments | None = None, merged: bool = True) -> jax.Array | AttentionHalves:
+              segments: Segments | None = None) -> jax.Array:
     """Causal GQA attention, scale head_dim**-0.5, softmax in float32.
 
     q: [B, T, Hq, hd]; k, v: [B, T, Hkv, hd]. With a prefix (prefix_k/prefix_v: [P, Hkv, hd], shared by the
@@ -115,13 +115,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | No
     and the causal structure is a [1, 1, T, P+T] mask shared by batch and heads, keeping the fused kernel usable),
     "cudnn_split" / "xla_split" (prefix handled by `_split_prefix_attention`), None = `default_attention_impl`.
     With `segments` (packed prompts, B = 1): `packed_attention`; implementation "xla" or "cudnn" (the "_split"
-    suffix is ignored: the packed forms always handle the prefix apart), None = `default_packed_attention_impl`;
-    not `merged`: cuDNN's packed form with a prefix returns its two halves (`AttentionHalves`), for a consumer
-    that merges them in its own pass.
+    suffix is ignored: the packed forms always handle the prefix apart), None = `default_packed_attention_impl`.
     """
     if segments is not None:
         impl = (implementation or default_packed_attention_impl(q.dtype)).removesuffix("_split")
-        return packed_attention(q, k, v, prefix_k, prefix_v, segments, impl, merged)
+        return packed_attention(q, k, v, prefix_k, prefix_v, segments, impl)
     impl = implementation or default_attention_impl(q.dtype)
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention implementation must be one of {ATTENTION_IMPLS} or None, got {impl!r}")
@@ -156,11 +154,10 @@ def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, mp: Pa
     q = head_norm_rope(project(x, lp["q_proj"]), lp["q_norm"], cos, sin, eps, config.num_attention_heads)
     k = head_norm_rope(project(x, lp["k_proj"]), lp["k_norm"], cos, sin, eps, config.num_key_value_heads)
     v = value(project(x, lp["v_proj"])).reshape(batch, t, config.num_key_value_heads, hd)
-    o_fp8 = isinstance(lp["o_proj"], Fp8Matrix)
-    # fp8: o_proj's input quantisation merges packed attention's two halves in its own pass (`quantize_attention`)
-    attn = attention(q, k, v, prefix_k, prefix_v, attention_impl, segments, merged=not o_fp8)
-    shape = (batch, t, config.q_size)
-    attn = quantize_attention(attn, shape) if o_fp8 else attn.reshape(shape)
+    attn = attention(q, k, v, prefix_k, prefix_v, attention_impl, segments).reshape(batch, t, config.q_size)
+    if isinstance(lp["o_proj"], Fp8Matrix):
+        # attention is a custom call (cuDNN) on a GPU: XLA cannot fuse o_proj's fp8 input quantisation into it
+        attn = quantize(attn, one_pass=True)
     sparse = "router" in mp
     # fp8 experts take e4m3 rows and their router the 16-bit ones: both from the one step after the residual add
     mlp_quantized = isinstance(mp["gate_up" if sparse else "gate_proj"], Fp8Matrix)

@@ -6,9 +6,8 @@ own tokens (and to a shared cached prefix), never to its neighbours'.
   (a prompt is at most `max_len` tokens, so keys further back than that are never in a block's prompts), masked
   by segment and causality; the prefix joins the same softmax. Any backend; the reference.
 - "cudnn": cuDNN's flash attention on the packed (ragged) layout, one segment per prompt (Hopper and later), plus
-  one unmasked call against the prefix; the two halves merge by their float32 log-sum-exps (`AttentionHalves`:
-  kept apart on request, so an fp8 o_proj's input quantisation can merge them in its own kernel). It uses JAX's
-  private cuDNN module, as `model.py`'s split attention does.
+  one unmasked call against the prefix; the two halves merge by their float32 log-sum-exps. It uses JAX's private
+  cuDNN module, as `model.py`'s split attention does.
 """
 from __future__ import annotations
 
@@ -48,26 +47,6 @@ class Segments:
     seqlens: jax.Array
     offsets: jax.Array
     max_len: int = flax.struct.field(pytree_node=False)
-
-
-@flax.struct.dataclass
-class AttentionHalves:
-    """Packed attention with a prefix before its two halves merge: the prefix half `out_p` and the rest half
-    `out_r` [1, C, Hq, hd], and their float32 log-sum-exps `lse_p`, `lse_r` [1, C, Hq] (`lse_r` is -inf for slots
-    of no segment, whose `out_r` is undefined). It stands for `value()`."""
-
-    out_p: jax.Array
-    lse_p: jax.Array
-    out_r: jax.Array
-    lse_r: jax.Array
-
-    def value(self) -> jax.Array:
-        """The merged attention [1, C, Hq, hd] in the halves' dtype: each half weighted by exp(its lse - both
-        halves' lse) in float32, one rounding."""
-        lse = jnp.logaddexp(self.lse_p, self.lse_r)
-        w_p, w_r = jnp.exp(self.lse_p - lse)[..., None], jnp.exp(self.lse_r - lse)[..., None]
-        out_r = jnp.where(jnp.isneginf(self.lse_r)[..., None], 0.0, self.out_r.astype(jnp.float32))
-        return (self.out_p.astype(jnp.float32) * w_p + out_r * w_r).astype(self.out_p.dtype)
 
 
 def _block_size(capacity: int, max_block: int = 128) -> int:
@@ -111,9 +90,8 @@ def _windowed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.
 
 
 def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
-                     prefix_v: jax.Array | None, seg: Segments, merged: bool = True) -> jax.Array | AttentionHalves:
-    """The "cudnn" implementation (same arguments as `_windowed_attention`); with a prefix and not `merged`, the
-    two halves (`AttentionHalves`)."""
+                     prefix_v: jax.Array | None, seg: Segments) -> jax.Array:
+    """The "cudnn" implementation (same arguments as `_windowed_attention`)."""
     cudnn = cudnn_attention_module()
     scale = q.shape[-1] ** -0.5
     rows = seg.seqlens.shape[0]
@@ -132,18 +110,19 @@ def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Arr
     lse_p = jnp.swapaxes(lse_p, 1, 2).astype(jnp.float32)
     # Empty slots belong to no cuDNN segment: their rest half is undefined, so they take the prefix half alone.
     empty = ~seg.valid[None, :, None] | ~jnp.isfinite(lse_r)
-    halves = AttentionHalves(out_p.astype(q.dtype), lse_p, out_r.astype(q.dtype), jnp.where(empty, -jnp.inf, lse_r))
-    return halves.value() if merged else halves
+    lse_r = jnp.where(empty, -jnp.inf, lse_r)
+    lse = jnp.logaddexp(lse_p, lse_r)
+    w_p, w_r = jnp.exp(lse_p - lse)[..., None], jnp.exp(lse_r - lse)[..., None]
+    out_r = jnp.where(empty[..., None], 0.0, out_r.astype(jnp.float32))
+    return (out_p.astype(jnp.float32) * w_p + out_r * w_r).astype(q.dtype)
 
 
 def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
-                     prefix_v: jax.Array | None, segments: Segments, implementation: str = "xla",
-                     merged: bool = True) -> jax.Array | AttentionHalves:
+                     prefix_v: jax.Array | None, segments: Segments, implementation: str = "xla") -> jax.Array:
     """Attention of packed prompts: q [1, C, Hq, hd], k/v [1, C, Hkv, hd] (post-RoPE), prefix_k/v [P, Hkv, hd] or
-    None. A slot attends to the prefix and to the earlier slots of its own segment (and itself). Not `merged`:
-    "cudnn" with a prefix returns its two halves unmerged (`AttentionHalves`); anything else the array."""
+    None. A slot attends to the prefix and to the earlier slots of its own segment (and itself)."""
     if implementation == "cudnn":
-        return _cudnn_attention(q, k, v, prefix_k, prefix_v, segments, merged)
+        return _cudnn_attention(q, k, v, prefix_k, prefix_v, segments)
     if implementation == "xla":
         return _windowed_attention(q, k, v, prefix_k, prefix_v, segments)
     raise ValueError(f"packed attention implementation must be one of {PACKED_ATTENTION_IMPLS}, got "

@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
                    choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms",
-                            "fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel", "fp8-xla-merge", "float32"],
+                            "fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
                         "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
@@ -66,8 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "fp8-moe-fused-combine: the MoE block's combine inside the residual kernel after it "
                         "(layer_ops.FUSED_MOE_COMBINE) instead of its own kernel; fp8-moe-swiglu-kernel: the fp8 experts' gate+up scales and "
                         "SwiGLU in their own kernel after the grouped GEMM instead of its epilogue, moe.FP8_SWIGLU = "
-                        "'kernel'; fp8-xla-merge: packed attention's two halves merged by XLA, then quantised for "
-                        "o_proj, instead of both in one kernel)")
+                        "'kernel')")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -267,11 +266,6 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     one_pass_kernels, residual_norm = layer_ops._one_pass_kernels, model_module.residual_norm
     top_k_rows = moe_module.top_k_rows
     fused_combine, fp8_swiglu = layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU
-    quantize_attention = model_module.quantize_attention
-
-    def merge_then_quantize(attn, shape):
-        """fp8-xla-merge: the halves merged in XLA form, then quantised in one pass (the form before the kernel)."""
-        return fp8.quantize(layer_ops.value(attn).reshape(shape), one_pass=True)
 
     def moe_residual_steps_in_xla(h, delta, weight, eps, quantized, keep_value=False):
         """fp8-moe-xla-norms: the steps before (16-bit rows kept) and after (a plain delta) an MoE block in XLA."""
@@ -305,7 +299,6 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         moe_module.top_k_rows = (lambda v, k: top_k_rows(v, k, "xla")) if dtype == "fp8-moe-xla-topk" else top_k_rows
         layer_ops.FUSED_MOE_COMBINE = dtype == "fp8-moe-fused-combine" or fused_combine
         moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
-        model_module.quantize_attention = merge_then_quantize if dtype == "fp8-xla-merge" else quantize_attention
         if config.is_moe:
             params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
             params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)
@@ -372,7 +365,6 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     fp8.swiglu_quantize, layer_ops._one_pass_kernels = swiglu_quantize, one_pass_kernels
     model_module.residual_norm, moe_module.top_k_rows = residual_norm, top_k_rows
     layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU = fused_combine, fp8_swiglu
-    model_module.quantize_attention = quantize_attention
     if args.no_gemm_ceiling:
         return {"capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's

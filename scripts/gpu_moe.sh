@@ -39,15 +39,12 @@
 #                                         # 30B's fp8 encoder as it runs, with the combine in its own kernel, and with
 #                                         # the SwiGLU in its own kernel (one process, profiled), the 4B's fp8 encoder,
 #                                         # the 30B fp8 trainer cold (4 updates), ~9.5 min
-#   bash scripts/gpu_moe.sh merge OUT     # packed attention's halves merged inside o_proj's fp8 quantisation: the GPU
-#                                         # test, then each model's fp8 encoder with the kernel and with the XLA merge
-#                                         # (one process per model; the 30B's profiled), ~6 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | epilogue | swiglu | merge | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | epilogue | swiglu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -187,15 +184,6 @@ case $stage in
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     run train_30b_fp8 150 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 --skip-n 8 \
       --num-envs 128 --max-updates 4 --compile-cache off --run-dir /tmp/run30b-fp8
-    ;;
-  merge)
-    run gpu_tests 90 python3 -m pytest -q tests/test_llm_fp8.py -k "compiled_merge"
-    for model in qwen3-30b-a3b qwen3-4b; do
-      limit=$([ "$model" = qwen3-4b ] && echo 150 || echo 180)
-      profile=$([ "$model" = qwen3-4b ] || echo "--profile /tmp/encoder-profile")
-      run "encoder_$model" "$limit" python3 -u scripts/bench_encoder.py --ragged --model "$model" \
-        --dtypes fp8 fp8-xla-merge --methods packed --no-hf --no-gemm-ceiling $profile --out "$out/encoder_$model.json"
-    done
     ;;
   fp8kernels)
     run moe_fp8 280 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled \

@@ -38,17 +38,16 @@ def test_bench_encoder_counts_the_passes_the_encoder_plans():
 
 def test_bench_encoder_ragged_moe_rows_smoke():
     """--ragged on the tiny MoE: the variant rows that put the router's top-k back on lax.top_k, the combine inside
-    the residual kernel, the fp8 experts' SwiGLU in its own kernel after the GEMM and attention's halves merged by
-    XLA (on a CPU they name paths the GPU takes and must run), and the one-pass packing (the smallest
-    1,024-multiple row that holds every real token)."""
+    the residual kernel and the fp8 experts' SwiGLU in its own kernel after the GEMM (on a CPU they name paths the GPU
+    takes and must run), and the one-pass packing (the smallest 1,024-multiple row that holds every real token)."""
     import bench_encoder
 
-    variants = ["fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel", "fp8-xla-merge"]
+    variants = ["fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel"]
     res = bench_encoder.main(["--ragged", "--smoke", "--model", "qwen3-30b-a3b", "--dtypes", *variants,
                               "--methods", "packed", "packed-one-pass", "--iters", "1", "--no-hf",
                               "--no-gemm-ceiling"])
     rows = {(r["dtype"], r["method"]): r for r in res["ragged"]["rows"]}
-    assert len(rows) == 8 and all("error" not in r and r["finite"] and r["ms"] > 0 for r in rows.values()), rows
+    assert len(rows) == 6 and all("error" not in r and r["finite"] and r["ms"] > 0 for r in rows.values()), rows
     # 1,229 real tokens: the default plan's last pass is the 2,304-token halving, one pass the 2,048 that holds them
     for dtype in variants:
         assert rows[dtype, "packed"]["passes"] == [2304] and rows[dtype, "packed-one-pass"]["passes"] == [2048]

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxllm import Qwen3Config, encode, encode_packed, fp8, fp8_kernels, layer_ops, load_model
+from jaxllm import Qwen3Config, encode, encode_packed, fp8, fp8_kernels, load_model
 from jaxllm.fp8 import Fp8Matrix, dequantize_matrix, fp8_matmul, linear, native_fp8_available, quantize_matrix
 
 MID = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
@@ -451,59 +451,6 @@ def test_compiled_combine_residual_kernel_matches_its_xla_form_at_the_30b_shape(
     np.testing.assert_allclose(np.asarray(got_h, np.float32), np.asarray(want_h, np.float32), rtol=2.0 ** -7,
                                atol=2.0 ** -7 * 3)
     assert_quantized_close((got_x.values, got_x.scale), (want_x.values, want_x.scale), max_changed=0.05)
-
-
-def _attention_halves_case(n: int, heads: int, head_dim: int, seed: int = 0):
-    """Packed attention's unmerged halves (flattened rows): every fourth slot has no rest half (lse -inf, its
-    output undefined: NaN here)."""
-    keys = jax.random.split(jax.random.key(seed), 4)
-    out_p = jax.random.normal(keys[0], (n, heads * head_dim), jnp.bfloat16)
-    out_r = jax.random.normal(keys[1], (n, heads * head_dim), jnp.bfloat16) * 2
-    lse_p = jax.random.normal(keys[2], (n, heads)) * 3 + 5
-    lse_r = jax.random.normal(keys[3], (n, heads)) * 3 + 4
-    empty = (jnp.arange(n) % 4 == 3)[:, None]
-    return out_p, lse_p, jnp.where(empty, jnp.nan, out_r), jnp.where(empty, -jnp.inf, lse_r)
-
-
-@pytest.mark.parametrize("n, heads, head_dim, rows", [(9, 4, 32, 4), (6, 3, 16, 1), (5, 2, 64, 2)])
-def test_pallas_merge_quantize_kernel_equals_its_xla_form(n, heads, head_dim, rows, on_cpu):
-    """Packed attention's two halves merged and quantised for an fp8 o_proj in one pass (Pallas's interpreter)
-    against the merge (`AttentionHalves.value()`) and the quantisation in XLA form: bit-equal (the same
-    float32 operations per element; a max over the row is exact), slots without a rest half included."""
-    out_p, lse_p, out_r, lse_r = _attention_halves_case(n, heads, head_dim)
-    got = fp8_kernels.merge_quantize_pallas(out_p, lse_p, out_r, lse_r, interpret=True, rows=rows)
-    want = layer_ops.merge_quantize_reference(out_p, lse_p, out_r, lse_r)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and np.isfinite(np.asarray(g, np.float32)).all()
-        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
-    empty = np.arange(n) % 4 == 3  # those rows are the prefix half alone
-    alone = fp8.quantize_rows(out_p[empty])
-    np.testing.assert_array_equal(np.asarray(got[0][empty], np.float32), np.asarray(alone[0], np.float32))
-
-
-@pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
-def test_compiled_merge_quantize_kernel_and_the_packed_fp8_model():
-    """On the GPU: the compiled kernel at Qwen3-30B-A3B's attention width (32 heads of 128) against its XLA form
-    (within exp's last bit), and the fp8 model's packed encode with the kernel against the same encode with the
-    merge and quantisation in XLA form."""
-
-    halves = _attention_halves_case(3000, 32, 128, seed=3)
-    got = jax.jit(fp8_kernels.merge_quantize_pallas)(*halves)
-    want = jax.jit(layer_ops.merge_quantize_reference)(*halves)
-    assert_quantized_close(got, want)
-    model = load_model("tiny", dtype="fp8")
-    rng = np.random.default_rng(5)
-    ids = jnp.asarray(rng.integers(0, model.config.vocab_size, size=(6, 40)), jnp.int32)
-    lengths = jnp.asarray([40, 33, 25, 17, 9, 2], jnp.int32)
-    prefix = model.prefill(jnp.asarray(rng.integers(0, model.config.vocab_size, size=24), jnp.int32))
-    run = lambda: np.asarray(jax.jit(lambda p, i, n, c: encode_packed(  # noqa: E731
-        p, model.config, i, n, prefix=c, capacity=128))(model.params, ids, lengths, prefix), np.float32)
-    got = run()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fp8_kernels, "merge_quantize_pallas", lambda *a: layer_ops.merge_quantize_reference(*a))
-        want = run()
-    assert cosine(got, want).min() >= 0.999
-    np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05 * np.abs(want).max())
 
 
 @pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
