@@ -31,10 +31,6 @@
 #   bash scripts/gpu_moe.sh profiles OUT  # both fp8 encoders profiled in one call: where the 30B's extra time goes
 #                                         # (GPU busy time per kernel, the time between kernels), each also packed
 #                                         # in one pass of the same tokens instead of two (packed-one-pass), ~7 min
-#   bash scripts/gpu_moe.sh epilogue OUT  # the combine inside the residual kernel and the fp8 gate+up scales + SwiGLU
-#                                         # in the GEMM's epilogue: their GPU tests, then the 30B's fp8 encoder with
-#                                         # both, without the first, and with the second (only if its test passed),
-#                                         # one process, profiled; the 4B's fp8 encoder, ~8 min
 #   bash scripts/gpu_moe.sh swiglu OUT    # with gate+up's SwiGLU in the epilogue as the default: the fp8 GPU tests, the
 #                                         # 30B's fp8 encoder as it runs, with the combine in its own kernel, and with
 #                                         # the SwiGLU in its own kernel (one process, profiled), the 4B's fp8 encoder,
@@ -44,7 +40,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | epilogue | swiglu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -163,17 +159,6 @@ case $stage in
         --methods packed packed-one-pass --no-hf --no-gemm-ceiling --profile "/tmp/encoder-profile-$model" \
         --out "$out/encoder_$model.json"
     done
-    ;;
-  epilogue)
-    run combine_test 100 python3 -m pytest -q tests/test_llm_fp8.py -k "compiled_combine_residual"
-    run epilogue_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k "fp8_swiglu_epilogue"
-    variants="fp8 fp8-moe-split-combine"
-    grep -qE "(^| )1 passed" "$out/epilogue_test.log" && variants="$variants fp8-moe-swiglu-epilogue"
-    run encoder_qwen3-30b-a3b 260 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
-      --dtypes $variants --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
-      --out "$out/encoder_qwen3-30b-a3b.json"
-    run encoder_qwen3-4b 140 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
-      --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
   swiglu)
     run gpu_tests 80 python3 -m pytest -q tests/test_llm_grouped_gemm.py tests/test_llm_fp8.py -k "fp8 and gpu or compiled_combine"
