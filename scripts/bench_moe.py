@@ -122,10 +122,11 @@ def group_sizes_for(kind: str, rows: int, experts: int, top_k: int, seed: int = 
     return jnp.asarray(counts, jnp.int32)
 
 
-def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = False) -> None:
+def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = False, scaled: bool = False) -> None:
     """Times `jaxllm.grouped_gemm.tiled_grouped_matmul` on x's rows moved into its tile-aligned layout (the move is
     not timed: moe_block builds that layout in its dispatch) and checks it against the per-group reference (not
-    with `swiglu`: its output is silu(gate) * up; tests/test_llm_grouped_gemm.py checks that)."""
+    with `swiglu`: its output is silu(gate) * up; tests/test_llm_grouped_gemm.py checks that). `scaled`: with
+    row and column scales applied in the epilogue (the fp8 experts' gate+up, `moe.FP8_SWIGLU` "epilogue")."""
     import jax
     import jax.numpy as jnp
 
@@ -134,12 +135,18 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = 
 
     plan = grouped_gemm.tile_plan(sizes, x.shape[0], config.tile_m)
     padded = jnp.zeros((plan.num_rows, x.shape[1]), x.dtype).at[plan.padded_row].set(x)
-    kernel = jit(lambda a, b, g: grouped_gemm.tiled_grouped_matmul(a, b, g, config, swiglu=swiglu),
-                 compiler_options=compiler_options())
+    scales = ()
+    if scaled:
+        ks, kc = jax.random.split(jax.random.key(11))
+        scales = (jax.random.uniform(ks, (plan.num_rows,), minval=0.001, maxval=0.01),
+                  jax.random.uniform(kc, w.shape[:2], minval=0.001, maxval=0.01))
+    kernel = jit(lambda a, b, g, *s: grouped_gemm.tiled_grouped_matmul(
+        a, b, g, config, swiglu=swiglu, row_scale=s[0] if s else None, col_scale=s[1] if s else None),
+        compiler_options=compiler_options())
     back = jax.jit(lambda out: jnp.take(out, plan.padded_row, axis=0))
-    record(name + "_swiglu" * swiglu, kernel, padded, w, plan.tile_groups,
+    record(name + "_swiglu" * swiglu + "_scaled" * scaled, kernel, padded, w, plan.tile_groups, *scales,
            extra={"config": config._asdict(), "padded_rows": plan.num_rows},
-           check=name == "tiled" and not swiglu, view=back)
+           check=name == "tiled" and not swiglu and not scaled, view=back)
     del padded
 
 
@@ -364,6 +371,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if (n // (1 + swiglu)) % (2 * tn) or k % tk:
                     continue
                 time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=swiglu)
+            if args.fp8 and shape_name == "gate_up":
+                # the epilogue form (scales + SwiGLU, `moe.TILED_FP8_SWIGLU_CONFIG`): two float32 accumulators per
+                # warpgroup leave registers for 64-wide column tiles only; 128-deep k steps fit 3 stages
+                for tk, stages, band in itertools.product((128, 64), (2, 3, 4, 5), (8, 16)):
+                    config = grouped_gemm.TileConfig(tile_m=128, tile_n=64, tile_k=tk, stages=stages, band=band)
+                    if time.perf_counter() - tune_start > args.tune_seconds:
+                        log("tiled tuning: time budget spent")
+                        break
+                    if 384 * tk * stages > 195 * 1024:  # a stage holds A (128 rows) and B (2 x 128 columns) of
+                        continue                            # tk bytes; 32 KiB more for the epilogue, 227 in all
+                    time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=True, scaled=True)
         if args.tune:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
