@@ -84,7 +84,8 @@ TILED_CONFIGS = (
 
 
 # fp8 (W8A8) experts on the tiled kernel: e4m3 operands, 128-deep k steps (a 128-byte swizzle of one-byte values),
-# gate+up without the SwiGLU epilogue (the scales come first, outside the kernel). The best of a sweep on an H200
+# gate+up without the SwiGLU epilogue (`FP8_SWIGLU` "kernel": the scales and SwiGLU after it, in their own kernel;
+# the default "epilogue" uses `TILED_FP8_SWIGLU_CONFIG` for gate+up instead). The best of a sweep on an H200
 # (scripts/bench_moe.py --fp8 --tune-tiled, 2026-11-28): gate+up 1,108 TFLOP/s, down 884 (dense fp8: 1,271 / 1,063)
 TILED_FP8_CONFIGS = (
     (TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=3, band=16),
@@ -289,7 +290,8 @@ def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul
                      tiles: tuple[jax.Array, int] | None = None, epilogue: bool = False
                      ) -> tuple[jax.Array, _Fp8Rows]:
     """W8A8 SwiGLU experts: gate+up on e4m3 rows, scaled, SwiGLU in float32, requantised per row to e4m3 for down
-    (as the dense fp8 MLP). matmul(values, weight, which) is the grouped GEMM of e4m3 operands (unscaled
+    (as the dense fp8 MLP; with `epilogue` the SwiGLU output is rounded to bfloat16 before its requantisation).
+    matmul(values, weight, which) is the grouped GEMM of e4m3 operands (unscaled
     products; which: 0 gate+up, 1 down, 2 gate+up with its scales and SwiGLU in the epilogue, taking
     `scales=(row, column)`, used with `epilogue`); `tiles` as `_expert_swiglu_quantize`'s. Returns down's
     unscaled product [R, D] and its rows (their scales apply with the down weights')."""
@@ -361,7 +363,9 @@ def moe_expert_outputs(x: jax.Array | ValueAndRows, params: dict[str, Any], top_
                        impl: str | None = None, layer: jax.Array | None = None) -> ExpertOutputs:
     """`moe_block` up to its combine: the expert rows, where each token's k rows are, its routing weights and (fp8)
     the rows' scales (`moe_rows.ExpertOutputs`, whose `value()` is `moe_block`'s result). The decoder layer hands
-    it to the residual step after the block, which on a GPU combines the rows in its own kernel."""
+    it to the residual step after the block (`layer_ops.residual_norm`), which combines the rows first
+    (`ExpertOutputs.value()`: on a GPU the combine's own kernel) or, with `layer_ops.FUSED_MOE_COMBINE`, inside
+    its residual kernel."""
     impl = impl or default_grouped_matmul_impl()
     x, quantized = (x.value, x.rows) if isinstance(x, ValueAndRows) else (x, None)
     lead, d = x.shape[:-1], x.shape[-1]
@@ -390,7 +394,8 @@ def moe_block(x: jax.Array | ValueAndRows, params: dict[str, Any], top_k: int, n
     """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
     [E, 2F, D] and params["down"] [E, D, F], or `fp8.Fp8Matrix` of them: W8A8, the tokens quantised per row to
     e4m3 (or given so: x a `ValueAndRows`), e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its
-    output requantised per row for down.
+    output requantised per row for down (on the tiled kernel with `FP8_SWIGLU` "epilogue", the default on a
+    Hopper GPU, rounded to bfloat16 first).
     With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and this block
     uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
     Each token's output is the sum over its top_k experts of routing weight x expert output (summed in float32,

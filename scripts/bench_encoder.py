@@ -64,9 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "MoE model's two residual steps around each sparse block left to XLA, the rest as fp8; "
                         "fp8-moe-xla-topk: the MoE router's top-k as XLA's lax.top_k instead of the Pallas kernel; "
                         "fp8-moe-fused-combine: the MoE block's combine inside the residual kernel after it "
-                        "(layer_ops.FUSED_MOE_COMBINE) instead of its own kernel; fp8-moe-swiglu-kernel: the fp8 experts' gate+up scales and "
-                        "SwiGLU in their own kernel after the grouped GEMM instead of its epilogue, moe.FP8_SWIGLU = "
-                        "'kernel')")
+                        "(layer_ops.FUSED_MOE_COMBINE) instead of its own kernel; fp8-moe-swiglu-kernel: the fp8 "
+                        "experts' gate+up scales and SwiGLU in their own kernel after the grouped GEMM instead of its "
+                        "epilogue, moe.FP8_SWIGLU = 'kernel')")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],

@@ -31,10 +31,10 @@
 #   bash scripts/gpu_moe.sh profiles OUT  # both fp8 encoders profiled in one call: where the 30B's extra time goes
 #                                         # (GPU busy time per kernel, the time between kernels), each also packed
 #                                         # in one pass of the same tokens instead of two (packed-one-pass), ~7 min
-#   bash scripts/gpu_moe.sh swiglu OUT    # with gate+up's SwiGLU in the epilogue as the default: the fp8 GPU tests, the
-#                                         # 30B's fp8 encoder as it runs, with the combine in its own kernel, and with
-#                                         # the SwiGLU in its own kernel (one process, profiled), the 4B's fp8 encoder,
-#                                         # the 30B fp8 trainer cold (4 updates), ~9.5 min
+#   bash scripts/gpu_moe.sh swiglu OUT    # with gate+up's SwiGLU in the epilogue (the default): the fp8 GPU tests, the
+#                                         # 30B's fp8 encoder as it runs, with the combine inside the residual kernel,
+#                                         # and with the SwiGLU in its own kernel (one process, profiled), the 4B's
+#                                         # fp8 encoder, the 30B fp8 trainer cold (4 updates), ~9.5 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
@@ -163,7 +163,7 @@ case $stage in
   swiglu)
     run gpu_tests 80 python3 -m pytest -q tests/test_llm_grouped_gemm.py tests/test_llm_fp8.py -k "fp8 and gpu or compiled_combine"
     run encoder_qwen3-30b-a3b 230 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
-      --dtypes fp8 fp8-moe-split-combine fp8-moe-swiglu-kernel --methods packed --no-hf --no-gemm-ceiling \
+      --dtypes fp8 fp8-moe-fused-combine fp8-moe-swiglu-kernel --methods packed --no-hf --no-gemm-ceiling \
       --profile /tmp/encoder-profile --out "$out/encoder_qwen3-30b-a3b.json"
     run encoder_qwen3-4b 115 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"

@@ -26,6 +26,26 @@ def test_bench_train_smoke(tmp_path):
     assert all(r["no_window_update_s"] > 0 for r in rows.values())  # the traced update (no GPU plane on a CPU)
 
 
+def test_gpu_stage_scripts_name_dtypes_bench_encoder_takes():
+    """Every literal `--dtypes` value in scripts/gpu_*.sh is one bench_encoder takes (a renamed variant would
+    otherwise fail only on the GPU machine, after its start-up)."""
+    import re
+
+    import bench_encoder
+
+    named = set()
+    for script in (ROOT / "scripts").glob("gpu_*.sh"):
+        text = script.read_text().replace("\\\n", " ")  # continued lines joined
+        for match in re.finditer(r"--dtypes((?:[ \t]+[^\s-]\S*)+)", text):
+            named |= {v for v in match.group(1).split() if not v.startswith(("$", '"$'))}
+    assert {"fp8", "fp8-moe-swiglu-kernel"} <= named
+    for value in sorted(named):
+        try:
+            bench_encoder.parse_args(["--ragged", "--dtypes", value])
+        except SystemExit:
+            pytest.fail(f"a gpu_*.sh stage passes --dtypes {value}, which bench_encoder refuses")
+
+
 def test_bench_encoder_counts_the_passes_the_encoder_plans():
     import bench_encoder
 

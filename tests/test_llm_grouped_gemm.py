@@ -262,3 +262,60 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3e-2, mode
         cosine = np.sum(got * want, -1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
         assert cosine.min() > 0.995, (mode, cosine.min())
+
+
+def test_fp8_swiglu_epilogue_interpreted():
+    """The fp8 gate+up kernel with its row and column scales and SwiGLU in the epilogue, at the config the model
+    uses (`moe.TILED_FP8_SWIGLU_CONFIG`, Mosaic GPU's interpreter), against silu(gate) * up of the scaled exact
+    products of the e4m3 values: groups of several tiles, an empty one, part-filled ones (within the kernel's
+    bf16 output rounding); scales without SwiGLU are refused."""
+    rng = np.random.default_rng(1)
+    config, groups, k, f = moe.TILED_FP8_SWIGLU_CONFIG, 5, 256, 256
+    sizes = np.array([300, 0, 129, 5, 200])
+    m = int(sizes.sum())
+    x = jnp.asarray(rng.normal(size=(m, k)), jnp.float8_e4m3fn)
+    w = jnp.asarray(rng.normal(size=(groups, 2 * f, k)), jnp.float8_e4m3fn)
+    plan = tile_plan(jnp.asarray(sizes, jnp.int32), m, config.tile_m)
+    rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+    row_scale = jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32)
+    col_scale = jnp.asarray(rng.uniform(0.001, 0.01, (groups, 2 * f)), jnp.float32)
+    out = tiled_grouped_matmul(rows, w, plan.tile_groups, config, swiglu=True, row_scale=row_scale,
+                               col_scale=col_scale, interpret=interpreter())
+    got = np.asarray(out[plan.padded_row], np.float32)
+    gu = np.asarray(moe.grouped_matmul(x.astype(jnp.float32), w.astype(jnp.float32), jnp.asarray(sizes, jnp.int32),
+                                       "ragged_dot"), np.float64)
+    gu = gu * np.asarray(row_scale)[np.asarray(plan.padded_row)][:, None] * np.asarray(col_scale)[
+        np.repeat(np.arange(groups), sizes)]
+    want = gu[:, :f] / (1 + np.exp(-gu[:, :f])) * gu[:, f:]
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-2
+    with pytest.raises(ValueError, match="need swiglu"):
+        tiled_grouped_matmul(rows, w, plan.tile_groups, config, row_scale=row_scale, col_scale=col_scale)
+
+
+def test_fp8_block_takes_the_swiglu_mode_it_names_interpreted(monkeypatch):
+    """The fp8 block on the tiled kernel (interpreted) at shapes that take the 128-row tile configs: with
+    `moe.FP8_SWIGLU` "epilogue" (the default) gate+up is one scaled GEMM with SwiGLU, with "kernel" an unscaled
+    GEMM; both stay as near the ragged_dot block as the GPU test at Qwen3-30B-A3B's shapes allows."""
+    from jaxllm.fp8 import quantize_out_in
+
+    assert moe.FP8_SWIGLU == "epilogue"
+    e, d, f, n = 2, 256, 128, 16
+    ks = jax.random.split(jax.random.key(0), 4)
+    x = jax.random.normal(ks[0], (n, d)).astype(jnp.bfloat16)
+    params = {"router": (jax.random.normal(ks[1], (d, e)) * 0.3).astype(jnp.bfloat16),
+              "gate_up": quantize_out_in(jax.random.normal(ks[2], (1, e, 2 * f, d)) * 0.1),
+              "down": quantize_out_in(jax.random.normal(ks[3], (1, e, d, f)) * 0.1)}
+    block = lambda impl: np.asarray(moe.moe_block(x, params, 2, False, impl=impl, layer=jnp.int32(0)),  # noqa: E731
+                                    np.float32)
+    want = block("ragged_dot")
+    calls, kernel = [], moe.tiled_grouped_matmul
+    monkeypatch.setattr(moe, "tiled_grouped_matmul", lambda *a, **kw: calls.append(
+        (kw.get("swiglu", False), kw.get("row_scale") is not None)) or kernel(*a, **kw))
+    for mode, gate_up_call in (("epilogue", (True, True)), ("kernel", (False, False))):
+        monkeypatch.setattr(moe, "FP8_SWIGLU", mode)
+        calls.clear()
+        got = block("tiled")
+        assert calls == [gate_up_call, (False, False)], (mode, calls)  # gate+up, then down
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3e-2, mode
+        cosine = np.sum(got * want, -1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+        assert cosine.min() > 0.995, (mode, cosine.min())
