@@ -287,18 +287,18 @@ def _expert_swiglu_quantize(gate_up: jax.Array, rows: _Fp8Rows, col_scale: jax.A
 
 
 def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul: Any,
-                     tiles: tuple[jax.Array, int] | None = None, epilogue: bool = False
+                     tiles: tuple[jax.Array, int] | None = None, gate_up_swiglu: Any = None
                      ) -> tuple[jax.Array, _Fp8Rows]:
     """W8A8 SwiGLU experts: gate+up on e4m3 rows, scaled, SwiGLU in float32, requantised per row to e4m3 for down
-    (as the dense fp8 MLP; with `epilogue` the SwiGLU output is rounded to bfloat16 before its requantisation).
-    matmul(values, weight, which) is the grouped GEMM of e4m3 operands (unscaled
-    products; which: 0 gate+up, 1 down, 2 gate+up with its scales and SwiGLU in the epilogue, taking
-    `scales=(row, column)`, used with `epilogue`); `tiles` as `_expert_swiglu_quantize`'s. Returns down's
-    unscaled product [R, D] and its rows (their scales apply with the down weights')."""
-    if epilogue:
+    (as the dense fp8 MLP). matmul(values, weight, which) is the grouped GEMM of e4m3 operands (unscaled products;
+    which: 0 gate+up, 1 down); gate_up_swiglu(values, weight, row_scale=, col_scale=), where given, is gate+up
+    with its scales and SwiGLU in the GEMM's epilogue (bf16 out: rounded once more before the requantisation);
+    `tiles` as `_expert_swiglu_quantize`'s. Returns down's unscaled product [R, D] and its rows (their scales
+    apply with the down weights')."""
+    if gate_up_swiglu is not None:
         # 4 rows a program: a row of Qwen3-30B-A3B's hidden is 768 values (1 row: 2.5 TB/s on an H200)
-        hidden, hidden_scale = quantize_rows_one_pass(matmul(rows.values, gate_up.weight, 2,
-                                                             scales=(rows.scale, gate_up.scale)), rows=4)
+        hidden, hidden_scale = quantize_rows_one_pass(
+            gate_up_swiglu(rows.values, gate_up.weight, row_scale=rows.scale, col_scale=gate_up.scale), rows=4)
     else:
         product = matmul(rows.values, gate_up.weight, 0)
         hidden, hidden_scale = _expert_swiglu_quantize(product, rows, gate_up.scale, tiles)
@@ -327,21 +327,21 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
         values, scale = quantized.values.reshape(tokens.shape), quantized.scale.reshape(-1)
     d, f = tokens.shape[-1], down.weight.shape[-1]
     configs = tiled_configs(d, f, fp8=True) if impl == "tiled" else None
-    tiles, epilogue = None, False
+    tiles, gate_up_swiglu = None, None
     if configs is not None:
-        epilogue = (FP8_SWIGLU == "epilogue" and _fits(TILED_FP8_SWIGLU_CONFIG, f, d)
-                    and TILED_FP8_SWIGLU_CONFIG.tile_m == configs[0].tile_m)
         groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
         rows = _Fp8Rows(gather_rows(values, source), jnp.take(scale, source, axis=0, mode="fill", fill_value=0),
                         jnp.repeat(groups, configs[0].tile_m))
         tiles = (groups, configs[0].tile_m)
         interpret = _interpret_params()
 
-        def matmul(v: jax.Array, w: jax.Array, which: int, scales: tuple | None = None) -> jax.Array:
-            if which == 2:
-                return tiled_grouped_matmul(v, w, groups, TILED_FP8_SWIGLU_CONFIG, swiglu=True, row_scale=scales[0],
-                                            col_scale=scales[1], interpret=interpret)
+        def matmul(v: jax.Array, w: jax.Array, which: int) -> jax.Array:
             return tiled_grouped_matmul(v, w, groups, configs[which], interpret=interpret)
+
+        if (FP8_SWIGLU == "epilogue" and _fits(TILED_FP8_SWIGLU_CONFIG, f, d)
+                and TILED_FP8_SWIGLU_CONFIG.tile_m == configs[0].tile_m):
+            gate_up_swiglu = functools.partial(tiled_grouped_matmul, tile_groups=groups,
+                                               config=TILED_FP8_SWIGLU_CONFIG, swiglu=True, interpret=interpret)
 
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)
         sources = plan.order // top_k
@@ -355,7 +355,7 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
             return grouped_matmul(v.astype(jnp.float32), layer_w.astype(jnp.float32), sizes, "ragged_dot")
 
         row_of_slot = plan.inverse
-    out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles, epilogue)
+    out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles, gate_up_swiglu)
     return out, row_of_slot, ExpertRowScales(hidden_rows.scale, hidden_rows.expert, down.scale)
 
 
