@@ -98,8 +98,6 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
         problems.append(f"rows are {rows.dtype} but weights {weights.dtype}")
     if (row_scale is None) != (col_scale is None):
         problems.append("row_scale and col_scale come together")
-    elif row_scale is not None and not swiglu:  # the one form tested compiled (the fp8 experts' gate+up)
-        problems.append("row_scale and col_scale need swiglu (scales without SwiGLU are not tested)")
     elif row_scale is not None and (row_scale.shape != (m,) or col_scale.shape != (weights.shape[0], n)):
         problems.append(f"scales must be row_scale [{m}] and col_scale [{weights.shape[0]}, {n}], got "
                         f"{list(row_scale.shape)} and {list(col_scale.shape)}")
@@ -122,11 +120,12 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
     fp8: rows and weights float8_e4m3fn (weights [G, N, K]: fp8 wgmma takes both operands K-major) give the
     unscaled products of the e4m3 values (float32 accumulation, bfloat16 out by default). With row_scale float32
-    [R] and col_scale float32 [G, N] and `swiglu` (W8A8: `jaxllm.moe`'s experts' gate+up), the accumulators are
-    multiplied by row_scale[r] * col_scale[group, n] in the epilogue, before SwiGLU (gate and up each by their own
-    columns): the scales are TMA-copied to shared memory when a tile starts, behind its main loop, and waited on
-    barriers. Mosaic GPU's interpreter (jax 0.10.2) runs it at `moe.TILED_FP8_SWIGLU_CONFIG`'s 64-wide column
-    tiles but hangs at 128-wide ones and at 64-row tiles of bf16 (tested compiled on an H200 at the former)."""
+    [R] and col_scale float32 [G, N] (W8A8: `jaxllm.moe`'s experts, gate+up with `swiglu` and down without), the
+    accumulators are multiplied by row_scale[r] * col_scale[group, n] in the epilogue (before SwiGLU: gate and up
+    each by their own columns): the scales are TMA-copied to shared memory when a tile starts, behind its main
+    loop, and waited on barriers. Mosaic GPU's interpreter (jax 0.10.2) runs the fp8 kernel at 64-wide column
+    tiles but hangs at 128-wide ones and at 64-row tiles of bf16 (the model's configs are tested compiled on an
+    H200)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 

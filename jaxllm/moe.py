@@ -99,6 +99,16 @@ TILED_FP8_CONFIGS = (
 # steps of e4m3; 3 stages of 48 KiB (4 would not leave shared memory for the epilogue). Not tuned.
 TILED_FP8_SWIGLU_CONFIG = TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=3, band=16)
 
+# fp8 down with its scales in the kernel's epilogue (`FP8_DOWN_SCALES`="epilogue"): the down config with one stage
+# fewer (four 48 KiB stages, the bf16 output pieces and the scales would not fit in shared memory). Not tuned.
+TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=3, band=16)
+
+# where the fp8 experts apply down's scales on the tiled kernel: "epilogue" (the GEMM multiplies its float32
+# accumulators by the row and column scales and writes scaled bf16 rows: the combine then reads only the rows, as
+# in bf16) or "combine" (the GEMM writes the unscaled product, the combine reads each row's scale and its expert's
+# 2,048 float32 column scales with it). One bf16 rounding of each row either way. Read at trace time.
+FP8_DOWN_SCALES = "epilogue"
+
 # where the fp8 experts apply gate+up's scales and SwiGLU on the tiled kernel: "epilogue" (the GEMM scales and
 # SwiGLUs its float32 accumulators and writes bf16 [R, F], which one pass quantises: half the bytes through
 # memory, one more bf16 rounding before the e4m3 one) or "kernel" (the GEMM writes the unscaled [R, 2F] product,
@@ -287,14 +297,15 @@ def _expert_swiglu_quantize(gate_up: jax.Array, rows: _Fp8Rows, col_scale: jax.A
 
 
 def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul: Any,
-                     tiles: tuple[jax.Array, int] | None = None, gate_up_swiglu: Any = None
-                     ) -> tuple[jax.Array, _Fp8Rows]:
+                     tiles: tuple[jax.Array, int] | None = None, gate_up_swiglu: Any = None,
+                     down_scaled: Any = None) -> tuple[jax.Array, ExpertRowScales | None]:
     """W8A8 SwiGLU experts: gate+up on e4m3 rows, scaled, SwiGLU in float32, requantised per row to e4m3 for down
     (as the dense fp8 MLP). matmul(values, weight, which) is the grouped GEMM of e4m3 operands (unscaled products;
     which: 0 gate+up, 1 down); gate_up_swiglu(values, weight, row_scale=, col_scale=), where given, is gate+up
     with its scales and SwiGLU in the GEMM's epilogue (bf16 out: rounded once more before the requantisation);
-    `tiles` as `_expert_swiglu_quantize`'s. Returns down's unscaled product [R, D] and its rows (their scales
-    apply with the down weights')."""
+    down_scaled(values, weight, row_scale=, col_scale=), where given, is down with its scales in the epilogue;
+    `tiles` as `_expert_swiglu_quantize`'s. Returns down's rows [R, D] and the scales the combine still has to
+    apply to them (None when down_scaled applied them)."""
     if gate_up_swiglu is not None:
         # 4 rows a program: a row of Qwen3-30B-A3B's hidden is 768 values (1 row: 2.5 TB/s on an H200)
         hidden, hidden_scale = quantize_rows_one_pass(
@@ -302,18 +313,19 @@ def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul
     else:
         product = matmul(rows.values, gate_up.weight, 0)
         hidden, hidden_scale = _expert_swiglu_quantize(product, rows, gate_up.scale, tiles)
-    hidden_rows = _Fp8Rows(hidden, hidden_scale, rows.expert)
-    return matmul(hidden, down.weight, 1), hidden_rows
+    if down_scaled is not None:
+        return down_scaled(hidden, down.weight, row_scale=hidden_scale, col_scale=down.scale), None
+    return matmul(hidden, down.weight, 1), ExpertRowScales(hidden_scale, rows.expert, down.scale)
 
 
 def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, down: Fp8Matrix, top_k: int,
                         impl: str, layer: jax.Array | None, quantized: QuantizedRows | None = None
-                        ) -> tuple[jax.Array, jax.Array, ExpertRowScales]:
+                        ) -> tuple[jax.Array, jax.Array, ExpertRowScales | None]:
     """fp8 (W8A8) experts: the tokens quantised per row to e4m3 once (before the gather: half the bytes moved;
     `quantized`: already, by the step that normalised them), both GEMMs on e4m3 operands with float32
-    accumulation and per-row x per-column scales after them. Returns (down's unscaled product rows, the row of
-    each flat (token, expert) slot in them [N*k], and their scales for the combine: each row's scale and expert,
-    the experts' column scales)."""
+    accumulation and per-row x per-column scales after them. Returns (down's rows, the row of each flat
+    (token, expert) slot in them [N*k], and the scales the combine applies to them: each row's scale and expert,
+    the experts' column scales; None where down's epilogue applied them, `FP8_DOWN_SCALES`)."""
     num_experts = plan.group_sizes.shape[0]
     stacked = gate_up.weight.ndim == 4
     if stacked != (layer is not None):
@@ -327,7 +339,7 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
         values, scale = quantized.values.reshape(tokens.shape), quantized.scale.reshape(-1)
     d, f = tokens.shape[-1], down.weight.shape[-1]
     configs = tiled_configs(d, f, fp8=True) if impl == "tiled" else None
-    tiles, gate_up_swiglu = None, None
+    tiles, gate_up_swiglu, down_scaled = None, None, None
     if configs is not None:
         groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
         rows = _Fp8Rows(gather_rows(values, source), jnp.take(scale, source, axis=0, mode="fill", fill_value=0),
@@ -342,6 +354,10 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
                 and TILED_FP8_SWIGLU_CONFIG.tile_m == configs[0].tile_m):
             gate_up_swiglu = functools.partial(tiled_grouped_matmul, tile_groups=groups,
                                                config=TILED_FP8_SWIGLU_CONFIG, swiglu=True, interpret=interpret)
+        if (FP8_DOWN_SCALES == "epilogue" and _fits(TILED_FP8_DOWN_SCALED_CONFIG, d, f)
+                and TILED_FP8_DOWN_SCALED_CONFIG.tile_m == configs[1].tile_m):
+            down_scaled = functools.partial(tiled_grouped_matmul, tile_groups=groups,
+                                            config=TILED_FP8_DOWN_SCALED_CONFIG, interpret=interpret)
 
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)
         sources = plan.order // top_k
@@ -355,8 +371,8 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
             return grouped_matmul(v.astype(jnp.float32), layer_w.astype(jnp.float32), sizes, "ragged_dot")
 
         row_of_slot = plan.inverse
-    out, hidden_rows = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles, gate_up_swiglu)
-    return out, row_of_slot, ExpertRowScales(hidden_rows.scale, hidden_rows.expert, down.scale)
+    out, scales = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles, gate_up_swiglu, down_scaled)
+    return out, row_of_slot, scales
 
 
 def moe_expert_outputs(x: jax.Array | ValueAndRows, params: dict[str, Any], top_k: int, norm_topk_prob: bool,
@@ -395,7 +411,7 @@ def moe_block(x: jax.Array | ValueAndRows, params: dict[str, Any], top_k: int, n
     [E, 2F, D] and params["down"] [E, D, F], or `fp8.Fp8Matrix` of them: W8A8, the tokens quantised per row to
     e4m3 (or given so: x a `ValueAndRows`), e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its
     output requantised per row for down (on the tiled kernel with `FP8_SWIGLU` "epilogue", the default on a
-    Hopper GPU, rounded to bfloat16 first).
+    Hopper GPU, rounded to bfloat16 first; there down's scales apply in its epilogue too, `FP8_DOWN_SCALES`).
     With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and this block
     uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
     Each token's output is the sum over its top_k experts of routing weight x expert output (summed in float32,

@@ -76,12 +76,30 @@ def _gather_rows_kernel(source_ref, values_ref, out_ref, *, num_rows: int, slice
             pltriton.store(out_ref.at[pl.ds(r, 1), cols], jnp.where(valid, v, jnp.zeros_like(v)))
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "rows", "num_warps", "chunk"))
+def _gather_block_kernel(source_ref, values_ref, out_ref, *, num_rows: int, slices: list[pl.Slice],
+                         evict: bool):
+    source = source_ref[...]  # [rows]
+    valid = (source < num_rows)[:, None]
+    source = jnp.minimum(source, num_rows - 1)
+    for cols in slices:
+        # both indices as arrays (a row per program row, contiguous columns): Pallas's interpreter takes no mix
+        # of array and slice indices
+        columns = cols.start + lax.broadcasted_iota(jnp.int32, (1, cols.size), 1)
+        v = pltriton.load(values_ref.at[source[:, None], columns],
+                          eviction_policy="evict_last" if evict else None)
+        pltriton.store(out_ref.at[:, cols], jnp.where(valid, v, jnp.zeros_like(v)),
+                       eviction_policy="evict_first" if evict else None)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "rows", "num_warps", "chunk", "block", "evict"))
 def gather_rows_pallas(values: jax.Array, source: jax.Array, interpret: bool = False, rows: int = 4,
-                       num_warps: int = 4, chunk: int = 1024) -> jax.Array:
+                       num_warps: int = 4, chunk: int = 1024, block: bool = False, evict: bool = False
+                       ) -> jax.Array:
     """`gather_rows_words`' result from a Pallas (Triton) kernel on the rows' 4-byte words: each program copies
     `rows` output rows in slices of up to `chunk` words (Triton's shapes are powers of two: a width that is not
-    is copied as its binary parts). `interpret`: Pallas's interpreter (CPU tests)."""
+    is copied as its binary parts), one row after another or, with `block`, as one [rows, slice] gathered load
+    (all rows' loads in flight before the stores); `evict`: the source rows kept in L2 ("evict_last") and the
+    copies streamed past it ("evict_first"). `interpret`: Pallas's interpreter (CPU tests)."""
     words = _as_words(values)
     if words is None:
         raise ValueError(f"gather_rows_pallas: rows of {values.shape[1]} {values.dtype} values are not whole "
@@ -92,7 +110,8 @@ def gather_rows_pallas(values: jax.Array, source: jax.Array, interpret: bool = F
     padded = -(-m // rows) * rows
     source = jnp.pad(source.astype(jnp.int32), (0, padded - m), constant_values=n)
     out = pl.pallas_call(
-        functools.partial(_gather_rows_kernel, num_rows=n, slices=column_slices(width, chunk)),
+        functools.partial(_gather_block_kernel, num_rows=n, slices=column_slices(width, chunk), evict=evict)
+        if block else functools.partial(_gather_rows_kernel, num_rows=n, slices=column_slices(width, chunk)),
         out_shape=jax.ShapeDtypeStruct((padded, width), jnp.uint32),
         grid=(padded // rows,),
         in_specs=[pl.BlockSpec((rows,), lambda i: (i,)), pl.BlockSpec((n, width), lambda i: (0, 0))],

@@ -198,10 +198,14 @@ def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None
                                              compiler_options=opts), (values, source), nbytes)
         record(step, "words", jit(moe_rows.gather_rows_words, compiler_options=opts), (values, source), nbytes,
                first)
-        for rows, warps in ((1, 4), (4, 4), (8, 8)):
-            fn = jax.jit(lambda v, s, r=rows, w=warps: moe_rows.gather_rows_pallas(v, s, interpret=interpret,
-                                                                                    rows=r, num_warps=w))
-            record(step, f"pallas rows {rows} warps {warps}", fn, (values, source), nbytes, first)
+        # (rows a program, warps, one gathered [rows, slice] load, L2 eviction hints)
+        for rows, warps, block, evict in ((4, 4, False, False), (8, 8, False, False), (16, 8, False, False),
+                                          (8, 4, True, False), (16, 4, True, False), (16, 8, True, False),
+                                          (32, 8, True, False), (16, 4, True, True), (32, 8, True, True)):
+            fn = jax.jit(lambda v, s, r=rows, w=warps, b=block, e_=evict: moe_rows.gather_rows_pallas(
+                v, s, interpret=interpret, rows=r, num_warps=w, block=b, evict=e_))
+            record(step, f"pallas rows {rows} warps {warps}" + " block" * block + " evict" * evict, fn,
+                   (values, source), nbytes, first)
         del values
     kp, ks, kc = jax.random.split(key, 3)
     product = (jax.random.normal(kp, (rows_out, 2 * f), jnp.float32) * 30).astype(jnp.bfloat16)
@@ -229,11 +233,12 @@ def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None
     for label, sc in (("combine", None), ("combine fp8 scales", scales)):
         first = record(label, "xla", jit(lambda r, s, w, c: moe_rows.combine_rows_reference(r, s, w, c, jnp.bfloat16),
                                          compiler_options=opts), (down_rows, slot_row, weights, sc), nbytes)
-        for per, warps in ((1, 4), (2, 8)):
-            fn = jax.jit(lambda r, s, w, c, p_=per, w_=warps: moe_rows.combine_rows_pallas(
-                r, s, w, c, jnp.bfloat16, interpret=interpret, rows_per_program=p_, num_warps=w_))
-            out = record(label, f"pallas tokens {per} warps {warps}", fn, (down_rows, slot_row, weights, sc),
-                         nbytes)
+        for per, warps, chunk in ((1, 4, 1024), (2, 8, 1024), (2, 8, 2048), (1, 8, 2048), (4, 8, 2048),
+                                  (2, 4, 2048)):
+            fn = jax.jit(lambda r, s, w, c, p_=per, w_=warps, k_=chunk: moe_rows.combine_rows_pallas(
+                r, s, w, c, jnp.bfloat16, interpret=interpret, rows_per_program=p_, num_warps=w_, chunk=k_))
+            out = record(label, f"pallas tokens {per} warps {warps} chunk {chunk}", fn,
+                         (down_rows, slot_row, weights, sc), nbytes)
             if out is not None and first is not None:  # float32 sums in another order: bf16 roundings may differ
                 result["movement"][-1]["max_abs_diff_over_max"] = float(
                     jnp.max(jnp.abs(out.astype(jnp.float32) - first.astype(jnp.float32)))
@@ -328,6 +333,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "tiled" in args.candidates and args.fp8:  # each GEMM at its own fp8 config, no SwiGLU epilogue
                 pair = moe.tiled_configs(d, f, fp8=True) or (grouped_gemm.TileConfig(tile_k=128),) * 2
                 time_tiled(record, x, w, sizes, pair[0 if shape_name == "gate_up" else 1])
+                # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
+                time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
+                           else moe.TILED_FP8_DOWN_SCALED_CONFIG, swiglu=shape_name == "gate_up", scaled=True)
             elif "tiled" in args.candidates:
                 pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
                 if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
@@ -360,8 +368,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.tune_tiled:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             routing, tune_start = "uniform", time.perf_counter()
+            if args.fp8:
+                # first the epilogue forms the fp8 model runs (untuned): gate+up with its scales and SwiGLU
+                # (`moe.TILED_FP8_SWIGLU_CONFIG`: two float32 accumulators per warpgroup leave registers for
+                # 64-wide column tiles only), down with its scales (`moe.TILED_FP8_DOWN_SCALED_CONFIG`). A stage
+                # holds A (128 rows) and B (2 x tn columns, twice for gate and up) of tk bytes; the epilogue's
+                # output pieces and scales take ~34 KiB more, 227 KiB in all
+                swiglu = shape_name == "gate_up"
+                for tn, tk, stages, band in itertools.product((64,) if swiglu else (128, 64), (128, 64),
+                                                              (2, 3, 4, 5), (8, 16)):
+                    config = grouped_gemm.TileConfig(tile_m=128, tile_n=tn, tile_k=tk, stages=stages, band=band)
+                    if time.perf_counter() - tune_start > args.tune_seconds:
+                        log("tiled tuning: time budget spent")
+                        break
+                    if (n // (1 + swiglu)) % (2 * tn) or k % tk:
+                        continue
+                    if tk * (128 + 2 * tn * (1 + swiglu)) * stages > 193 * 1024:
+                        continue
+                    time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=swiglu, scaled=True)
             # bf16: 128-deep k steps and 6 stages overflow shared memory (measured 2026-11-28); band 1 was slowest.
-            # fp8 (one-byte values): 128-deep k steps fit, no SwiGLU epilogue
+            # fp8 (one-byte values): 128-deep k steps fit; the unscaled kernels (`FP8_SWIGLU` "kernel",
+            # `FP8_DOWN_SCALES` "combine")
             swiglus, depths = ((False,), (128, 64)) if args.fp8 else ((shape_name == "gate_up",), (64, 32))
             for swiglu, tn, tk, stages, band in itertools.product(swiglus, (128, 64), depths, (3, 4, 5), (8, 16)):
                 config = grouped_gemm.TileConfig(tile_m=128, tile_n=tn, tile_k=tk, stages=stages, band=band)
@@ -371,17 +398,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if (n // (1 + swiglu)) % (2 * tn) or k % tk:
                     continue
                 time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=swiglu)
-            if args.fp8 and shape_name == "gate_up":
-                # the epilogue form (scales + SwiGLU, `moe.TILED_FP8_SWIGLU_CONFIG`): two float32 accumulators per
-                # warpgroup leave registers for 64-wide column tiles only; 128-deep k steps fit 3 stages
-                for tk, stages, band in itertools.product((128, 64), (2, 3, 4, 5), (8, 16)):
-                    config = grouped_gemm.TileConfig(tile_m=128, tile_n=64, tile_k=tk, stages=stages, band=band)
-                    if time.perf_counter() - tune_start > args.tune_seconds:
-                        log("tiled tuning: time budget spent")
-                        break
-                    if 384 * tk * stages > 195 * 1024:  # a stage holds A (128 rows) and B (2 x 128 columns) of
-                        continue                            # tk bytes; 32 KiB more for the epilogue, 227 in all
-                    time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=True, scaled=True)
         if args.tune:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxllm import grouped_gemm, moe
+from jaxllm import grouped_gemm, moe, moe_rows
 from jaxllm.grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
 
 SMALL = TileConfig(tile_m=64, tile_n=64, tile_k=64, stages=2, epi_m=64, epi_n=64, band=1)
@@ -221,9 +221,10 @@ def test_fp8_tiled_kernel_and_block_on_gpu():
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
 def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
     """At Qwen3-30B-A3B's gate+up shape (K 2048, 2F 1536): the e4m3 kernel with its row and column scales and
-    SwiGLU in the epilogue equals silu(gate) * up of the scaled exact products (within its bf16 output rounding);
-    the fp8 block on the tiled kernel with `moe.FP8_SWIGLU` "epilogue" (the default) and "kernel" equals the block
-    on ragged_dot."""
+    SwiGLU in the epilogue equals silu(gate) * up of the scaled exact products (within its bf16 output rounding),
+    and down (K 768, N 2048) with its scales in the epilogue the scaled exact products; the fp8 block on the tiled
+    kernel with `moe.FP8_SWIGLU` "epilogue" (the default) or "kernel" and `moe.FP8_DOWN_SCALES` "epilogue" (the
+    default) or "combine" equals the block on ragged_dot."""
     from jaxllm.fp8 import quantize_out_in
 
     rng = np.random.default_rng(7)
@@ -245,6 +246,20 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
     gu = gu * np.asarray(row_scale)[np.asarray(plan.padded_row)][:, None] * np.asarray(col_scale)[expert]
     want = gu[:, :f] / (1 + np.exp(-gu[:, :f])) * gu[:, f:]
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-2
+    # down (K 768, N 2048) with its scales in the epilogue, at the model's config
+    hidden = jnp.asarray(rng.normal(size=(int(sizes.sum()), f)), jnp.float8_e4m3fn)
+    wd = jnp.asarray(rng.normal(size=(16, 2048, f)), jnp.float8_e4m3fn)
+    down_config = moe.TILED_FP8_DOWN_SCALED_CONFIG
+    plan = tile_plan(s, hidden.shape[0], down_config.tile_m)
+    rows = jnp.zeros((plan.num_rows, f), hidden.dtype).at[plan.padded_row].set(hidden)
+    row_scale = jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32)
+    col_scale = jnp.asarray(rng.uniform(0.001, 0.01, (16, 2048)), jnp.float32)
+    kernel = jax.jit(lambda a, b, g, r, c: tiled_grouped_matmul(a, b, g, down_config, row_scale=r, col_scale=c))
+    got = np.asarray(kernel(rows, wd, plan.tile_groups, row_scale, col_scale)[plan.padded_row], np.float32)
+    want = np.asarray(moe.grouped_matmul(hidden.astype(jnp.float32), wd.astype(jnp.float32), s, "ragged_dot"),
+                      np.float64)
+    want = want * np.asarray(row_scale)[np.asarray(plan.padded_row)][:, None] * np.asarray(col_scale)[expert]
+    np.testing.assert_allclose(got, want, rtol=2 ** -8, atol=1e-9)  # one bf16 rounding
     e, d, n, layers = 16, 2048, 2048, 2
     ks = jax.random.split(jax.random.key(3), 4)
     xb = jax.random.normal(ks[0], (n, d), jnp.float32).astype(jnp.bfloat16)
@@ -254,8 +269,9 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
     block = lambda impl: np.asarray(jax.jit(lambda p: moe.moe_block(xb, p, 8, True, impl=impl,  # noqa: E731
                                                                     layer=jnp.int32(1)))(params), np.float32)
     want = block("ragged_dot")
-    for mode in ("epilogue", "kernel"):
-        monkeypatch.setattr(moe, "FP8_SWIGLU", mode)
+    for mode in (("epilogue", "epilogue"), ("kernel", "epilogue"), ("epilogue", "combine")):
+        monkeypatch.setattr(moe, "FP8_SWIGLU", mode[0])
+        monkeypatch.setattr(moe, "FP8_DOWN_SCALES", mode[1])
         got = block("tiled")
         # as in test_fp8_tiled_kernel_and_block_on_gpu (the kernels' bf16 and e4m3 roundings differ from
         # ragged_dot's float32 products by up to an e4m3 step in places)
@@ -288,17 +304,44 @@ def test_fp8_swiglu_epilogue_interpreted():
         np.repeat(np.arange(groups), sizes)]
     want = gu[:, :f] / (1 + np.exp(-gu[:, :f])) * gu[:, f:]
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-2
-    with pytest.raises(ValueError, match="need swiglu"):
-        tiled_grouped_matmul(rows, w, plan.tile_groups, config, row_scale=row_scale, col_scale=col_scale)
+    with pytest.raises(ValueError, match="row_scale and col_scale come together"):
+        tiled_grouped_matmul(rows, w, plan.tile_groups, config, swiglu=True, row_scale=row_scale)
 
 
-def test_fp8_block_takes_the_swiglu_mode_it_names_interpreted(monkeypatch):
+def test_fp8_scaled_epilogue_without_swiglu_interpreted():
+    """The fp8 down kernel with its row and column scales in the epilogue (`moe.FP8_DOWN_SCALES` "epilogue"),
+    interpreted at 64-wide column tiles: the scaled exact products of the e4m3 values, within the bf16 output
+    rounding, on groups of several tiles, an empty one and part-filled ones."""
+    rng = np.random.default_rng(2)
+    config = moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64, epi_n=64)
+    groups, k, n = 4, 256, 256
+    sizes = np.array([200, 0, 3, 140])
+    m = int(sizes.sum())
+    x = jnp.asarray(rng.normal(size=(m, k)), jnp.float8_e4m3fn)
+    w = jnp.asarray(rng.normal(size=(groups, n, k)), jnp.float8_e4m3fn)
+    plan = tile_plan(jnp.asarray(sizes, jnp.int32), m, config.tile_m)
+    rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+    row_scale = jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32)
+    col_scale = jnp.asarray(rng.uniform(0.001, 0.01, (groups, n)), jnp.float32)
+    out = tiled_grouped_matmul(rows, w, plan.tile_groups, config, row_scale=row_scale, col_scale=col_scale,
+                               interpret=interpreter())
+    got = np.asarray(out[plan.padded_row], np.float32)
+    want = np.asarray(moe.grouped_matmul(x.astype(jnp.float32), w.astype(jnp.float32),
+                                         jnp.asarray(sizes, jnp.int32), "ragged_dot"), np.float64)
+    want = want * np.asarray(row_scale)[np.asarray(plan.padded_row)][:, None] * np.asarray(col_scale)[
+        np.repeat(np.arange(groups), sizes)]
+    np.testing.assert_allclose(got, want, rtol=2 ** -8, atol=1e-9)  # one bf16 rounding
+
+
+def test_fp8_block_takes_the_modes_it_names_interpreted(monkeypatch):
     """The fp8 block on the tiled kernel (interpreted) at shapes that take the 128-row tile configs: with
     `moe.FP8_SWIGLU` "epilogue" (the default) gate+up is one scaled GEMM with SwiGLU, with "kernel" an unscaled
-    GEMM; both stay as near the ragged_dot block as the GPU test at Qwen3-30B-A3B's shapes allows."""
+    GEMM; with `moe.FP8_DOWN_SCALES` "epilogue" (the default) down is a scaled GEMM and the combine gets no
+    scales, with "combine" it is unscaled; every form stays as near the ragged_dot block as the GPU test at
+    Qwen3-30B-A3B's shapes allows."""
     from jaxllm.fp8 import quantize_out_in
 
-    assert moe.FP8_SWIGLU == "epilogue"
+    assert moe.FP8_SWIGLU == "epilogue" and moe.FP8_DOWN_SCALES == "epilogue"
     e, d, f, n = 2, 256, 128, 16
     ks = jax.random.split(jax.random.key(0), 4)
     x = jax.random.normal(ks[0], (n, d)).astype(jnp.bfloat16)
@@ -311,11 +354,23 @@ def test_fp8_block_takes_the_swiglu_mode_it_names_interpreted(monkeypatch):
     calls, kernel = [], moe.tiled_grouped_matmul
     monkeypatch.setattr(moe, "tiled_grouped_matmul", lambda *a, **kw: calls.append(
         (kw.get("swiglu", False), kw.get("row_scale") is not None)) or kernel(*a, **kw))
-    for mode, gate_up_call in (("epilogue", (True, True)), ("kernel", (False, False))):
-        monkeypatch.setattr(moe, "FP8_SWIGLU", mode)
+    # the interpreter hangs on the scaled epilogue at 128-wide column tiles (the model's down config, tested
+    # compiled on a GPU): 64-wide here
+    monkeypatch.setattr(moe, "TILED_FP8_DOWN_SCALED_CONFIG", moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64))
+    combined_scales, combine = [], moe_rows.combine_rows
+    monkeypatch.setattr(moe_rows, "combine_rows", lambda *a, **kw: combined_scales.append(a[3] is not None)
+                        or combine(*a, **kw))
+    for swiglu_mode, down_mode in (("epilogue", "epilogue"), ("kernel", "epilogue"), ("epilogue", "combine")):
+        monkeypatch.setattr(moe, "FP8_SWIGLU", swiglu_mode)
+        monkeypatch.setattr(moe, "FP8_DOWN_SCALES", down_mode)
         calls.clear()
+        combined_scales.clear()
         got = block("tiled")
-        assert calls == [gate_up_call, (False, False)], (mode, calls)  # gate+up, then down
+        mode = (swiglu_mode, down_mode)
+        gate_up_call = (True, True) if swiglu_mode == "epilogue" else (False, False)
+        down_call = (False, down_mode == "epilogue")
+        assert calls == [gate_up_call, down_call], (mode, calls)  # gate+up, then down
+        assert combined_scales == [down_mode == "combine"], (mode, combined_scales)
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3e-2, mode
         cosine = np.sum(got * want, -1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
         assert cosine.min() > 0.995, (mode, cosine.min())

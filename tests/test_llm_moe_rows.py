@@ -40,13 +40,16 @@ def test_word_gather_moves_the_same_bits(dtype, width):
     np.testing.assert_array_equal(_bits(gather_rows(values, source, "elements")), _bits(want))
 
 
-@pytest.mark.parametrize("dtype, width, rows, chunk", [(jnp.float8_e4m3fn, 96, 4, 1024), (jnp.bfloat16, 40, 2, 8),
-                                                       (jnp.float32, 24, 1, 16)])
-def test_pallas_gather_equals_take_interpreted(dtype, width, rows, chunk):
+@pytest.mark.parametrize("dtype, width, rows, chunk, block", [(jnp.float8_e4m3fn, 96, 4, 1024, False),
+                                                              (jnp.bfloat16, 40, 2, 8, False),
+                                                              (jnp.float32, 24, 1, 16, False),
+                                                              (jnp.float8_e4m3fn, 96, 8, 1024, True),
+                                                              (jnp.bfloat16, 40, 4, 8, True)])
+def test_pallas_gather_equals_take_interpreted(dtype, width, rows, chunk, block):
     """Widths whose word count is not a power of two (copied as binary parts), row counts that are no multiple of
-    the rows per program."""
+    the rows per program; row by row and as one gathered block load."""
     values, source, want = _case(dtype, 29, width, 23, seed=1)
-    got = gather_rows_pallas(values, source, interpret=True, rows=rows, chunk=chunk)
+    got = gather_rows_pallas(values, source, interpret=True, rows=rows, chunk=chunk, block=block, evict=block)
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
@@ -63,6 +66,9 @@ def test_pallas_gather_equals_take_on_gpu():
     for dtype in (jnp.float8_e4m3fn, jnp.bfloat16):
         values, source, want = _case(dtype, 4096, 2048, 20000, seed=2)
         np.testing.assert_array_equal(_bits(gather_rows_pallas(values, source)), _bits(want))
+        for rows, warps in ((16, 4), (32, 8)):
+            got = gather_rows_pallas(values, source, rows=rows, num_warps=warps, block=True, evict=True)
+            np.testing.assert_array_equal(_bits(got), _bits(want))
         np.testing.assert_array_equal(_bits(jax.jit(gather_rows_words)(values, source)), _bits(want))
         np.testing.assert_array_equal(_bits(jax.jit(gather_rows)(values, source)), _bits(want))  # GPU default
 
