@@ -11,7 +11,10 @@ ways to move more bytes per thread:
   contiguous slices: the GPU's default (`gather_rows`). At 278,400 rows of 2,048 values on two H200s
   (`scripts/bench_moe.py --movement`, 2026-11-28): e4m3 rows 0.40 / 0.47 ms (XLA's gather on elements 0.95 / 1.37,
   on words 0.46 / 0.58) at 4 rows x 4 warps a program; bf16 rows 0.66 / 0.89 ms at 8 x 8 and 0.74 / 0.81 at 4 x 4
-  (XLA's: 0.96 / 1.18, on words 0.87 / 1.00). `pallas_gather_tuning` holds what the encoder and trainer ran.
+  (XLA's: 0.96 / 1.18, on words 0.87 / 1.00). With 16 rows a program as one gathered [16, slice] load (`block`:
+  every row's load in flight before the stores), on a third H200 (2026-11-29): e4m3 0.43 ms at 8 warps against
+  0.52 for 4 rows x 4 warps row by row, bf16 0.70 at 4 warps against 0.78 for 8 x 8 (XLA's on elements 0.99 /
+  1.19). `pallas_gather_tuning` holds what the encoder and trainer run.
 
 Rows whose index is out of range (>= the row count: the tiled layout's padding rows) come back as zeros.
 
@@ -123,10 +126,10 @@ def gather_rows_pallas(values: jax.Array, source: jax.Array, interpret: bool = F
     return _from_words(out[:m], values.dtype, values.shape[1])
 
 
-def pallas_gather_tuning(row_bytes: int) -> dict[str, int]:
-    """`gather_rows_pallas`' rows per program and warps for rows of this many bytes (module doc: the two H200s
-    disagree on bf16 rows, 8 x 8 won on the first)."""
-    return {"rows": 8, "num_warps": 8} if row_bytes >= 4096 else {"rows": 4, "num_warps": 4}
+def pallas_gather_tuning(row_bytes: int) -> dict[str, Any]:
+    """`gather_rows_pallas`' form for rows of this many bytes: 16 rows a program as one gathered block load, 8 warps
+    for e4m3 rows (2 KiB at Qwen3-30B-A3B's width), 4 for bf16 (module doc)."""
+    return {"rows": 16, "num_warps": 4 if row_bytes >= 4096 else 8, "block": True}
 
 
 def gather_rows(values: jax.Array, source: jax.Array, impl: str | None = None) -> jax.Array:

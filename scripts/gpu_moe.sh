@@ -38,9 +38,9 @@
 #   bash scripts/gpu_moe.sh epilogues OUT # down's scales in its epilogue and the gathered-block row gather: the fp8
 #                                         # GPU tests, the movement steps' forms, the e4m3 kernels (epilogue forms
 #                                         # first) with their sweep, the fp8 block, ~8 min
-#   bash scripts/gpu_moe.sh downscales OUT  # the fp8 encoders' ratio with down's scales in its epilogue (the
-#                                         # default) and in the combine (one process, profiled), the 4B's fp8
-#                                         # encoder, ~7 min
+#   bash scripts/gpu_moe.sh downscales OUT  # the fp8 GPU tests of the epilogues and the gather, the fp8 encoders'
+#                                         # ratio with down's scales in its epilogue (the default) and in the
+#                                         # combine (one process, profiled), the 4B's fp8 encoder, ~8 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
@@ -183,6 +183,8 @@ case $stage in
       --tune-tiled --tune-seconds 100 --block-impls tiled --out "$out/moe_fp8.json"
     ;;
   downscales)
+    run gpu_tests 110 python3 -m pytest -q tests/test_llm_grouped_gemm.py tests/test_llm_moe_rows.py \
+      -k "fp8 and gpu or gather_equals_take_on_gpu"
     run encoder_qwen3-30b-a3b 250 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
       --dtypes fp8 fp8-moe-down-scales-combine --methods packed --no-hf --no-gemm-ceiling \
       --profile /tmp/encoder-profile --out "$out/encoder_qwen3-30b-a3b.json"
