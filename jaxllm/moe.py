@@ -29,7 +29,7 @@ from jax import lax
 
 from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows, quantize_rows_one_pass
 from .grouped_gemm import TileConfig, tile_plan, tiled_grouped_matmul
-from .moe_rows import ExpertOutputs, ExpertRowScales, gather_rows
+from .moe_rows import ExpertOutputs, ExpertRowScales, layout_rows
 from .top_k import top_k_rows
 
 GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu", "tiled")
@@ -109,6 +109,11 @@ TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, st
 # in bf16) or "combine" (the GEMM writes the unscaled product, the combine reads each row's scale and its expert's
 # 2,048 float32 column scales with it). One bf16 rounding of each row either way. Read at trace time.
 FP8_DOWN_SCALES = "epilogue"
+
+# how the token rows reach the tiled layout (`moe_rows.layout_rows`): None = the backend's default ("scatter" on a
+# GPU: each token row read once and stored to its k rows), or "gather" (each layout row reads its token's row: k
+# reads of every token row). Read at trace time.
+ROW_COPY: str | None = None
 
 # where the fp8 experts apply gate+up's scales and SwiGLU on the tiled kernel: "epilogue" (the GEMM scales and
 # SwiGLUs its float32 accumulators and writes bf16 [R, F], which one pass quantises: half the bytes through
@@ -244,7 +249,7 @@ def _tiled_experts(tokens: jax.Array, plan: Dispatch, gate_up: jax.Array, down: 
         offset = layer * plan.group_sizes.shape[0]
         gate_up, down = (w.reshape(-1, *w.shape[2:]) for w in (gate_up, down))
     groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
-    rows = gather_rows(tokens, source)
+    rows = layout_rows(tokens, source, row_of_slot.reshape(-1, top_k), ROW_COPY)
     interpret = _interpret_params()
     hidden = tiled_grouped_matmul(rows, gate_up, groups, configs[0], swiglu=True, interpret=interpret)
     out = tiled_grouped_matmul(hidden, down, groups, configs[1], interpret=interpret)
@@ -343,7 +348,8 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
     tiles, gate_up_swiglu, down_scaled = None, None, None
     if configs is not None:
         groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
-        rows = _Fp8Rows(gather_rows(values, source), jnp.take(scale, source, axis=0, mode="fill", fill_value=0),
+        rows = _Fp8Rows(layout_rows(values, source, row_of_slot.reshape(-1, top_k), ROW_COPY),
+                        jnp.take(scale, source, axis=0, mode="fill", fill_value=0),
                         jnp.repeat(groups, configs[0].tile_m))
         tiles = (groups, configs[0].tile_m)
         interpret = _interpret_params()

@@ -126,6 +126,69 @@ def gather_rows_pallas(values: jax.Array, source: jax.Array, interpret: bool = F
     return _from_words(out[:m], values.dtype, values.shape[1])
 
 
+def _scatter_rows_kernel(slot_row_ref, source_ref, values_ref, out_ref, *, num_tokens: int, num_rows: int,
+                         tokens_per: int, rows_per: int, slices: list[pl.Slice]):
+    # every index is an array (Pallas's interpreter takes no mix of array and slice indices); lanes past the end
+    # keep their out-of-range index and are masked (the interpreter drops such stores, as the GPU does)
+    i = pl.program_id(0)
+    token = i * tokens_per + lax.broadcasted_iota(jnp.int32, (tokens_per,), 0)
+    live = token < num_tokens
+    destinations = [jnp.where(live, pltriton.load(slot_row_ref.at[token, j], mask=live, other=0), num_rows)[:, None]
+                    for j in range(slot_row_ref.shape[1])]
+    for cols in slices:
+        columns = cols.start + lax.broadcasted_iota(jnp.int32, (1, cols.size), 1)
+        mask = jnp.broadcast_to(live[:, None], (tokens_per, cols.size))
+        v = pltriton.load(values_ref.at[token[:, None], columns], mask=mask, other=0)  # token rows, read once
+        for destination in destinations:
+            pltriton.store(out_ref.at[destination, columns], v, mask=mask)
+    # zeros into the padding rows (no token's copy) of this program's share of the output rows
+    row = i * rows_per + lax.broadcasted_iota(jnp.int32, (rows_per,), 0)
+    in_range = row < num_rows
+    padding = (pltriton.load(source_ref.at[row], mask=in_range, other=0) >= num_tokens) & in_range
+
+    @pl.when(jnp.any(padding))  # few shares hold padding rows (the end of each expert's last tile, unused tiles)
+    def _():
+        for cols in slices:
+            columns = cols.start + lax.broadcasted_iota(jnp.int32, (1, cols.size), 1)
+            zeros = jnp.zeros((rows_per, cols.size), out_ref.dtype)
+            pltriton.store(out_ref.at[row[:, None], columns], zeros,
+                           mask=jnp.broadcast_to(padding[:, None], zeros.shape))
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "tokens_per_program", "num_warps", "chunk"))
+def scatter_rows_pallas(values: jax.Array, slot_row: jax.Array, source: jax.Array, interpret: bool = False,
+                        tokens_per_program: int = 8, num_warps: int = 4, chunk: int = 1024) -> jax.Array:
+    """`gather_rows(values, source)` written the other way round, from a Pallas (Triton) kernel on the rows'
+    4-byte words: each program reads its `tokens_per_program` token rows of values [N, W] once and stores each to
+    its k rows of the output, slot_row int32 [N, k] (every output row that some slot names is named exactly once,
+    as `moe._tile_layout` lays them out); output rows no slot names (source[r] >= N: the tiled layout's padding)
+    are zeros. A gather reads each token row k times, and the copies it writes push the token rows out of L2;
+    this reads them once. source int32 [R] sizes the output. `interpret`: Pallas's interpreter (CPU tests)."""
+    words = _as_words(values)
+    if words is None:
+        raise ValueError(f"scatter_rows_pallas: rows of {values.shape[1]} {values.dtype} values are not whole "
+                         f"4-byte words; use gather_rows_words")
+    n, width = words.shape
+    num_rows = source.shape[0]
+    per = min(tokens_per_program, pl.next_power_of_2(n))
+    programs = -(-n // per)
+    rows_per = pl.next_power_of_2(-(-num_rows // programs))
+    whole = lambda a: pl.BlockSpec(a.shape, lambda i: (0,) * a.ndim)  # noqa: E731
+    operands = [slot_row.astype(jnp.int32), source.astype(jnp.int32), words]
+    out = pl.pallas_call(
+        functools.partial(_scatter_rows_kernel, num_tokens=n, num_rows=num_rows, tokens_per=per, rows_per=rows_per,
+                          slices=column_slices(width, chunk)),
+        out_shape=jax.ShapeDtypeStruct((num_rows, width), jnp.uint32),
+        grid=(programs,),
+        in_specs=[whole(a) for a in operands],
+        out_specs=whole(jax.ShapeDtypeStruct((num_rows, width), jnp.uint32)),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="scatter_rows",
+    )(*operands)
+    return _from_words(out, values.dtype, values.shape[1])
+
+
 def pallas_gather_tuning(row_bytes: int) -> dict[str, Any]:
     """`gather_rows_pallas`' form for rows of this many bytes: 16 rows a program as one gathered block load, 8 warps
     for e4m3 rows (2 KiB at Qwen3-30B-A3B's width), 4 for bf16 (module doc)."""
@@ -145,6 +208,23 @@ def gather_rows(values: jax.Array, source: jax.Array, impl: str | None = None) -
     if impl == "elements":
         return jnp.take(values, source, axis=0, mode="fill", fill_value=0)
     return gather_rows_words(values, source)
+
+
+ROW_COPY_IMPLS = ("scatter", "gather")
+
+
+def layout_rows(values: jax.Array, source: jax.Array, slot_row: jax.Array, impl: str | None = None) -> jax.Array:
+    """The token rows values [N, W] in the experts' row layout: row r is values[source[r]], zeros where
+    source[r] >= N; slot_row int32 [N, k] names the row of each (token, expert) copy (each row named at most
+    once). impl: "scatter" (`scatter_rows_pallas`: each token row read once, the GPU's default for rows of whole
+    4-byte words) or "gather" (`gather_rows`, the default elsewhere). Same bits either way."""
+    on_gpu = jax.devices()[0].platform == "gpu"
+    impl = impl or ("scatter" if on_gpu else "gather")
+    if impl not in ROW_COPY_IMPLS:
+        raise ValueError(f"row copy impl must be one of {ROW_COPY_IMPLS}, got {impl!r}")
+    if impl == "scatter" and on_gpu and _as_words(values) is not None:
+        return scatter_rows_pallas(values, slot_row, source)
+    return gather_rows(values, source)
 
 
 class ExpertRowScales(NamedTuple):

@@ -206,6 +206,12 @@ def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None
                 v, s, interpret=interpret, rows=r, num_warps=w, block=b, evict=e_))
             record(step, f"pallas rows {rows} warps {warps}" + " block" * block + " evict" * evict, fn,
                    (values, source), nbytes, first)
+        # the other way round: each token row read once and stored to its k layout rows (moe.ROW_COPY "scatter")
+        slot_row = row_of_slot.reshape(args.tokens, args.top_k)
+        for per, warps in ((4, 4), (8, 4), (8, 8), (16, 8)):
+            fn = jax.jit(lambda v, s, r, p_=per, w_=warps: moe_rows.scatter_rows_pallas(
+                v, r, s, interpret=interpret, tokens_per_program=p_, num_warps=w_))
+            record(step, f"scatter tokens {per} warps {warps}", fn, (values, source, slot_row), nbytes, first)
         del values
     kp, ks, kc = jax.random.split(key, 3)
     product = (jax.random.normal(kp, (rows_out, 2 * f), jnp.float32) * 30).astype(jnp.bfloat16)

@@ -41,12 +41,15 @@
 #   bash scripts/gpu_moe.sh downscales OUT  # the fp8 GPU tests of the epilogues and the gather, the fp8 encoders'
 #                                         # ratio with down's scales in its epilogue (the default) and in the
 #                                         # combine (one process, profiled), the 4B's fp8 encoder, ~8 min
+#   bash scripts/gpu_moe.sh scatter OUT   # the token rows scattered into the experts' layout (the default): the GPU
+#                                         # tests, the 30B's fp8 encoder scattering and gathering (one process,
+#                                         # profiled), the 4B's fp8 encoder, the 30B fp8 trainer cold, ~9 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | scatter | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -190,6 +193,17 @@ case $stage in
       --profile /tmp/encoder-profile --out "$out/encoder_qwen3-30b-a3b.json"
     run encoder_qwen3-4b 120 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
+    ;;
+  scatter)
+    run gpu_tests 110 python3 -m pytest -q tests/test_llm_moe_rows.py tests/test_llm_grouped_gemm.py \
+      -k "gpu"
+    run encoder_qwen3-30b-a3b 220 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-gather --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
+      --out "$out/encoder_qwen3-30b-a3b.json"
+    run encoder_qwen3-4b 150 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
+      --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
+    run train_30b_fp8 140 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 --skip-n 8 \
+      --num-envs 128 --max-updates 3 --compile-cache off --run-dir /tmp/run30b-fp8
     ;;
   fp8kernels)
     run moe_fp8 280 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled \

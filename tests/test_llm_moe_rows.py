@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxllm import moe
 from jaxllm.moe_rows import (ExpertRowScales, combine_rows, combine_rows_pallas, combine_rows_reference,
-                             gather_rows, gather_rows_pallas, gather_rows_words)
+                             gather_rows, gather_rows_pallas, gather_rows_words, layout_rows, scatter_rows_pallas)
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -71,6 +72,39 @@ def test_pallas_gather_equals_take_on_gpu():
             np.testing.assert_array_equal(_bits(got), _bits(want))
         np.testing.assert_array_equal(_bits(jax.jit(gather_rows_words)(values, source)), _bits(want))
         np.testing.assert_array_equal(_bits(jax.jit(gather_rows)(values, source)), _bits(want))  # GPU default
+
+
+def _layout_case(dtype, n: int, k: int, experts: int, width: int, tile_m: int, seed: int = 0):
+    """Token rows and a real tiled layout of a random routing (`moe._tile_layout`): (values, source, slot_row)."""
+    keys = jax.random.split(jax.random.key(seed), 2)
+    values = (jax.random.normal(keys[0], (n, width), jnp.float32) * 3).astype(dtype)
+    plan = moe.dispatch(jax.random.randint(keys[1], (n, k), 0, experts), experts)
+    _, source, row_of_slot = moe._tile_layout(plan, n, k, tile_m, 0)
+    return values, source, row_of_slot.reshape(n, k)
+
+
+@pytest.mark.parametrize("dtype, n, k, width, per", [(jnp.float8_e4m3fn, 37, 2, 96, 4), (jnp.bfloat16, 16, 8, 40, 8),
+                                                     (jnp.float32, 5, 1, 24, 4), (jnp.float8_e4m3fn, 3, 3, 8, 8)])
+def test_pallas_scatter_equals_gather_interpreted(dtype, n, k, width, per):
+    """Each token row stored to its k layout rows, padding rows zero: the gather's bits, with token counts that are
+    no multiple of the tokens per program (masked lanes) and a single program."""
+    values, source, slot_row = _layout_case(dtype, n, k, 4, width, 16, seed=n)
+    got = scatter_rows_pallas(values, slot_row, source, interpret=True, tokens_per_program=per)
+    np.testing.assert_array_equal(_bits(got), _bits(gather_rows_words(values, source)))
+    assert not np.asarray(got[np.asarray(source) >= n].astype(jnp.float32)).any()  # padding rows: zeros
+    np.testing.assert_array_equal(_bits(layout_rows(values, source, slot_row)), _bits(got))  # CPU: the gather
+    with pytest.raises(ValueError, match="row copy impl must be one of"):
+        layout_rows(values, source, slot_row, "scan")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Triton kernel needs a GPU")
+def test_pallas_scatter_equals_gather_on_gpu():
+    """At Qwen3-30B-A3B's hidden width, 8 experts a token of 128, the model's 128-row tiles."""
+    for dtype in (jnp.float8_e4m3fn, jnp.bfloat16):
+        values, source, slot_row = _layout_case(dtype, 4096, 8, 128, 2048, 128, seed=3)
+        want = _bits(gather_rows_words(values, source))
+        np.testing.assert_array_equal(_bits(scatter_rows_pallas(values, slot_row, source)), want)
+        np.testing.assert_array_equal(_bits(jax.jit(layout_rows)(values, source, slot_row)), want)  # GPU default
 
 
 def _combine_case(n: int, k: int, rows: int, width: int, groups: int, seed: int = 0):
