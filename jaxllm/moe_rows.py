@@ -146,7 +146,9 @@ def _scatter_rows_kernel(slot_row_ref, source_ref, values_ref, out_ref, *, num_t
     in_range = row < num_rows
     padding = (pltriton.load(source_ref.at[row], mask=in_range, other=0) >= num_tokens) & in_range
 
-    @pl.when(jnp.any(padding))  # few shares hold padding rows (the end of each expert's last tile, unused tiles)
+    # few shares hold padding rows (the end of each expert's last tile, unused tiles); jnp.any has no Pallas Triton
+    # lowering (reduce_or), a max does
+    @pl.when(jnp.max(padding.astype(jnp.int32)) > 0)
     def _():
         for cols in slices:
             columns = cols.start + lax.broadcasted_iota(jnp.int32, (1, cols.size), 1)
@@ -216,10 +218,10 @@ ROW_COPY_IMPLS = ("scatter", "gather")
 def layout_rows(values: jax.Array, source: jax.Array, slot_row: jax.Array, impl: str | None = None) -> jax.Array:
     """The token rows values [N, W] in the experts' row layout: row r is values[source[r]], zeros where
     source[r] >= N; slot_row int32 [N, k] names the row of each (token, expert) copy (each row named at most
-    once). impl: "scatter" (`scatter_rows_pallas`: each token row read once, the GPU's default for rows of whole
-    4-byte words) or "gather" (`gather_rows`, the default elsewhere). Same bits either way."""
+    once). impl: "gather" (`gather_rows`, the default) or "scatter" (`scatter_rows_pallas` on a GPU, for rows of
+    whole 4-byte words: each token row read once; the gather elsewhere). Same bits either way."""
     on_gpu = jax.devices()[0].platform == "gpu"
-    impl = impl or ("scatter" if on_gpu else "gather")
+    impl = impl or "gather"
     if impl not in ROW_COPY_IMPLS:
         raise ValueError(f"row copy impl must be one of {ROW_COPY_IMPLS}, got {impl!r}")
     if impl == "scatter" and on_gpu and _as_words(values) is not None:

@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
                    choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms",
                             "fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel", "fp8-moe-down-scales-combine",
-                            "fp8-moe-gather", "float32"],
+                            "fp8-moe-scatter", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
                         "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
@@ -68,8 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(layer_ops.FUSED_MOE_COMBINE) instead of its own kernel; fp8-moe-swiglu-kernel: the fp8 "
                         "experts' gate+up scales and SwiGLU in their own kernel after the grouped GEMM instead of its "
                         "epilogue, moe.FP8_SWIGLU = 'kernel'; fp8-moe-down-scales-combine: down's scales applied in the "
-                        "combine instead of down's epilogue, moe.FP8_DOWN_SCALES = 'combine'; fp8-moe-gather: the token "
-                        "rows gathered into the experts' layout instead of scattered, moe.ROW_COPY = 'gather')")
+                        "combine instead of down's epilogue, moe.FP8_DOWN_SCALES = 'combine'; fp8-moe-scatter: the token "
+                        "rows scattered into the experts' layout instead of gathered, moe.ROW_COPY = 'scatter')")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -304,7 +304,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         layer_ops.FUSED_MOE_COMBINE = dtype == "fp8-moe-fused-combine" or fused_combine
         moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
         moe_module.FP8_DOWN_SCALES = "combine" if dtype == "fp8-moe-down-scales-combine" else fp8_down_scales
-        moe_module.ROW_COPY = "gather" if dtype == "fp8-moe-gather" else row_copy
+        moe_module.ROW_COPY = "scatter" if dtype == "fp8-moe-scatter" else row_copy
         if config.is_moe:
             params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
             params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)

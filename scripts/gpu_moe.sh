@@ -41,9 +41,9 @@
 #   bash scripts/gpu_moe.sh downscales OUT  # the fp8 GPU tests of the epilogues and the gather, the fp8 encoders'
 #                                         # ratio with down's scales in its epilogue (the default) and in the
 #                                         # combine (one process, profiled), the 4B's fp8 encoder, ~8 min
-#   bash scripts/gpu_moe.sh scatter OUT   # the token rows scattered into the experts' layout (the default): the GPU
-#                                         # tests, the 30B's fp8 encoder scattering and gathering (one process,
-#                                         # profiled), the 4B's fp8 encoder, the 30B fp8 trainer cold, ~9 min
+#   bash scripts/gpu_moe.sh scatter OUT   # the token rows scattered into the experts' layout (moe.ROW_COPY): the GPU
+#                                         # tests, the 30B's fp8 encoder gathering (the default) and scattering (one
+#                                         # process, profiled), the 4B's fp8 encoder, the 30B fp8 trainer cold, ~9 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
@@ -198,7 +198,7 @@ case $stage in
     run gpu_tests 110 python3 -m pytest -q tests/test_llm_moe_rows.py tests/test_llm_grouped_gemm.py \
       -k "gpu"
     run encoder_qwen3-30b-a3b 220 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
-      --dtypes fp8 fp8-moe-gather --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
+      --dtypes fp8 fp8-moe-scatter --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
       --out "$out/encoder_qwen3-30b-a3b.json"
     run encoder_qwen3-4b 150 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"

@@ -99,12 +99,14 @@ def test_pallas_scatter_equals_gather_interpreted(dtype, n, k, width, per):
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Triton kernel needs a GPU")
 def test_pallas_scatter_equals_gather_on_gpu():
-    """At Qwen3-30B-A3B's hidden width, 8 experts a token of 128, the model's 128-row tiles."""
+    """At Qwen3-30B-A3B's hidden width, 8 experts a token of 128, the model's 128-row tiles; also as
+    `layout_rows(..., "scatter")` (`moe.ROW_COPY`)."""
     for dtype in (jnp.float8_e4m3fn, jnp.bfloat16):
         values, source, slot_row = _layout_case(dtype, 4096, 8, 128, 2048, 128, seed=3)
         want = _bits(gather_rows_words(values, source))
         np.testing.assert_array_equal(_bits(scatter_rows_pallas(values, slot_row, source)), want)
-        np.testing.assert_array_equal(_bits(jax.jit(layout_rows)(values, source, slot_row)), want)  # GPU default
+        scattered = jax.jit(layout_rows, static_argnums=3)(values, source, slot_row, "scatter")
+        np.testing.assert_array_equal(_bits(scattered), want)
 
 
 def _combine_case(n: int, k: int, rows: int, width: int, groups: int, seed: int = 0):

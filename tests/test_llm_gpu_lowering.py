@@ -1,0 +1,89 @@
+"""The GPU paths' Pallas kernels (Mosaic GPU and Triton) lower for a CUDA GPU, checked on a CPU: JAX lowers every
+kernel when it lowers the program around it, so a kernel that a GPU backend cannot lower (a primitive Pallas Triton
+has no rule for, such as `jnp.any`'s reduce_or) fails here, in CI, instead of after minutes on a GPU. While tracing,
+the devices are faked as one Hopper GPU so that every GPU-only choice is taken; nothing is compiled or run (what
+only the GPU's compilers check, such as shared memory, is left to the GPU tests)."""
+from __future__ import annotations
+
+import contextlib
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxllm import Qwen3Config, encode_packed, init_params, moe
+from jaxllm.fp8 import quantize_out_in, quantize_params
+
+
+class _Hopper:
+    platform = "gpu"
+    compute_capability = "9.0"
+    core_count = 132
+    device_kind = "NVIDIA H200"
+
+
+@contextlib.contextmanager
+def as_if_on_a_hopper_gpu():
+    with mock.patch.object(jax, "devices", lambda *args, **kwargs: [_Hopper()]):
+        yield
+
+
+def lowered_for_cuda(fn, *args) -> str:
+    with as_if_on_a_hopper_gpu():
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("swiglu, down_scales, row_copy", [("epilogue", "epilogue", "gather"),
+                                                           ("kernel", "combine", "scatter")])
+def test_fp8_moe_block_lowers_for_a_hopper_gpu(monkeypatch, swiglu, down_scales, row_copy):
+    """Qwen3-30B-A3B's block shapes (fewer experts): the tiled e4m3 kernels with each epilogue form, the row copy
+    each way, the quantisation, top-k and combine kernels."""
+    monkeypatch.setattr(moe, "FP8_SWIGLU", swiglu)
+    monkeypatch.setattr(moe, "FP8_DOWN_SCALES", down_scales)
+    monkeypatch.setattr(moe, "ROW_COPY", row_copy)
+    e, d, f = 8, 2048, 768
+    params = {"router": jax.ShapeDtypeStruct((d, e), jnp.bfloat16),
+              "gate_up": jax.eval_shape(lambda: quantize_out_in(jnp.zeros((2, e, 2 * f, d)))),
+              "down": jax.eval_shape(lambda: quantize_out_in(jnp.zeros((2, e, d, f))))}
+    text = lowered_for_cuda(lambda x, p: moe.moe_block(x, p, 8, True, impl="tiled", layer=jnp.int32(1)),
+                            jax.ShapeDtypeStruct((1024, d), jnp.bfloat16), params)
+    assert text.count("mosaic_gpu") >= 2  # gate+up and down on the tiled kernel
+    # the hidden rows' requantisation: its own kernel after the epilogue, or inside the scale + SwiGLU kernel
+    hidden = "quantize_rows" if swiglu == "epilogue" else "expert_swiglu_quantize"
+    for kernel in (f"{row_copy}_rows", "top_k_rows", "combine_rows", hidden):
+        assert kernel in text, kernel
+
+
+def test_bf16_moe_block_lowers_for_a_hopper_gpu():
+    """The bf16 block: the tiled kernel with SwiGLU in its epilogue, the row gather and the combine."""
+    e, d, f = 8, 2048, 768
+    params = {"router": jax.ShapeDtypeStruct((d, e), jnp.bfloat16),
+              "gate_up": jax.ShapeDtypeStruct((2, e, 2 * f, d), jnp.bfloat16),
+              "down": jax.ShapeDtypeStruct((2, e, d, f), jnp.bfloat16)}
+    text = lowered_for_cuda(lambda x, p: moe.moe_block(x, p, 8, True, impl="tiled", layer=jnp.int32(1)),
+                            jax.ShapeDtypeStruct((1024, d), jnp.bfloat16), params)
+    assert text.count("mosaic_gpu") >= 2
+    for kernel in ("gather_rows", "top_k_rows", "combine_rows"):
+        assert kernel in text, kernel
+
+
+def _small(**moe_fields) -> Qwen3Config:
+    return Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6,
+                       rope_theta=1_000_000.0, tie_word_embeddings=True, max_position_embeddings=4096, **moe_fields)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_fp8_encoder_lowers_for_a_hopper_gpu(sparse):
+    """A small Qwen3-MoE at shapes the tiled fp8 kernels take, and a dense Qwen3, packed in fp8: every layer's
+    kernels (residual norms, q/k norm and RoPE, the MLP's or the sparse block's) in the layer scan."""
+    config = _small(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True) \
+        if sparse else _small()
+    with as_if_on_a_hopper_gpu():
+        params = jax.eval_shape(lambda: quantize_params(init_params(config, jnp.bfloat16, 0, fp8_experts=sparse)))
+    text = lowered_for_cuda(lambda p, i, n: encode_packed(p, config, i, n, capacity=256), params,
+                            jax.ShapeDtypeStruct((4, 64), jnp.int32), jax.ShapeDtypeStruct((4,), jnp.int32))
+    layer_kernels = ("mosaic_gpu", "gather_rows", "combine_rows") if sparse else ("swiglu_quantize",)
+    for kernel in ("residual_norm_quantize", "head_norm_rope") + layer_kernels:
+        assert kernel in text, kernel
