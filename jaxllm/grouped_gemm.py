@@ -56,17 +56,20 @@ def padded_row_count(num_rows: int, num_groups: int, tile_m: int) -> int:
     return -(-(num_rows + num_groups * (tile_m - 1)) // tile_m) * tile_m
 
 
-def tile_plan(group_sizes: jax.Array, num_rows: int, tile_m: int) -> TilePlan:
-    """The tile-aligned layout for rows sorted by group with sizes group_sizes [G] (summing to num_rows)."""
+def tile_plan(group_sizes: jax.Array, num_rows: int, tile_m: int, row_group: jax.Array | None = None) -> TilePlan:
+    """The tile-aligned layout for rows sorted by group with sizes group_sizes [G] (summing to num_rows).
+    row_group int32 [num_rows], the group of each sorted row, where the caller has it already (a sort by group
+    does): otherwise it is found from the sizes (a comparison of every row with every group's end)."""
     sizes = group_sizes.astype(jnp.int32)
     padded_sizes = (sizes + tile_m - 1) // tile_m * tile_m
     ends = jnp.cumsum(sizes)
     padded_ends = jnp.cumsum(padded_sizes)
     shift = (padded_ends - padded_sizes) - (ends - sizes)  # each group's start moves by this many rows
     rows = jnp.arange(num_rows, dtype=jnp.int32)
-    # method="compare_all": one fused comparison per query (G is small) instead of a binary search's while loop,
-    # which on a GPU costs a host round trip per step
-    row_group = jnp.searchsorted(ends, rows, side="right", method="compare_all")
+    if row_group is None:
+        # method="compare_all": one fused comparison per query (G is small) instead of a binary search's while
+        # loop, which on a GPU costs a host round trip per step
+        row_group = jnp.searchsorted(ends, rows, side="right", method="compare_all")
     padded_row = rows + shift[row_group]
     total = padded_row_count(num_rows, sizes.shape[0], tile_m)
     tile_starts = jnp.arange(total // tile_m, dtype=jnp.int32) * tile_m

@@ -197,11 +197,13 @@ def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool) -> 
 
 class Dispatch(NamedTuple):
     """How the N*k (token, expert) rows are grouped: `order` [N*k] (sorted row r is flat slot order[r], token
-    order[r] // k), `group_sizes` [E], `inverse` [N*k] (flat slot s sits at sorted row inverse[s])."""
+    order[r] // k), `group_sizes` [E], `inverse` [N*k] (flat slot s sits at sorted row inverse[s]), `expert`
+    [N*k] (the expert of sorted row r)."""
 
     order: jax.Array
     group_sizes: jax.Array
     inverse: jax.Array
+    expert: jax.Array
 
 
 def dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
@@ -223,7 +225,7 @@ def dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
                               method="compare_all")
     group_sizes = jnp.diff(bounds).astype(jnp.int32)
     inverse = jnp.zeros_like(order).at[order].set(slots)
-    return Dispatch(order, group_sizes, inverse)
+    return Dispatch(order, group_sizes, inverse, sorted_experts.astype(jnp.int32))
 
 
 def experts_ffn(rows: jax.Array, gate_up: jax.Array, down: jax.Array, group_sizes: jax.Array,
@@ -262,7 +264,7 @@ def _tile_layout(plan: Dispatch, num_tokens: int, top_k: int, tile_m: int,
     into the weights' flattened [L * E] stack, -1 for unused tiles; the token each row reads [R], num_tokens for
     padding rows, which a gather with mode="fill" makes zero rows; the row of each flat (token, expert) slot
     [N*k])."""
-    tiles = tile_plan(plan.group_sizes, plan.order.shape[0], tile_m)
+    tiles = tile_plan(plan.group_sizes, plan.order.shape[0], tile_m, row_group=plan.expert)
     groups = jnp.where(tiles.tile_groups >= 0, tiles.tile_groups + offset, -1)
     source = jnp.full((tiles.num_rows,), num_tokens, jnp.int32)
     source = source.at[tiles.padded_row].set(plan.order // top_k, unique_indices=True)
@@ -368,9 +370,7 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
 
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)
         sources = plan.order // top_k
-        experts = jnp.repeat(jnp.arange(num_experts, dtype=jnp.int32), plan.group_sizes,
-                             total_repeat_length=plan.order.shape[0]) + offset
-        rows = _Fp8Rows(jnp.take(values, sources, axis=0), jnp.take(scale, sources), experts)
+        rows = _Fp8Rows(jnp.take(values, sources, axis=0), jnp.take(scale, sources), plan.expert + offset)
         sizes = plan.group_sizes
 
         def matmul(v: jax.Array, w: jax.Array, which: int) -> jax.Array:

@@ -55,6 +55,15 @@ def _as_words(values: jax.Array) -> jax.Array | None:
     return lax.bitcast_convert_type(values.reshape(n, width // per_word, per_word), jnp.uint32)
 
 
+def _words_or_raise(values: jax.Array, kernel: str) -> jax.Array:
+    """`_as_words(values)`, or one error naming what `kernel` cannot take."""
+    words = _as_words(values)
+    if words is None:
+        raise ValueError(f"{kernel}: rows of {values.shape[1]} {values.dtype} values are not whole 4-byte words; "
+                         f"use gather_rows_words")
+    return words
+
+
 def _from_words(words: jax.Array, dtype, width: int) -> jax.Array:
     return lax.bitcast_convert_type(words, dtype).reshape(words.shape[0], width)
 
@@ -79,8 +88,7 @@ def _gather_rows_kernel(source_ref, values_ref, out_ref, *, num_rows: int, slice
             pltriton.store(out_ref.at[pl.ds(r, 1), cols], jnp.where(valid, v, jnp.zeros_like(v)))
 
 
-def _gather_block_kernel(source_ref, values_ref, out_ref, *, num_rows: int, slices: list[pl.Slice],
-                         evict: bool):
+def _gather_block_kernel(source_ref, values_ref, out_ref, *, num_rows: int, slices: list[pl.Slice]):
     source = source_ref[...]  # [rows]
     valid = (source < num_rows)[:, None]
     source = jnp.minimum(source, num_rows - 1)
@@ -88,32 +96,24 @@ def _gather_block_kernel(source_ref, values_ref, out_ref, *, num_rows: int, slic
         # both indices as arrays (a row per program row, contiguous columns): Pallas's interpreter takes no mix
         # of array and slice indices
         columns = cols.start + lax.broadcasted_iota(jnp.int32, (1, cols.size), 1)
-        v = pltriton.load(values_ref.at[source[:, None], columns],
-                          eviction_policy="evict_last" if evict else None)
-        pltriton.store(out_ref.at[:, cols], jnp.where(valid, v, jnp.zeros_like(v)),
-                       eviction_policy="evict_first" if evict else None)
+        v = pltriton.load(values_ref.at[source[:, None], columns])
+        pltriton.store(out_ref.at[:, cols], jnp.where(valid, v, jnp.zeros_like(v)))
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "rows", "num_warps", "chunk", "block", "evict"))
+@functools.partial(jax.jit, static_argnames=("interpret", "rows", "num_warps", "chunk", "block"))
 def gather_rows_pallas(values: jax.Array, source: jax.Array, interpret: bool = False, rows: int = 4,
-                       num_warps: int = 4, chunk: int = 1024, block: bool = False, evict: bool = False
-                       ) -> jax.Array:
+                       num_warps: int = 4, chunk: int = 1024, block: bool = False) -> jax.Array:
     """`gather_rows_words`' result from a Pallas (Triton) kernel on the rows' 4-byte words: each program copies
     `rows` output rows in slices of up to `chunk` words (Triton's shapes are powers of two: a width that is not
     is copied as its binary parts), one row after another or, with `block`, as one [rows, slice] gathered load
-    (all rows' loads in flight before the stores); `evict`: the source rows kept in L2 ("evict_last") and the
-    copies streamed past it ("evict_first"). `interpret`: Pallas's interpreter (CPU tests)."""
-    words = _as_words(values)
-    if words is None:
-        raise ValueError(f"gather_rows_pallas: rows of {values.shape[1]} {values.dtype} values are not whole "
-                         f"4-byte words; use gather_rows_words")
-    n, width = words.shape
+    (all rows' loads in flight before the stores). `interpret`: Pallas's interpreter (CPU tests)."""
+    n, width = (words := _words_or_raise(values, "gather_rows_pallas")).shape
     m = source.shape[0]
     rows = min(rows, pl.next_power_of_2(m))
     padded = -(-m // rows) * rows
     source = jnp.pad(source.astype(jnp.int32), (0, padded - m), constant_values=n)
     out = pl.pallas_call(
-        functools.partial(_gather_block_kernel, num_rows=n, slices=column_slices(width, chunk), evict=evict)
+        functools.partial(_gather_block_kernel, num_rows=n, slices=column_slices(width, chunk))
         if block else functools.partial(_gather_rows_kernel, num_rows=n, slices=column_slices(width, chunk)),
         out_shape=jax.ShapeDtypeStruct((padded, width), jnp.uint32),
         grid=(padded // rows,),
@@ -166,11 +166,7 @@ def scatter_rows_pallas(values: jax.Array, slot_row: jax.Array, source: jax.Arra
     as `moe._tile_layout` lays them out); output rows no slot names (source[r] >= N: the tiled layout's padding)
     are zeros. A gather reads each token row k times, and the copies it writes push the token rows out of L2;
     this reads them once. source int32 [R] sizes the output. `interpret`: Pallas's interpreter (CPU tests)."""
-    words = _as_words(values)
-    if words is None:
-        raise ValueError(f"scatter_rows_pallas: rows of {values.shape[1]} {values.dtype} values are not whole "
-                         f"4-byte words; use gather_rows_words")
-    n, width = words.shape
+    n, width = (words := _words_or_raise(values, "scatter_rows_pallas")).shape
     num_rows = source.shape[0]
     per = min(tokens_per_program, pl.next_power_of_2(n))
     programs = -(-n // per)

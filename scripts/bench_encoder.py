@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
                    choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms",
                             "fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel", "fp8-moe-down-scales-combine",
-                            "fp8-moe-scatter", "float32"],
+                            "fp8-moe-scatter", "fp8-moe-gather-row-by-row", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
                         "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
@@ -69,7 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "experts' gate+up scales and SwiGLU in their own kernel after the grouped GEMM instead of its "
                         "epilogue, moe.FP8_SWIGLU = 'kernel'; fp8-moe-down-scales-combine: down's scales applied in the "
                         "combine instead of down's epilogue, moe.FP8_DOWN_SCALES = 'combine'; fp8-moe-scatter: the token "
-                        "rows scattered into the experts' layout instead of gathered, moe.ROW_COPY = 'scatter')")
+                        "rows scattered into the experts' layout instead of gathered, moe.ROW_COPY = 'scatter'; "
+                        "fp8-moe-gather-row-by-row: the gather's kernel as before 2026-11-29, 4 rows x 4 warps a "
+                        "program copied row by row, instead of 16-row block loads)")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -270,6 +272,8 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     top_k_rows = moe_module.top_k_rows
     fused_combine, fp8_swiglu = layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU
     fp8_down_scales, row_copy = moe_module.FP8_DOWN_SCALES, moe_module.ROW_COPY
+    from jaxllm import moe_rows
+    gather_tuning = moe_rows.pallas_gather_tuning
 
     def moe_residual_steps_in_xla(h, delta, weight, eps, quantized, keep_value=False):
         """fp8-moe-xla-norms: the steps before (16-bit rows kept) and after (a plain delta) an MoE block in XLA."""
@@ -305,6 +309,8 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
         moe_module.FP8_DOWN_SCALES = "combine" if dtype == "fp8-moe-down-scales-combine" else fp8_down_scales
         moe_module.ROW_COPY = "scatter" if dtype == "fp8-moe-scatter" else row_copy
+        moe_rows.pallas_gather_tuning = ((lambda row_bytes: {"rows": 4, "num_warps": 4})
+                                         if dtype == "fp8-moe-gather-row-by-row" else gather_tuning)
         if config.is_moe:
             params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
             params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)
@@ -372,6 +378,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     model_module.residual_norm, moe_module.top_k_rows = residual_norm, top_k_rows
     layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU = fused_combine, fp8_swiglu
     moe_module.FP8_DOWN_SCALES, moe_module.ROW_COPY = fp8_down_scales, row_copy
+    moe_rows.pallas_gather_tuning = gather_tuning
     if args.no_gemm_ceiling:
         return {"capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's

@@ -198,14 +198,13 @@ def time_movement(args: argparse.Namespace, log, result: dict[str, Any]) -> None
                                              compiler_options=opts), (values, source), nbytes)
         record(step, "words", jit(moe_rows.gather_rows_words, compiler_options=opts), (values, source), nbytes,
                first)
-        # (rows a program, warps, one gathered [rows, slice] load, L2 eviction hints)
-        for rows, warps, block, evict in ((4, 4, False, False), (8, 8, False, False), (16, 8, False, False),
-                                          (8, 4, True, False), (16, 4, True, False), (16, 8, True, False),
-                                          (32, 8, True, False), (16, 4, True, True), (32, 8, True, True)):
-            fn = jax.jit(lambda v, s, r=rows, w=warps, b=block, e_=evict: moe_rows.gather_rows_pallas(
-                v, s, interpret=interpret, rows=r, num_warps=w, block=b, evict=e_))
-            record(step, f"pallas rows {rows} warps {warps}" + " block" * block + " evict" * evict, fn,
-                   (values, source), nbytes, first)
+        # (rows a program, warps, one gathered [rows, slice] load)
+        for rows, warps, block in ((4, 4, False), (8, 8, False), (16, 8, False), (8, 4, True), (16, 4, True),
+                                   (16, 8, True), (32, 8, True)):
+            fn = jax.jit(lambda v, s, r=rows, w=warps, b=block: moe_rows.gather_rows_pallas(
+                v, s, interpret=interpret, rows=r, num_warps=w, block=b))
+            record(step, f"pallas rows {rows} warps {warps}" + " block" * block, fn, (values, source), nbytes,
+                   first)
         # the other way round: each token row read once and stored to its k layout rows (moe.ROW_COPY "scatter")
         slot_row = row_of_slot.reshape(args.tokens, args.top_k)
         for per, warps in ((4, 4), (8, 4), (8, 8), (16, 8)):
@@ -374,8 +373,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.tune_tiled:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             routing, tune_start = "uniform", time.perf_counter()
+            # (config, swiglu, scaled) in the order they are timed, until --tune-seconds are spent
+            candidates = []
             if args.fp8:
-                # first the epilogue forms the fp8 model runs (untuned): gate+up with its scales and SwiGLU
+                # first the epilogue forms the fp8 model runs: gate+up with its scales and SwiGLU
                 # (`moe.TILED_FP8_SWIGLU_CONFIG`: two float32 accumulators per warpgroup leave registers for
                 # 64-wide column tiles only), down with its scales (`moe.TILED_FP8_DOWN_SCALED_CONFIG`). A stage
                 # holds A (128 rows) and B (2 x tn columns, twice for gate and up) of tk bytes; the epilogue's
@@ -383,27 +384,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 swiglu = shape_name == "gate_up"
                 for tn, tk, stages, band in itertools.product((64,) if swiglu else (128, 64), (128, 64),
                                                               (2, 3, 4, 5), (8, 16)):
-                    config = grouped_gemm.TileConfig(tile_m=128, tile_n=tn, tile_k=tk, stages=stages, band=band)
-                    if time.perf_counter() - tune_start > args.tune_seconds:
-                        log("tiled tuning: time budget spent")
-                        break
-                    if (n // (1 + swiglu)) % (2 * tn) or k % tk:
-                        continue
-                    if tk * (128 + 2 * tn * (1 + swiglu)) * stages > 193 * 1024:
-                        continue
-                    time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=swiglu, scaled=True)
+                    if tk * (128 + 2 * tn * (1 + swiglu)) * stages <= 193 * 1024:
+                        candidates.append((grouped_gemm.TileConfig(128, tn, tk, stages, band=band), swiglu, True))
             # bf16: 128-deep k steps and 6 stages overflow shared memory (measured 2026-11-28); band 1 was slowest.
             # fp8 (one-byte values): 128-deep k steps fit; the unscaled kernels (`FP8_SWIGLU` "kernel",
             # `FP8_DOWN_SCALES` "combine")
             swiglus, depths = ((False,), (128, 64)) if args.fp8 else ((shape_name == "gate_up",), (64, 32))
             for swiglu, tn, tk, stages, band in itertools.product(swiglus, (128, 64), depths, (3, 4, 5), (8, 16)):
-                config = grouped_gemm.TileConfig(tile_m=128, tile_n=tn, tile_k=tk, stages=stages, band=band)
+                candidates.append((grouped_gemm.TileConfig(128, tn, tk, stages, band=band), swiglu, False))
+            for config, swiglu, scaled in candidates:
                 if time.perf_counter() - tune_start > args.tune_seconds:
                     log("tiled tuning: time budget spent")
                     break
-                if (n // (1 + swiglu)) % (2 * tn) or k % tk:
+                if (n // (1 + swiglu)) % (2 * config.tile_n) or k % config.tile_k:
                     continue
-                time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=swiglu)
+                time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=swiglu, scaled=scaled)
         if args.tune:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu

@@ -42,8 +42,9 @@
 #                                         # ratio with down's scales in its epilogue (the default) and in the
 #                                         # combine (one process, profiled), the 4B's fp8 encoder, ~8 min
 #   bash scripts/gpu_moe.sh scatter OUT   # the token rows scattered into the experts' layout (moe.ROW_COPY): the GPU
-#                                         # tests, the 30B's fp8 encoder gathering (the default) and scattering (one
-#                                         # process, profiled), the 4B's fp8 encoder, the 30B fp8 trainer cold, ~9 min
+#                                         # tests, the 30B's fp8 encoder gathering in block loads (the default),
+#                                         # scattering, and gathering row by row (as before 2026-11-29; one process,
+#                                         # profiled), the 4B's fp8 encoder, the 30B fp8 trainer cold, ~9.5 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
@@ -197,13 +198,13 @@ case $stage in
   scatter)
     run gpu_tests 110 python3 -m pytest -q tests/test_llm_moe_rows.py tests/test_llm_grouped_gemm.py \
       -k "gpu"
-    run encoder_qwen3-30b-a3b 220 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
-      --dtypes fp8 fp8-moe-scatter --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
+    run encoder_qwen3-30b-a3b 270 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-scatter fp8-moe-gather-row-by-row --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
       --out "$out/encoder_qwen3-30b-a3b.json"
     run encoder_qwen3-4b 150 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
-    # the trainer cold with what is left of a 480 s call (SECONDS: since the script started), if 100 s or more
-    left=$((480 - SECONDS))
+    # the trainer cold with what is left of a 540 s call (SECONDS: since the script started), if 100 s or more
+    left=$((540 - SECONDS))
     [ "$left" -ge 100 ] && run train_30b_fp8 "$left" python3 -m rl.train --encoder inscan --model qwen3-30b-a3b \
       --llm-dtype fp8 --skip-n 8 --num-envs 128 --max-updates 3 --compile-cache off --run-dir /tmp/run30b-fp8
     ;;

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxllm import Qwen3Config, encode_packed, init_params, moe
+from jaxllm import Qwen3Config, encode_packed, fp8, init_params, moe
 from jaxllm.fp8 import quantize_out_in, quantize_params
 
 
@@ -23,10 +23,20 @@ class _Hopper:
     device_kind = "NVIDIA H200"
 
 
+def _clear_device_caches() -> None:
+    """The cached answers about the devices (taken by earlier tests on the real ones)."""
+    fp8.native_fp8_available.cache_clear()
+    moe._hopper.cache_clear()
+
+
 @contextlib.contextmanager
 def as_if_on_a_hopper_gpu():
-    with mock.patch.object(jax, "devices", lambda *args, **kwargs: [_Hopper()]):
-        yield
+    _clear_device_caches()
+    try:
+        with mock.patch.object(jax, "devices", lambda *args, **kwargs: [_Hopper()]):
+            yield
+    finally:
+        _clear_device_caches()
 
 
 def lowered_for_cuda(fn, *args) -> str:

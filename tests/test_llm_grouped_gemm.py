@@ -38,6 +38,11 @@ def test_tile_plan_puts_each_group_on_whole_tiles(sizes):
     assert np.all(groups[used.sum():] == -1)
     starts = padded_row[np.concatenate([[0], np.cumsum(sizes_np)[:-1]])[sizes_np > 0]]
     assert np.all(starts % tm == 0)  # every non-empty group starts on a tile boundary
+    # given each row's group (as the dispatch's sort has it), the same layout
+    given = tile_plan(jnp.asarray(sizes_np, jnp.int32), int(sizes_np.sum()), tm,
+                      row_group=jnp.asarray(group_of_row, jnp.int32))
+    np.testing.assert_array_equal(np.asarray(given.padded_row), padded_row)
+    np.testing.assert_array_equal(np.asarray(given.tile_groups), groups)
 
 
 def test_tiled_kernel_equals_ragged_dot_interpreted():

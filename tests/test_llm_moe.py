@@ -158,6 +158,7 @@ def test_dispatch_is_a_permutation_grouped_by_expert():
     assert (np.diff(flat[order]) >= 0).all()
     np.testing.assert_array_equal(order, np.argsort(flat, kind="stable"))  # within an expert, slots keep their order
     np.testing.assert_array_equal(np.asarray(plan.group_sizes), np.bincount(flat, minlength=5))
+    np.testing.assert_array_equal(np.asarray(plan.expert), flat[order])  # each sorted row's expert
 
 
 def test_fused_expert_checkpoint_and_streamed_load_equal_per_expert(ckpts, tmp_path):

@@ -50,7 +50,7 @@ def test_pallas_gather_equals_take_interpreted(dtype, width, rows, chunk, block)
     """Widths whose word count is not a power of two (copied as binary parts), row counts that are no multiple of
     the rows per program; row by row and as one gathered block load."""
     values, source, want = _case(dtype, 29, width, 23, seed=1)
-    got = gather_rows_pallas(values, source, interpret=True, rows=rows, chunk=chunk, block=block, evict=block)
+    got = gather_rows_pallas(values, source, interpret=True, rows=rows, chunk=chunk, block=block)
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
@@ -68,7 +68,7 @@ def test_pallas_gather_equals_take_on_gpu():
         values, source, want = _case(dtype, 4096, 2048, 20000, seed=2)
         np.testing.assert_array_equal(_bits(gather_rows_pallas(values, source)), _bits(want))
         for rows, warps in ((16, 4), (32, 8)):
-            got = gather_rows_pallas(values, source, rows=rows, num_warps=warps, block=True, evict=True)
+            got = gather_rows_pallas(values, source, rows=rows, num_warps=warps, block=True)
             np.testing.assert_array_equal(_bits(got), _bits(want))
         np.testing.assert_array_equal(_bits(jax.jit(gather_rows_words)(values, source)), _bits(want))
         np.testing.assert_array_equal(_bits(jax.jit(gather_rows)(values, source)), _bits(want))  # GPU default
