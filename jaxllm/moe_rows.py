@@ -18,6 +18,10 @@ ways to move more bytes per thread:
 
 Rows whose index is out of range (>= the row count: the tiled layout's padding rows) come back as zeros.
 
+Scatter: `scatter_rows_pallas` makes the same layout the other way round, each token row read once and stored to
+its k rows (a gather reads each token row k times, and its copies push the token rows out of L2). `layout_rows`
+picks the gather (the default) or the scatter (`moe.ROW_COPY`); the scatter is not yet measured in the encoder.
+
 Combine: each token's output is the sum over its k expert rows of routing weight x row (for fp8 experts, x the
 row's scale x its expert's column scales), in float32, rounded once. `combine_rows_reference` is XLA's form;
 `combine_rows_pallas` computes it in one kernel that writes only the token rows, the GPU's default: alone it runs
@@ -55,12 +59,12 @@ def _as_words(values: jax.Array) -> jax.Array | None:
     return lax.bitcast_convert_type(values.reshape(n, width // per_word, per_word), jnp.uint32)
 
 
-def _words_or_raise(values: jax.Array, kernel: str) -> jax.Array:
-    """`_as_words(values)`, or one error naming what `kernel` cannot take."""
+def _words_or_raise(values: jax.Array, kernel: str, instead: str) -> jax.Array:
+    """`_as_words(values)`, or one error naming what `kernel` cannot take and what to use `instead`."""
     words = _as_words(values)
     if words is None:
         raise ValueError(f"{kernel}: rows of {values.shape[1]} {values.dtype} values are not whole 4-byte words; "
-                         f"use gather_rows_words")
+                         f"use {instead}")
     return words
 
 
@@ -107,7 +111,7 @@ def gather_rows_pallas(values: jax.Array, source: jax.Array, interpret: bool = F
     `rows` output rows in slices of up to `chunk` words (Triton's shapes are powers of two: a width that is not
     is copied as its binary parts), one row after another or, with `block`, as one [rows, slice] gathered load
     (all rows' loads in flight before the stores). `interpret`: Pallas's interpreter (CPU tests)."""
-    n, width = (words := _words_or_raise(values, "gather_rows_pallas")).shape
+    n, width = (words := _words_or_raise(values, "gather_rows_pallas", "gather_rows_words")).shape
     m = source.shape[0]
     rows = min(rows, pl.next_power_of_2(m))
     padded = -(-m // rows) * rows
@@ -127,7 +131,7 @@ def gather_rows_pallas(values: jax.Array, source: jax.Array, interpret: bool = F
 
 
 def _scatter_rows_kernel(slot_row_ref, source_ref, values_ref, out_ref, *, num_tokens: int, num_rows: int,
-                         tokens_per: int, rows_per: int, slices: list[pl.Slice]):
+                         tokens_per: int, rows_per: int, zero_rows: int, slices: list[pl.Slice]):
     # every index is an array (Pallas's interpreter takes no mix of array and slice indices); lanes past the end
     # keep their out-of-range index and are masked (the interpreter drops such stores, as the GPU does)
     i = pl.program_id(0)
@@ -141,20 +145,25 @@ def _scatter_rows_kernel(slot_row_ref, source_ref, values_ref, out_ref, *, num_t
         v = pltriton.load(values_ref.at[token[:, None], columns], mask=mask, other=0)  # token rows, read once
         for destination in destinations:
             pltriton.store(out_ref.at[destination, columns], v, mask=mask)
-    # zeros into the padding rows (no token's copy) of this program's share of the output rows
-    row = i * rows_per + lax.broadcasted_iota(jnp.int32, (rows_per,), 0)
-    in_range = row < num_rows
-    padding = (pltriton.load(source_ref.at[row], mask=in_range, other=0) >= num_tokens) & in_range
+    # zeros into the padding rows (no token's copy) of this program's share of the output rows, in blocks of
+    # `zero_rows`; few blocks hold any (the end of each expert's last tile, the unused tiles), and jnp.any has no
+    # Pallas Triton lowering (reduce_or), a max does
+    def zero_block(b, carry):
+        row = i * rows_per + b * zero_rows + lax.broadcasted_iota(jnp.int32, (zero_rows,), 0)
+        in_range = row < num_rows
+        padding = (pltriton.load(source_ref.at[row], mask=in_range, other=0) >= num_tokens) & in_range
 
-    # few shares hold padding rows (the end of each expert's last tile, unused tiles); jnp.any has no Pallas Triton
-    # lowering (reduce_or), a max does
-    @pl.when(jnp.max(padding.astype(jnp.int32)) > 0)
-    def _():
-        for cols in slices:
-            columns = cols.start + lax.broadcasted_iota(jnp.int32, (1, cols.size), 1)
-            zeros = jnp.zeros((rows_per, cols.size), out_ref.dtype)
-            pltriton.store(out_ref.at[row[:, None], columns], zeros,
-                           mask=jnp.broadcast_to(padding[:, None], zeros.shape))
+        @pl.when(jnp.max(padding.astype(jnp.int32)) > 0)
+        def _():
+            for cols in slices:
+                columns = cols.start + lax.broadcasted_iota(jnp.int32, (1, cols.size), 1)
+                zeros = jnp.zeros((zero_rows, cols.size), out_ref.dtype)
+                pltriton.store(out_ref.at[row[:, None], columns], zeros,
+                               mask=jnp.broadcast_to(padding[:, None], zeros.shape))
+
+        return carry
+
+    lax.fori_loop(0, rows_per // zero_rows, zero_block, 0)
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "tokens_per_program", "num_warps", "chunk"))
@@ -166,16 +175,17 @@ def scatter_rows_pallas(values: jax.Array, slot_row: jax.Array, source: jax.Arra
     as `moe._tile_layout` lays them out); output rows no slot names (source[r] >= N: the tiled layout's padding)
     are zeros. A gather reads each token row k times, and the copies it writes push the token rows out of L2;
     this reads them once. source int32 [R] sizes the output. `interpret`: Pallas's interpreter (CPU tests)."""
-    n, width = (words := _words_or_raise(values, "scatter_rows_pallas")).shape
+    n, width = (words := _words_or_raise(values, "scatter_rows_pallas", 'layout_rows(..., "gather")')).shape
     num_rows = source.shape[0]
     per = min(tokens_per_program, pl.next_power_of_2(n))
     programs = -(-n // per)
-    rows_per = pl.next_power_of_2(-(-num_rows // programs))
+    zero_rows = 16  # the padding fill's block: a [16, slice] store, as small as the token copy's
+    rows_per = -(-num_rows // (programs * zero_rows)) * zero_rows  # each program's share, in whole blocks
     whole = lambda a: pl.BlockSpec(a.shape, lambda i: (0,) * a.ndim)  # noqa: E731
     operands = [slot_row.astype(jnp.int32), source.astype(jnp.int32), words]
     out = pl.pallas_call(
         functools.partial(_scatter_rows_kernel, num_tokens=n, num_rows=num_rows, tokens_per=per, rows_per=rows_per,
-                          slices=column_slices(width, chunk)),
+                          zero_rows=zero_rows, slices=column_slices(width, chunk)),
         out_shape=jax.ShapeDtypeStruct((num_rows, width), jnp.uint32),
         grid=(programs,),
         in_specs=[whole(a) for a in operands],

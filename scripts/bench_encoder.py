@@ -300,85 +300,87 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
     useful = real * flops_per_token(config, len(prefix_ids), float(lengths.mean()))
     rows, reference = [], {}
-    for dtype in args.dtypes:
-        fp8.swiglu_quantize = fp8.swiglu_quantize_reference if dtype == "fp8-xla-swiglu" else swiglu_quantize
-        layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
-        model_module.residual_norm = moe_residual_steps_in_xla if dtype == "fp8-moe-xla-norms" else residual_norm
-        moe_module.top_k_rows = (lambda v, k: top_k_rows(v, k, "xla")) if dtype == "fp8-moe-xla-topk" else top_k_rows
-        layer_ops.FUSED_MOE_COMBINE = dtype == "fp8-moe-fused-combine" or fused_combine
-        moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
-        moe_module.FP8_DOWN_SCALES = "combine" if dtype == "fp8-moe-down-scales-combine" else fp8_down_scales
-        moe_module.ROW_COPY = "scatter" if dtype == "fp8-moe-scatter" else row_copy
-        moe_rows.pallas_gather_tuning = ((lambda row_bytes: {"rows": 4, "num_warps": 4})
-                                         if dtype == "fp8-moe-gather-row-by-row" else gather_tuning)
-        if config.is_moe:
-            params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
-            params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)
-        else:
-            params = base if not dtype.startswith("fp8") else jax.block_until_ready(quantize_params(base))
-        cache = jax.block_until_ready(jit(prefill, compiler_options=compiler_options(), static_argnums=1)(
-            params, config, jnp.asarray(prefix_ids)))
-        opts = compiler_options() | args.xla_option  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)
-        packed_at = lambda cap: jit(  # noqa: E731
-            lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=cap,
-                                             attention_impl=args.packed_attention), compiler_options=opts)
-        calls = {
-            "rect": jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c), compiler_options=opts),
-            "bucketed": jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64),
-                            compiler_options=opts),
-            "packed": packed_at(capacities["packed"]),
-            "packed-halvings": jit(lambda p, c, i, n: _packed_by_halvings(p, config, i, n, c,
-                                                                          capacities["packed-halvings"],
-                                                                          args.packed_attention),
-                                   compiler_options=opts),
-            "packed-one-pass": packed_at(capacities["packed-one-pass"]),
-        }
-        for method in args.methods:
-            row = {"dtype": dtype, "method": method, "batch": args.batch, "real_tokens": real,
-                   "computed_tokens": args.batch * t if method == "rect" else None}
-            if method.startswith("packed"):
-                row["passes"] = packed_passes(lengths, capacities[method], t, fine=method != "packed-halvings")
-                row["computed_tokens"] = sum(row["passes"])
-            log(f"{dtype} {method}: compiling and timing")
-            try:
-                t_compile = time.perf_counter()
-                vec = np.asarray(calls[method](params, cache, ids, lengths))
-                row["first_call_s"] = time.perf_counter() - t_compile  # compile + one call
-                seconds = time_calls(lambda p=params, c=cache: calls[method](p, c, ids, lengths), jax.block_until_ready,
-                                     args.iters)
-            except Exception as e:  # report and keep measuring the rest
-                rows.append(row | {"error": f"{type(e).__name__}: {str(e)[:400]}"})
-                log(rows[-1])
-                continue
-            if args.profile:
-                from scripts.kernel_times import print_summary, profile_call
+    try:
+        for dtype in args.dtypes:
+            fp8.swiglu_quantize = fp8.swiglu_quantize_reference if dtype == "fp8-xla-swiglu" else swiglu_quantize
+            layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
+            model_module.residual_norm = moe_residual_steps_in_xla if dtype == "fp8-moe-xla-norms" else residual_norm
+            moe_module.top_k_rows = (lambda v, k: top_k_rows(v, k, "xla")) if dtype == "fp8-moe-xla-topk" else top_k_rows
+            layer_ops.FUSED_MOE_COMBINE = dtype == "fp8-moe-fused-combine" or fused_combine
+            moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
+            moe_module.FP8_DOWN_SCALES = "combine" if dtype == "fp8-moe-down-scales-combine" else fp8_down_scales
+            moe_module.ROW_COPY = "scatter" if dtype == "fp8-moe-scatter" else row_copy
+            moe_rows.pallas_gather_tuning = ((lambda row_bytes: {"rows": 4, "num_warps": 4})
+                                             if dtype == "fp8-moe-gather-row-by-row" else gather_tuning)
+            if config.is_moe:
+                params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
+                params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)
+            else:
+                params = base if not dtype.startswith("fp8") else jax.block_until_ready(quantize_params(base))
+            cache = jax.block_until_ready(jit(prefill, compiler_options=compiler_options(), static_argnums=1)(
+                params, config, jnp.asarray(prefix_ids)))
+            opts = compiler_options() | args.xla_option  # the trainer's: Triton GEMMs off on a GPU (jaxllm.compile)
+            packed_at = lambda cap: jit(  # noqa: E731
+                lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c, capacity=cap,
+                                                 attention_impl=args.packed_attention), compiler_options=opts)
+            calls = {
+                "rect": jit(lambda p, c, i, n: encode(p, config, i, n, prefix=c), compiler_options=opts),
+                "bucketed": jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64),
+                                compiler_options=opts),
+                "packed": packed_at(capacities["packed"]),
+                "packed-halvings": jit(lambda p, c, i, n: _packed_by_halvings(p, config, i, n, c,
+                                                                              capacities["packed-halvings"],
+                                                                              args.packed_attention),
+                                       compiler_options=opts),
+                "packed-one-pass": packed_at(capacities["packed-one-pass"]),
+            }
+            for method in args.methods:
+                row = {"dtype": dtype, "method": method, "batch": args.batch, "real_tokens": real,
+                       "computed_tokens": args.batch * t if method == "rect" else None}
+                if method.startswith("packed"):
+                    row["passes"] = packed_passes(lengths, capacities[method], t, fine=method != "packed-halvings")
+                    row["computed_tokens"] = sum(row["passes"])
+                log(f"{dtype} {method}: compiling and timing")
+                try:
+                    t_compile = time.perf_counter()
+                    vec = np.asarray(calls[method](params, cache, ids, lengths))
+                    row["first_call_s"] = time.perf_counter() - t_compile  # compile + one call
+                    seconds = time_calls(lambda p=params, c=cache: calls[method](p, c, ids, lengths), jax.block_until_ready,
+                                         args.iters)
+                except Exception as e:  # report and keep measuring the rest
+                    rows.append(row | {"error": f"{type(e).__name__}: {str(e)[:400]}"})
+                    log(rows[-1])
+                    continue
+                if args.profile:
+                    from scripts.kernel_times import print_summary, profile_call
 
-                summary = profile_call(lambda p=params, c=cache: calls[method](p, c, ids, lengths),
-                                       Path(args.profile) / f"{dtype}-{method}")
-                print_summary(summary, f"{dtype} {method}")
-                row["kernel_ms_by_kind"] = {line: s["by_kind_ms"] for line, s in summary.items()}
-                row["kernel_idle_ms"] = {line: round(s["idle_ms"], 3) for line, s in summary.items()}
-            hlo = None
-            if args.hlo_dir or (dtype.startswith("fp8") and method == "packed"):
-                hlo = calls[method].lower(params, cache, ids, lengths).compile().as_text()
-            if args.hlo_dir:
-                args.hlo_dir.mkdir(parents=True, exist_ok=True)
-                (args.hlo_dir / f"{dtype}-{method}.hlo.txt").write_text(hlo)
-            if dtype.startswith("fp8") and method == "packed":  # did the fp8 matmuls become cuBLASLt fp8 GEMMs?
-                row["cublaslt_fp8_gemm_calls_in_hlo"] = hlo.count("__cublas$lt$matmul$f8")
-            reference.setdefault(dtype, vec)
-            ref = reference.get("bfloat16", vec)
-            cos = (vec * ref).sum(-1) / np.linalg.norm(vec, axis=-1) / np.linalg.norm(ref, axis=-1)
-            rows.append(row | {"ms": seconds * 1e3, "prompts_per_s": args.batch / seconds,
-                               "real_tokens_per_s": real / seconds, "useful_tflops": useful / seconds / 1e12,
-                               "min_cosine_vs_first_bf16": float(cos.min()), "finite": bool(np.isfinite(vec).all())})
-            log({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()})
-        params = cache = None  # free them before the next dtype
-    fp8.swiglu_quantize, layer_ops._one_pass_kernels = swiglu_quantize, one_pass_kernels
-    model_module.residual_norm, moe_module.top_k_rows = residual_norm, top_k_rows
-    layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU = fused_combine, fp8_swiglu
-    moe_module.FP8_DOWN_SCALES, moe_module.ROW_COPY = fp8_down_scales, row_copy
-    moe_rows.pallas_gather_tuning = gather_tuning
+                    summary = profile_call(lambda p=params, c=cache: calls[method](p, c, ids, lengths),
+                                           Path(args.profile) / f"{dtype}-{method}")
+                    print_summary(summary, f"{dtype} {method}")
+                    row["kernel_ms_by_kind"] = {line: s["by_kind_ms"] for line, s in summary.items()}
+                    row["kernel_idle_ms"] = {line: round(s["idle_ms"], 3) for line, s in summary.items()}
+                hlo = None
+                if args.hlo_dir or (dtype.startswith("fp8") and method == "packed"):
+                    hlo = calls[method].lower(params, cache, ids, lengths).compile().as_text()
+                if args.hlo_dir:
+                    args.hlo_dir.mkdir(parents=True, exist_ok=True)
+                    (args.hlo_dir / f"{dtype}-{method}.hlo.txt").write_text(hlo)
+                if dtype.startswith("fp8") and method == "packed":  # did the fp8 matmuls become cuBLASLt fp8 GEMMs?
+                    row["cublaslt_fp8_gemm_calls_in_hlo"] = hlo.count("__cublas$lt$matmul$f8")
+                reference.setdefault(dtype, vec)
+                ref = reference.get("bfloat16", vec)
+                cos = (vec * ref).sum(-1) / np.linalg.norm(vec, axis=-1) / np.linalg.norm(ref, axis=-1)
+                rows.append(row | {"ms": seconds * 1e3, "prompts_per_s": args.batch / seconds,
+                                   "real_tokens_per_s": real / seconds, "useful_tflops": useful / seconds / 1e12,
+                                   "min_cosine_vs_first_bf16": float(cos.min()), "finite": bool(np.isfinite(vec).all())})
+                log({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()})
+            params = cache = None  # free them before the next dtype
+    finally:  # the module patches above, undone even when a model fails to build
+        fp8.swiglu_quantize, layer_ops._one_pass_kernels = swiglu_quantize, one_pass_kernels
+        model_module.residual_norm, moe_module.top_k_rows = residual_norm, top_k_rows
+        layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU = fused_combine, fp8_swiglu
+        moe_module.FP8_DOWN_SCALES, moe_module.ROW_COPY = fp8_down_scales, row_copy
+        moe_rows.pallas_gather_tuning = gather_tuning
     if args.no_gemm_ceiling:
         return {"capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's

@@ -126,7 +126,8 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = 
     """Times `jaxllm.grouped_gemm.tiled_grouped_matmul` on x's rows moved into its tile-aligned layout (the move is
     not timed: moe_block builds that layout in its dispatch) and checks it against the per-group reference (not
     with `swiglu`: its output is silu(gate) * up; tests/test_llm_grouped_gemm.py checks that). `scaled`: with
-    row and column scales applied in the epilogue (the fp8 experts' gate+up, `moe.FP8_SWIGLU` "epilogue")."""
+    row and column scales applied in the epilogue (the fp8 experts' gate+up with `moe.FP8_SWIGLU` "epilogue", and
+    down with `moe.FP8_DOWN_SCALES` "epilogue")."""
     import jax
     import jax.numpy as jnp
 

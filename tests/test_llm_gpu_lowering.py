@@ -1,8 +1,10 @@
 """The GPU paths' Pallas kernels (Mosaic GPU and Triton) lower for a CUDA GPU, checked on a CPU: JAX lowers every
 kernel when it lowers the program around it, so a kernel that a GPU backend cannot lower (a primitive Pallas Triton
 has no rule for, such as `jnp.any`'s reduce_or) fails here, in CI, instead of after minutes on a GPU. While tracing,
-the devices are faked as one Hopper GPU so that every GPU-only choice is taken; nothing is compiled or run (what
-only the GPU's compilers check, such as shared memory, is left to the GPU tests)."""
+`jax.devices()` answers one Hopper GPU, so the choices made from it (the tiled grouped GEMM, the Pallas row, norm,
+top-k and fp8 kernels) take their GPU forms; attention, chosen from `jax.default_backend()`, keeps its CPU form
+(cuDNN is left to the GPU tests). Nothing is compiled or run: what only the GPU's compilers check, such as shared
+memory, is left to the GPU tests too."""
 from __future__ import annotations
 
 import contextlib

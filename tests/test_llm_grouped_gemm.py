@@ -42,7 +42,6 @@ def test_tile_plan_puts_each_group_on_whole_tiles(sizes):
     given = tile_plan(jnp.asarray(sizes_np, jnp.int32), int(sizes_np.sum()), tm,
                       row_group=jnp.asarray(group_of_row, jnp.int32))
     np.testing.assert_array_equal(np.asarray(given.padded_row), padded_row)
-    np.testing.assert_array_equal(np.asarray(given.tile_groups), groups)
 
 
 def test_tiled_kernel_equals_ragged_dot_interpreted():
@@ -292,7 +291,7 @@ def test_fp8_swiglu_epilogue_interpreted():
     """The fp8 gate+up kernel with its row and column scales and SwiGLU in the epilogue, at the config the model
     uses (`moe.TILED_FP8_SWIGLU_CONFIG`, Mosaic GPU's interpreter), against silu(gate) * up of the scaled exact
     products of the e4m3 values: groups of several tiles, an empty one, part-filled ones (within the kernel's
-    bf16 output rounding); scales without SwiGLU are refused."""
+    bf16 output rounding); a row scale without its column scales is refused."""
     rng = np.random.default_rng(1)
     config, groups, k, f = moe.TILED_FP8_SWIGLU_CONFIG, 5, 256, 256
     sizes = np.array([300, 0, 129, 5, 200])
