@@ -363,14 +363,16 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
         def matmul(v: jax.Array, w: jax.Array, which: int) -> jax.Array:
             return tiled_grouped_matmul(v, w, groups, configs[which], interpret=interpret)
 
-        if (FP8_SWIGLU == "epilogue" and _fits(TILED_FP8_SWIGLU_CONFIG, f, d)
-                and TILED_FP8_SWIGLU_CONFIG.tile_m == configs[0].tile_m):
-            gate_up_swiglu = functools.partial(tiled_grouped_matmul, tile_groups=groups,
-                                               config=TILED_FP8_SWIGLU_CONFIG, swiglu=True, interpret=interpret)
-        if (FP8_DOWN_SCALES == "epilogue" and _fits(TILED_FP8_DOWN_SCALED_CONFIG, d, f)
-                and TILED_FP8_DOWN_SCALED_CONFIG.tile_m == configs[0].tile_m):  # the layout's row tiles
-            down_scaled = functools.partial(tiled_grouped_matmul, tile_groups=groups,
-                                            config=TILED_FP8_DOWN_SCALED_CONFIG, interpret=interpret)
+        def scaled_gemm(wanted: bool, config: TileConfig, out_n: int, k: int, **kwargs) -> Any:
+            """The tiled GEMM at `config` with its scales in the epilogue, where wanted and the config takes
+            these shapes and the layout's row tiles; else None."""
+            if wanted and _fits(config, out_n, k) and config.tile_m == configs[0].tile_m:
+                return functools.partial(tiled_grouped_matmul, tile_groups=groups, config=config,
+                                         interpret=interpret, **kwargs)
+            return None
+
+        gate_up_swiglu = scaled_gemm(FP8_SWIGLU == "epilogue", TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True)
+        down_scaled = scaled_gemm(FP8_DOWN_SCALES == "epilogue", TILED_FP8_DOWN_SCALED_CONFIG, d, f)
 
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)
         sources = plan.order // top_k

@@ -117,8 +117,8 @@ def gather_rows_pallas(values: jax.Array, source: jax.Array, interpret: bool = F
     padded = -(-m // rows) * rows
     source = jnp.pad(source.astype(jnp.int32), (0, padded - m), constant_values=n)
     out = pl.pallas_call(
-        functools.partial(_gather_block_kernel, num_rows=n, slices=column_slices(width, chunk))
-        if block else functools.partial(_gather_rows_kernel, num_rows=n, slices=column_slices(width, chunk)),
+        functools.partial(_gather_block_kernel if block else _gather_rows_kernel, num_rows=n,
+                          slices=column_slices(width, chunk)),
         out_shape=jax.ShapeDtypeStruct((padded, width), jnp.uint32),
         grid=(padded // rows,),
         in_specs=[pl.BlockSpec((rows,), lambda i: (i,)), pl.BlockSpec((n, width), lambda i: (0, 0))],

@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if time.perf_counter() - tune_start > args.tune_seconds:
                     log("tiled tuning: time budget spent")
                     break
-                if (n // (1 + swiglu)) % (2 * config.tile_n) or k % config.tile_k:
+                if not moe._fits(config, n // (1 + swiglu), k):
                     continue
                 time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=swiglu, scaled=scaled)
         if args.tune:
