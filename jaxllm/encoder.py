@@ -161,7 +161,12 @@ def encode_bucketed(params: Params, config: Qwen3Config, ids: jax.Array, lengths
     return vectors[jnp.argsort(order)]
 
 
-DEFAULT_CAPACITY = 32768  # tokens of the largest packed pass (GEMMs of 32K rows run near the card's peak)
+# tokens of the largest packed pass: 9 x 4,096, so that 128 Craftax-Symbolic prompts (~36,100 real tokens behind
+# the cached head) are one pass. Each pass reads every weight once (an MoE: every expert), and its last pass is
+# small and padded: at 32,768 the same tokens as 32,768 + 4,096 cost Qwen3-30B-A3B's fp8 encoder 20.5 ms and the
+# 4B's 11.8 ms more than one pass (an H200, 2026-11-28: docs/BENCHMARKS.md). A trainer window at 128 envs (136
+# prompts, 35-39K tokens) is one pass about half of the time.
+DEFAULT_CAPACITY = 36864
 
 
 def default_capacity(batch: int, max_len: int) -> int:
@@ -192,7 +197,7 @@ def pass_capacities(capacity: int, max_len: int, levels: int = 4, *, fine: bool 
     pass (a `lax.switch` branch), so small capacities (CPU runs, tests) keep the halvings. At
     capacity 32,768 that is 4,096, 6,144, 8,192, 12,288, 16,384 and 32,768: a trainer window of 136 Craftax
     prompts (~36,800 real tokens) then computes 1.9% fewer tokens on average than with halvings only
-    (docs/BENCHMARKS.md).
+    (docs/BENCHMARKS.md). At DEFAULT_CAPACITY (36,864): 4,608, 6,912, 9,216, 13,824, 18,432 and 36,864.
     """
     halvings = [int(capacity)]
     while len(halvings) < levels and halvings[-1] // 2 >= max_len:

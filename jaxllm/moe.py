@@ -111,10 +111,11 @@ TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, st
 # 2,048 float32 column scales with it). One bf16 rounding of each row either way. Read at trace time.
 FP8_DOWN_SCALES = "epilogue"
 
-# how the token rows reach the tiled layout (`moe_rows.layout_rows`): "gather" (each layout row reads its token's
-# row: k reads of every token row) or "scatter" (on a GPU each token row read once and stored to its k rows; not
-# yet measured inside the encoder: docs/BENCHMARKS.md). Read at trace time.
-ROW_COPY = "gather"
+# how the token rows reach the tiled layout (`moe_rows.layout_rows`): "scatter" (on a GPU each token row read once
+# and stored to its k rows; the 30B's fp8 encoder 5 ms faster than the gather on an H200, 2026-11-29:
+# docs/BENCHMARKS.md) or "gather" (each layout row reads its token's row: k reads of every token row). Read at
+# trace time.
+ROW_COPY = "scatter"
 
 # where the fp8 experts apply gate+up's scales and SwiGLU on the tiled kernel: "epilogue" (the GEMM scales and
 # SwiGLUs its float32 accumulators and writes bf16 [R, F], which one pass quantises: half the bytes through

@@ -20,7 +20,8 @@ Rows whose index is out of range (>= the row count: the tiled layout's padding r
 
 Scatter: `scatter_rows_pallas` makes the same layout the other way round, each token row read once and stored to
 its k rows (a gather reads each token row k times, and its copies push the token rows out of L2). `layout_rows`
-picks the gather (the default) or the scatter (`moe.ROW_COPY`); the scatter is not yet measured in the encoder.
+picks the scatter (`moe.ROW_COPY`'s default) or the gather. In the 30B's fp8 encoder on an H200 (2026-11-29) the
+scatter took 8.2 + 1.4 ms of a call where the block gather took 12.9 + 1.4 (the call 353.5 against 358.8 ms).
 
 Combine: each token's output is the sum over its k expert rows of routing weight x row (for fp8 experts, x the
 row's scale x its expert's column scales), in float32, rounded once. `combine_rows_reference` is XLA's form;
@@ -224,10 +225,10 @@ ROW_COPY_IMPLS = ("scatter", "gather")
 def layout_rows(values: jax.Array, source: jax.Array, slot_row: jax.Array, impl: str | None = None) -> jax.Array:
     """The token rows values [N, W] in the experts' row layout: row r is values[source[r]], zeros where
     source[r] >= N; slot_row int32 [N, k] names the row of each (token, expert) copy (each row named at most
-    once). impl: "gather" (`gather_rows`, the default) or "scatter" (`scatter_rows_pallas` on a GPU, for rows of
-    whole 4-byte words: each token row read once; the gather elsewhere). Same bits either way."""
+    once). impl: "scatter" (the default: `scatter_rows_pallas` on a GPU, for rows of whole 4-byte words, each token
+    row read once; the gather elsewhere) or "gather" (`gather_rows`). Same bits either way."""
     on_gpu = jax.devices()[0].platform == "gpu"
-    impl = impl or "gather"
+    impl = impl or "scatter"
     if impl not in ROW_COPY_IMPLS:
         raise ValueError(f"row copy impl must be one of {ROW_COPY_IMPLS}, got {impl!r}")
     if impl == "scatter" and on_gpu and _as_words(values) is not None:

@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
                    choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms",
                             "fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel", "fp8-moe-down-scales-combine",
-                            "fp8-moe-scatter", "fp8-moe-gather-row-by-row", "float32"],
+                            "fp8-moe-gather", "bfloat16-moe-gather", "fp8-moe-gather-row-by-row", "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
                         "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
@@ -68,10 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(layer_ops.FUSED_MOE_COMBINE) instead of its own kernel; fp8-moe-swiglu-kernel: the fp8 "
                         "experts' gate+up scales and SwiGLU in their own kernel after the grouped GEMM instead of its "
                         "epilogue, moe.FP8_SWIGLU = 'kernel'; fp8-moe-down-scales-combine: down's scales applied in the "
-                        "combine instead of down's epilogue, moe.FP8_DOWN_SCALES = 'combine'; fp8-moe-scatter: the token "
-                        "rows scattered into the experts' layout instead of gathered, moe.ROW_COPY = 'scatter'; "
-                        "fp8-moe-gather-row-by-row: the gather's kernel as before 2026-11-29, 4 rows x 4 warps a "
-                        "program copied row by row, instead of 16-row block loads)")
+                        "combine instead of down's epilogue, moe.FP8_DOWN_SCALES = 'combine'; fp8-moe-gather, "
+                        "bfloat16-moe-gather: the token rows gathered into the experts' layout (16-row block loads) "
+                        "instead of scattered, moe.ROW_COPY = 'gather'; fp8-moe-gather-row-by-row: gathered by the "
+                        "kernel as before 2026-11-29, 4 rows x 4 warps a program copied row by row)")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -309,7 +309,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
             layer_ops.FUSED_MOE_COMBINE = dtype == "fp8-moe-fused-combine" or fused_combine
             moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
             moe_module.FP8_DOWN_SCALES = "combine" if dtype == "fp8-moe-down-scales-combine" else fp8_down_scales
-            moe_module.ROW_COPY = "scatter" if dtype == "fp8-moe-scatter" else row_copy
+            moe_module.ROW_COPY = "gather" if "moe-gather" in dtype else row_copy
             moe_rows.pallas_gather_tuning = ((lambda row_bytes: {"rows": 4, "num_warps": 4})
                                              if dtype == "fp8-moe-gather-row-by-row" else gather_tuning)
             if config.is_moe:

@@ -41,10 +41,9 @@
 #   bash scripts/gpu_moe.sh downscales OUT  # the fp8 GPU tests of the epilogues and the gather, the fp8 encoders'
 #                                         # ratio with down's scales in its epilogue (the default) and in the
 #                                         # combine (one process, profiled), the 4B's fp8 encoder, ~8 min
-#   bash scripts/gpu_moe.sh scatter OUT   # the token rows scattered into the experts' layout (moe.ROW_COPY): the GPU
-#                                         # tests, the 30B's fp8 encoder gathering in block loads (the default),
-#                                         # scattering, and gathering row by row (as before 2026-11-29; one process,
-#                                         # profiled), the 4B's fp8 encoder, the 30B fp8 trainer cold, ~9.5 min
+#   bash scripts/gpu_moe.sh defaults OUT  # the defaults (token rows scattered, passes of up to 36,864 tokens): the
+#                                         # 30B's encoder in fp8 and bf16, each also with the rows gathered (one
+#                                         # process), the 4B's in fp8 and bf16, the 30B fp8 trainer cold, ~9 min
 #   bash scripts/gpu_moe.sh onepass OUT   # both fp8 encoders packed at the default capacity and in one pass of every
 #                                         # real token (packed-one-pass), then the 30B fp8 trainer cold with a window
 #                                         # in one pass (--llm-capacity 38912), ~8 min
@@ -53,7 +52,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | scatter | onepass | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | onepass | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -198,13 +197,13 @@ case $stage in
     run encoder_qwen3-4b 120 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
-  scatter)
-    run gpu_tests 110 python3 -m pytest -q tests/test_llm_moe_rows.py tests/test_llm_grouped_gemm.py \
-      -k "gpu"
-    run encoder_qwen3-30b-a3b 270 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
-      --dtypes fp8 fp8-moe-scatter fp8-moe-gather-row-by-row --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
+  defaults)
+    # the defaults since 2026-11-29's eleventh session (rows scattered, passes of up to 36,864 tokens), each model's
+    # rows in one process: the 30B's bf16 and fp8 also with the rows gathered (moe.ROW_COPY = "gather")
+    run encoder_qwen3-30b-a3b 300 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-gather bfloat16 bfloat16-moe-gather --methods packed --no-hf --no-gemm-ceiling \
       --out "$out/encoder_qwen3-30b-a3b.json"
-    run encoder_qwen3-4b 150 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
+    run encoder_qwen3-4b 150 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 bfloat16 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     # the trainer cold with what is left of a 540 s call (SECONDS: since the script started), if 100 s or more
     left=$((540 - SECONDS))

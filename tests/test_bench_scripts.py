@@ -54,6 +54,10 @@ def test_bench_encoder_counts_the_passes_the_encoder_plans():
     assert bench_encoder.packed_passes([282] * 132, 32768, 1138) == [32768, 6144]  # 4,512 left
     assert bench_encoder.packed_passes([282] * 132, 32768, 1138, fine=False) == [32768, 8192]
     assert bench_encoder.packed_passes([0, 5, 0], 24, 12) == [12]
+    # at the default capacity (36,864) 128 such prompts are one pass; 136 (a trainer window) one only if shorter
+    assert bench_encoder.packed_passes([282] * 128, 36864, 1138) == [36864]
+    assert bench_encoder.packed_passes([282] * 136, 36864, 1138) == [36864, 4608]
+    assert bench_encoder.packed_passes([270] * 136, 36864, 1138) == [36864]
 
 
 def test_bench_encoder_ragged_moe_rows_smoke():

@@ -67,8 +67,10 @@ def test_fp8_moe_block_lowers_for_a_hopper_gpu(monkeypatch, swiglu, down_scales,
         assert kernel in text, kernel
 
 
-def test_bf16_moe_block_lowers_for_a_hopper_gpu():
-    """The bf16 block: the tiled kernel with SwiGLU in its epilogue, the row gather and the combine."""
+@pytest.mark.parametrize("row_copy", ["scatter", "gather"])
+def test_bf16_moe_block_lowers_for_a_hopper_gpu(monkeypatch, row_copy):
+    """The bf16 block: the tiled kernel with SwiGLU in its epilogue, the row copy each way and the combine."""
+    monkeypatch.setattr(moe, "ROW_COPY", row_copy)
     e, d, f = 8, 2048, 768
     params = {"router": jax.ShapeDtypeStruct((d, e), jnp.bfloat16),
               "gate_up": jax.ShapeDtypeStruct((2, e, 2 * f, d), jnp.bfloat16),
@@ -76,7 +78,7 @@ def test_bf16_moe_block_lowers_for_a_hopper_gpu():
     text = lowered_for_cuda(lambda x, p: moe.moe_block(x, p, 8, True, impl="tiled", layer=jnp.int32(1)),
                             jax.ShapeDtypeStruct((1024, d), jnp.bfloat16), params)
     assert text.count("mosaic_gpu") >= 2
-    for kernel in ("gather_rows", "top_k_rows", "combine_rows"):
+    for kernel in (f"{row_copy}_rows", "top_k_rows", "combine_rows"):
         assert kernel in text, kernel
 
 
@@ -96,6 +98,6 @@ def test_fp8_encoder_lowers_for_a_hopper_gpu(sparse):
         params = jax.eval_shape(lambda: quantize_params(init_params(config, jnp.bfloat16, 0, fp8_experts=sparse)))
     text = lowered_for_cuda(lambda p, i, n: encode_packed(p, config, i, n, capacity=256), params,
                             jax.ShapeDtypeStruct((4, 64), jnp.int32), jax.ShapeDtypeStruct((4,), jnp.int32))
-    layer_kernels = ("mosaic_gpu", "gather_rows", "combine_rows") if sparse else ("swiglu_quantize",)
+    layer_kernels = ("mosaic_gpu", f"{moe.ROW_COPY}_rows", "combine_rows") if sparse else ("swiglu_quantize",)
     for kernel in ("residual_norm_quantize", "head_norm_rope") + layer_kernels:
         assert kernel in text, kernel

@@ -381,7 +381,7 @@ def test_packed_plan_sees_the_width_only_through_the_attention():
     from jaxllm.encoder import packed_plan
 
     impl, capacity, sizes, per_pass = packed_plan(256, 1138, None, jnp.float32)
-    assert impl == "xla" and capacity == 32768 and per_pass == 1138 and sizes[-1] == 32768
+    assert impl == "xla" and capacity == 36864 and per_pass == 1138 and sizes[-1] == 36864  # DEFAULT_CAPACITY
     assert packed_plan(256, 1138, None, jnp.float32) != packed_plan(256, 1170, None, jnp.float32)
 
 
