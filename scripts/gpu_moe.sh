@@ -44,6 +44,8 @@
 #   bash scripts/gpu_moe.sh defaults OUT  # the defaults (token rows scattered, passes of up to 36,864 tokens): the
 #                                         # 30B's encoder in fp8 and bf16, each also with the rows gathered (one
 #                                         # process), the 4B's in fp8 and bf16, the 30B fp8 trainer cold, ~9 min
+#   bash scripts/gpu_moe.sh capacity OUT  # both fp8 trainers cold (128 envs, skip_n 8, 5 updates) with passes of up
+#                                         # to 36,864 tokens (the default) and of 32,768 (before), GPU memory, ~8 min
 #   bash scripts/gpu_moe.sh onepass OUT   # both fp8 encoders packed at the default capacity and in one pass of every
 #                                         # real token (packed-one-pass), then the 30B fp8 trainer cold with a window
 #                                         # in one pass (--llm-capacity 38912), ~8 min
@@ -52,7 +54,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | onepass | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | onepass | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -209,6 +211,22 @@ case $stage in
     left=$((540 - SECONDS))
     [ "$left" -ge 100 ] && run train_30b_fp8 "$left" python3 -m rl.train --encoder inscan --model qwen3-30b-a3b \
       --llm-dtype fp8 --skip-n 8 --num-envs 128 --max-updates 3 --compile-cache off --run-dir /tmp/run30b-fp8
+    ;;
+  capacity)
+    # the trainer with packed passes of up to 36,864 tokens (the default since 2026-11-29) against 32,768 (before):
+    # both fp8 models cold, 128 envs, skip_n 8, 5 updates each, the GPU memory in use sampled every second
+    sample_memory & sampler=$!
+    for model in qwen3-30b-a3b qwen3-4b; do
+      for cap in 0 32768; do
+        run "train_${model}_fp8_capacity_$cap" "$([ "$model" = qwen3-4b ] && echo 120 || echo 150)" \
+          python3 -m rl.train --encoder inscan --model "$model" --llm-dtype fp8 --skip-n 8 --num-envs 128 \
+          --max-updates 5 --llm-capacity "$cap" --compile-cache off --run-dir "/tmp/run-$model-$cap"
+        tail -n 4 "/tmp/run-$model-$cap/metrics.jsonl" > "$out/metrics_${model}_$cap.jsonl" 2>/dev/null
+      done
+    done
+    kill "$sampler"
+    echo "peak GPU memory in use per step (MiB, nvidia-smi):"
+    sort -t, -k2 -n "$out/memory.csv" | awk -F, '{peak[$1] = $2} END {for (s in peak) print s, peak[s]}'
     ;;
   onepass)
     for model in qwen3-30b-a3b qwen3-4b; do
