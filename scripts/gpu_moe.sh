@@ -46,15 +46,12 @@
 #                                         # process), the 4B's in fp8 and bf16, the 30B fp8 trainer cold, ~9 min
 #   bash scripts/gpu_moe.sh capacity OUT  # both fp8 trainers cold (128 envs, skip_n 8, 5 updates) with passes of up
 #                                         # to 36,864 tokens (the default) and of 32,768 (before), GPU memory, ~8 min
-#   bash scripts/gpu_moe.sh onepass OUT   # both fp8 encoders packed at the default capacity and in one pass of every
-#                                         # real token (packed-one-pass), then the 30B fp8 trainer cold with a window
-#                                         # in one pass (--llm-capacity 38912), ~8 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | onepass | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -227,14 +224,6 @@ case $stage in
     kill "$sampler"
     echo "peak GPU memory in use per step (MiB, nvidia-smi):"
     sort -t, -k2 -n "$out/memory.csv" | awk -F, '{peak[$1] = $2} END {for (s in peak) print s, peak[s]}'
-    ;;
-  onepass)
-    for model in qwen3-30b-a3b qwen3-4b; do
-      run "encoder_$model" 200 python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes fp8 \
-        --methods packed packed-one-pass --no-hf --no-gemm-ceiling --out "$out/encoder_$model.json"
-    done
-    run train_30b_fp8_one_pass 150 python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 \
-      --skip-n 8 --num-envs 128 --max-updates 4 --llm-capacity 38912 --compile-cache off --run-dir /tmp/run30b-fp8
     ;;
   fp8kernels)
     run moe_fp8 280 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform --tune-tiled \
