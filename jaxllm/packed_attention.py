@@ -18,9 +18,16 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from .fp8 import QuantizedRows, native_fp8_available, quantize
 from .private_jax import cudnn_attention_module, probe
 
 PACKED_ATTENTION_IMPLS = ("xla", "cudnn")
+
+# whether an fp8 model's packed attention with cuDNN merges its two halves inside o_proj's input quantisation (one
+# Pallas kernel, `fp8_kernels.merge_quantize_pallas`: the merged bf16 rows never go to memory) instead of XLA's
+# merge fusion followed by the one-pass quantisation kernel. Same numbers. Not yet measured on a GPU, so off.
+# Read at trace time.
+FUSED_MERGE_QUANTIZE = False
 
 
 @flax.struct.dataclass
@@ -89,32 +96,52 @@ def _windowed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.
     return out.reshape(1, c, hq, hd).astype(q.dtype)
 
 
-def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
-                     prefix_v: jax.Array | None, seg: Segments) -> jax.Array:
-    """The "cudnn" implementation (same arguments as `_windowed_attention`)."""
+def _cudnn_halves(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array,
+                  seg: Segments) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """cuDNN's two halves of the "cudnn" implementation with a prefix: (out_p, out_r [1, C, Hq, hd] in q's dtype:
+    the prefix half and the packed half, w_p, w_r [1, C, Hq] float32: their softmax weights, from the float32
+    log-sum-exps). Empty slots belong to no cuDNN segment: their packed half is undefined (any bits) and its
+    weight 0, so they take the prefix half alone."""
     cudnn = cudnn_attention_module()
     scale = q.shape[-1] ** -0.5
-    rows = seg.seqlens.shape[0]
-    grid = lambda x: x.reshape(rows, x.shape[1] // rows, *x.shape[2:])  # [1, C, ...] -> [rows, C / rows, ...]
-    out_r, lse_r = cudnn.dot_product_attention(
-        grid(q), grid(k), grid(v), q_seqlen=seg.seqlens, kv_seqlen=seg.seqlens, q_offsets=seg.offsets,
-        kv_offsets=seg.offsets, scale=scale, mask_type=cudnn.MaskType.CAUSAL, return_residual=True)
-    out_r = out_r.reshape(q.shape)
-    if prefix_k is None:
-        return out_r
+    out_r, lse_r = _cudnn_packed_half(q, k, v, seg)
     out_p, lse_p = cudnn.dot_product_attention(q, prefix_k[None], prefix_v[None], scale=scale,
                                                mask_type=cudnn.MaskType.NO_MASK, return_residual=True)
     # The packed call's statistics come per segment, padded: [grid cells, Hq, C / rows]; slot s's is
     # [rank, :, position] (the cells hold the segments in slot order, see `Segments`).
     lse_r = lse_r[seg.rank, :, seg.position][None].astype(jnp.float32)  # [1, C, Hq]
     lse_p = jnp.swapaxes(lse_p, 1, 2).astype(jnp.float32)
-    # Empty slots belong to no cuDNN segment: their rest half is undefined, so they take the prefix half alone.
-    empty = ~seg.valid[None, :, None] | ~jnp.isfinite(lse_r)
-    lse_r = jnp.where(empty, -jnp.inf, lse_r)
+    lse_r = jnp.where(~seg.valid[None, :, None] | ~jnp.isfinite(lse_r), -jnp.inf, lse_r)
     lse = jnp.logaddexp(lse_p, lse_r)
-    w_p, w_r = jnp.exp(lse_p - lse)[..., None], jnp.exp(lse_r - lse)[..., None]
-    out_r = jnp.where(empty[..., None], 0.0, out_r.astype(jnp.float32))
-    return (out_p.astype(jnp.float32) * w_p + out_r * w_r).astype(q.dtype)
+    return out_p, out_r, jnp.exp(lse_p - lse), jnp.exp(lse_r - lse)
+
+
+def _cudnn_packed_half(q: jax.Array, k: jax.Array, v: jax.Array, seg: Segments) -> tuple[jax.Array, jax.Array]:
+    """cuDNN's flash attention of each packed prompt over its own earlier slots: (out [1, C, Hq, hd], its
+    statistics per grid cell [cells, Hq, C / rows])."""
+    cudnn = cudnn_attention_module()
+    rows = seg.seqlens.shape[0]
+    grid = lambda x: x.reshape(rows, x.shape[1] // rows, *x.shape[2:])  # [1, C, ...] -> [rows, C / rows, ...]
+    out_r, lse_r = cudnn.dot_product_attention(
+        grid(q), grid(k), grid(v), q_seqlen=seg.seqlens, kv_seqlen=seg.seqlens, q_offsets=seg.offsets,
+        kv_offsets=seg.offsets, scale=q.shape[-1] ** -0.5, mask_type=cudnn.MaskType.CAUSAL, return_residual=True)
+    return out_r.reshape(q.shape), lse_r
+
+
+def merge_halves(out_p: jax.Array, out_r: jax.Array, w_p: jax.Array, w_r: jax.Array, dtype: Any) -> jax.Array:
+    """The attention output from its prefix and packed halves (`_cudnn_halves`), in float32, rounded once to
+    `dtype`: out_p * w_p + out_r * w_r per head, where a packed half of weight 0 counts 0 whatever its bits
+    (empty slots)."""
+    rest = jnp.where(w_r[..., None] > 0, out_r.astype(jnp.float32) * w_r[..., None], 0.0)
+    return (out_p.astype(jnp.float32) * w_p[..., None] + rest).astype(dtype)
+
+
+def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
+                     prefix_v: jax.Array | None, seg: Segments) -> jax.Array:
+    """The "cudnn" implementation (same arguments as `_windowed_attention`)."""
+    if prefix_k is None:
+        return _cudnn_packed_half(q, k, v, seg)[0]
+    return merge_halves(*_cudnn_halves(q, k, v, prefix_k, prefix_v, seg), q.dtype)
 
 
 def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
@@ -127,6 +154,24 @@ def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Arr
         return _windowed_attention(q, k, v, prefix_k, prefix_v, segments)
     raise ValueError(f"packed attention implementation must be one of {PACKED_ATTENTION_IMPLS}, got "
                      f"{implementation!r}")
+
+
+def packed_attention_quantized(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
+                               prefix_v: jax.Array | None, segments: Segments,
+                               implementation: str = "xla") -> QuantizedRows:
+    """`packed_attention`'s output as rows [1, C, Hq * hd] quantised for an fp8 GEMM (o_proj's input: `fp8.quantize`
+    in one pass). With cuDNN, a prefix, FP8 tensor cores and `FUSED_MERGE_QUANTIZE`, the merge of the two halves
+    happens inside the quantisation kernel."""
+    _, c, hq, hd = q.shape
+    if implementation == "cudnn" and prefix_k is not None and FUSED_MERGE_QUANTIZE and native_fp8_available():
+        from .fp8_kernels import merge_quantize_pallas
+
+        out_p, out_r, w_p, w_r = _cudnn_halves(q, k, v, prefix_k, prefix_v, segments)
+        values, scale = merge_quantize_pallas(out_p.reshape(c, hq * hd), out_r.reshape(c, hq * hd),
+                                              w_p.reshape(c, hq), w_r.reshape(c, hq), head_dim=hd)
+        return QuantizedRows(values.reshape(1, c, hq * hd), scale.reshape(1, c), q.dtype)
+    out = packed_attention(q, k, v, prefix_k, prefix_v, segments, implementation)
+    return quantize(out.reshape(1, c, hq * hd), one_pass=True)
 
 
 @functools.cache

@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
                    choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms",
                             "fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel", "fp8-moe-down-scales-combine",
-                            "fp8-moe-gather", "bfloat16-moe-gather", "fp8-moe-gather-row-by-row", "float32"],
+                            "fp8-moe-gather", "bfloat16-moe-gather", "fp8-moe-gather-row-by-row", "fp8-fused-merge",
+                            "float32"],
                    help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
                         "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
                         "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
@@ -71,7 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "combine instead of down's epilogue, moe.FP8_DOWN_SCALES = 'combine'; fp8-moe-gather, "
                         "bfloat16-moe-gather: the token rows gathered into the experts' layout (16-row block loads) "
                         "instead of scattered, moe.ROW_COPY = 'gather'; fp8-moe-gather-row-by-row: gathered by the "
-                        "kernel as before 2026-11-29, 4 rows x 4 warps a program copied row by row)")
+                        "kernel as before 2026-11-29, 4 rows x 4 warps a program copied row by row; fp8-fused-merge: the "
+                        "packed attention's two cuDNN halves merged inside o_proj's input quantisation, "
+                        "packed_attention.FUSED_MERGE_QUANTIZE = True)")
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -272,6 +275,8 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     top_k_rows = moe_module.top_k_rows
     fused_combine, fp8_swiglu = layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU
     fp8_down_scales, row_copy = moe_module.FP8_DOWN_SCALES, moe_module.ROW_COPY
+    from jaxllm import packed_attention as attention_module
+    fused_merge = attention_module.FUSED_MERGE_QUANTIZE
     from jaxllm import moe_rows
     gather_tuning = moe_rows.pallas_gather_tuning
 
@@ -310,6 +315,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
             moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
             moe_module.FP8_DOWN_SCALES = "combine" if dtype == "fp8-moe-down-scales-combine" else fp8_down_scales
             moe_module.ROW_COPY = "gather" if "moe-gather" in dtype else row_copy
+            attention_module.FUSED_MERGE_QUANTIZE = dtype == "fp8-fused-merge" or fused_merge
             moe_rows.pallas_gather_tuning = ((lambda row_bytes: {"rows": 4, "num_warps": 4})
                                              if dtype == "fp8-moe-gather-row-by-row" else gather_tuning)
             if config.is_moe:
@@ -380,6 +386,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         model_module.residual_norm, moe_module.top_k_rows = residual_norm, top_k_rows
         layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU = fused_combine, fp8_swiglu
         moe_module.FP8_DOWN_SCALES, moe_module.ROW_COPY = fp8_down_scales, row_copy
+        attention_module.FUSED_MERGE_QUANTIZE = fused_merge
         moe_rows.pallas_gather_tuning = gather_tuning
     if args.no_gemm_ceiling:
         return {"capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}

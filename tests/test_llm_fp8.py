@@ -505,3 +505,75 @@ def test_compiled_one_pass_kernels_match_xla_forms_at_the_4b_widths():
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32).reshape(n, heads * head_dim)
     assert (got != want).mean() <= 0.01
     np.testing.assert_allclose(got, want, rtol=0, atol=2.0 ** -7 * np.abs(want).max())
+
+
+def _attention_halves(tokens: int, heads: int, head_dim: int, seed: int = 0):
+    """Two halves of packed attention as cuDNN gives them ([N, H * hd] bf16) and their softmax weights ([N, H]
+    float32, summing to 1 per head); every fifth row an empty slot: weight 0 on a packed half of NaN bits."""
+    keys = jax.random.split(jax.random.key(seed), 3)
+    shape = (tokens, heads * head_dim)
+    prefix = jax.random.normal(keys[0], shape, jnp.bfloat16)
+    rest = jax.random.normal(keys[1], shape, jnp.bfloat16) * 3
+    w_p = jax.random.uniform(keys[2], (tokens, heads), minval=0.0, maxval=1.0)
+    empty = (jnp.arange(tokens) % 5 == 4)[:, None]
+    w_p = jnp.where(empty, 1.0, w_p)
+    rest = jnp.where(empty, jnp.nan, rest)
+    return prefix, rest, w_p, 1.0 - w_p
+
+
+@pytest.mark.parametrize("tokens, heads, head_dim, block_rows", [(13, 4, 64, 1), (9, 2, 128, 4)])
+def test_pallas_merge_quantize_kernel_equals_merge_then_quantise(tokens, heads, head_dim, block_rows, on_cpu):
+    """`merge_quantize_pallas` (Pallas's interpreter) against XLA's merge of the two halves followed by the rows'
+    quantisation, bit for bit; an empty slot's NaN packed half (weight 0) leaves no trace."""
+    from jaxllm.packed_attention import merge_halves
+
+    prefix, rest, w_p, w_r = _attention_halves(tokens, heads, head_dim)
+    got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, head_dim=head_dim, interpret=True,
+                                            rows=block_rows)
+    split = lambda a: a.reshape(tokens, heads, head_dim)
+    merged = merge_halves(split(prefix), split(rest), w_p, w_r, jnp.bfloat16).reshape(tokens, -1)
+    want = fp8.quantize_rows(merged)
+    assert np.isfinite(np.asarray(got[1])).all()
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
+    with pytest.raises(ValueError, match="head_dim 48 must be a power of two"):
+        fp8_kernels.merge_quantize_pallas(prefix[:, :96], rest[:, :96], w_p[:, :2], w_r[:, :2], head_dim=48,
+                                          interpret=True)
+
+
+@pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
+def test_compiled_merge_quantize_kernel_matches_its_xla_form_at_the_30b_width():
+    """On the GPU: the compiled kernel against XLA's merge then quantisation at Qwen3-30B-A3B's attention width
+    (32 heads of 128), up to float32 contraction in the merge (a value may round to the neighbouring step)."""
+    from jaxllm.packed_attention import merge_halves
+
+    prefix, rest, w_p, w_r = _attention_halves(4099, 32, 128, seed=5)
+    got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, head_dim=128)
+    split = lambda a: a.reshape(4099, 32, 128)
+    want = jax.jit(lambda *a: fp8.quantize_rows(merge_halves(*a, jnp.bfloat16).reshape(4099, -1)))(
+        split(prefix), split(rest), w_p, w_r)
+    assert_quantized_close(got, want)
+
+
+def test_packed_attention_quantized_merges_in_the_kernel_as_xla_does(monkeypatch, on_cpu):
+    """`packed_attention_quantized` with cuDNN's halves (here made up on the CPU): the fused kernel's rows
+    (`FUSED_MERGE_QUANTIZE`, interpreted) equal XLA's merge then quantisation, in o_proj's [1, C, Hq * hd] layout."""
+    from jaxllm import packed_attention as pa
+
+    tokens, heads, head_dim = 11, 4, 32
+    prefix, rest, w_p, w_r = _attention_halves(tokens, heads, head_dim, seed=2)
+    split = lambda a: a.reshape(1, tokens, heads, head_dim)
+    monkeypatch.setattr(pa, "_cudnn_halves", lambda *args: (split(prefix), split(rest), w_p[None], w_r[None]))
+    monkeypatch.setattr(pa, "native_fp8_available", lambda: True)
+    monkeypatch.setattr(fp8_kernels, "merge_quantize_pallas",
+                        functools.partial(fp8_kernels.merge_quantize_pallas, interpret=True))
+    q = jnp.zeros((1, tokens, heads, head_dim), jnp.bfloat16)
+    kv = jnp.zeros((1, tokens, 1, head_dim), jnp.bfloat16)
+    prefix_kv = jnp.zeros((3, 1, head_dim), jnp.bfloat16)
+    rows = {}
+    for fused in (True, False):
+        monkeypatch.setattr(pa, "FUSED_MERGE_QUANTIZE", fused)
+        rows[fused] = pa.packed_attention_quantized(q, kv, kv, prefix_kv, prefix_kv, None, "cudnn")
+    assert rows[True].values.shape == (1, tokens, heads * head_dim) and rows[True].scale.shape == (1, tokens)
+    for got, want in ((rows[True].values, rows[False].values), (rows[True].scale, rows[False].scale)):
+        np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))

@@ -101,3 +101,13 @@ def test_fp8_encoder_lowers_for_a_hopper_gpu(sparse):
     layer_kernels = ("mosaic_gpu", f"{moe.ROW_COPY}_rows", "combine_rows") if sparse else ("swiglu_quantize",)
     for kernel in ("residual_norm_quantize", "head_norm_rope") + layer_kernels:
         assert kernel in text, kernel
+
+
+def test_merge_quantize_kernel_lowers_for_a_hopper_gpu():
+    """Packed attention's two halves merged inside o_proj's input quantisation (`packed_attention.FUSED_MERGE_QUANTIZE`;
+    cuDNN itself cannot be lowered without a GPU), at Qwen3-30B-A3B's 32 heads of 128."""
+    from jaxllm.fp8_kernels import merge_quantize_pallas
+
+    half, weight = jax.ShapeDtypeStruct((1024, 4096), jnp.bfloat16), jax.ShapeDtypeStruct((1024, 32), jnp.float32)
+    text = lowered_for_cuda(lambda *a: merge_quantize_pallas(*a, head_dim=128), half, half, weight, weight)
+    assert "merge_quantize" in text
