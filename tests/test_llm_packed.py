@@ -274,3 +274,57 @@ def test_trainer_refuses_a_capacity_below_the_templates_max_len(templates):
     with pytest.raises(ValueError, match=rf"--llm-capacity 100 .*max_len {tpl.max_len}"):
         make_inscan_encoder(tpl, CONFIG, layer=-1, pooling="last", method="packed", capacity=100)
     make_inscan_encoder(tpl, CONFIG, layer=-1, pooling="last", method="packed", capacity=tpl.max_len)  # fine
+
+
+def test_cudnn_halves_merge_by_their_log_sum_exps(monkeypatch):
+    """The "cudnn" implementation's merge of its two calls (cuDNN itself replaced by made-up outputs and
+    statistics, so it runs on a CPU), against numpy: each head's prefix and packed halves weighted by
+    exp(log-sum-exp); an empty slot (not valid, or its statistic -inf) takes the prefix half alone, whatever bits
+    its packed half holds."""
+    import enum
+    import types
+
+    from jaxllm import packed_attention as pa
+
+    c, rows, cells, heads, hd = 32, 2, 8, 4, 16
+    rng = np.random.default_rng(0)
+    out_r = rng.standard_normal((1, c, heads, hd)).astype(np.float32)
+    out_p = rng.standard_normal((1, c, heads, hd)).astype(np.float32)
+    lse_r = rng.standard_normal((cells, heads, c // rows)).astype(np.float32) * 2  # cuDNN's per-cell layout
+    lse_p = rng.standard_normal((1, heads, c)).astype(np.float32) * 2
+    rank, position = rng.integers(0, cells, c), rng.integers(0, c // rows, c)
+    valid = np.ones(c, bool)
+    valid[[3, 20]] = False
+    out_r[0, 3] = np.nan  # an empty slot's packed half is undefined
+    lse_r[rank[11], :, position[11]] = -np.inf  # and a slot cuDNN left without a statistic
+    out_r[0, 11] = np.nan
+
+    class MaskType(enum.Enum):
+        CAUSAL = 1
+        NO_MASK = 2
+
+    def dot_product_attention(q, k, v, *, mask_type, **kwargs):
+        if mask_type is MaskType.CAUSAL:
+            assert q.shape == (rows, c // rows, heads, hd)  # the packed call sees the grid's rows
+            return jnp.asarray(out_r, q.dtype).reshape(q.shape), jnp.asarray(lse_r)
+        return jnp.asarray(out_p, q.dtype), jnp.asarray(lse_p)
+
+    fake = types.SimpleNamespace(dot_product_attention=dot_product_attention, MaskType=MaskType)
+    monkeypatch.setattr(pa, "cudnn_attention_module", lambda: fake)
+    seg = pa.Segments(segment=jnp.zeros(c, jnp.int32), valid=jnp.asarray(valid), position=jnp.asarray(position),
+                      rank=jnp.asarray(rank), seqlens=jnp.zeros((rows, cells // rows), jnp.int32),
+                      offsets=jnp.zeros((rows, cells // rows + 1), jnp.int32), max_len=8)
+    q = jnp.zeros((1, c, heads, hd), jnp.float32)
+    kv, prefix_kv = jnp.zeros((1, c, 2, hd), jnp.float32), jnp.zeros((5, 2, hd), jnp.float32)
+    got = np.asarray(pa.packed_attention(q, kv, kv, prefix_kv, prefix_kv, seg, "cudnn"))
+
+    slot_lse_r = lse_r[rank, :, position]  # [C, heads]
+    slot_lse_p = lse_p[0].T
+    empty = ~valid[:, None] | ~np.isfinite(slot_lse_r)
+    e_p = np.exp(slot_lse_p)
+    e_r = np.where(empty, 0.0, np.exp(np.where(empty, 0.0, slot_lse_r)))
+    rest = np.where(empty[..., None], 0.0, np.nan_to_num(out_r[0]))
+    want = (out_p[0] * e_p[..., None] + rest * e_r[..., None]) / (e_p + e_r)[..., None]
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+    without_prefix = np.asarray(pa.packed_attention(q, kv, kv, None, None, seg, "cudnn"))
+    np.testing.assert_array_equal(without_prefix, out_r)
