@@ -29,10 +29,7 @@ from jax import lax
 class TileConfig(NamedTuple):
     """Block sizes. A CTA computes tile_m rows x (2 * tile_n) columns (one tile_n slice per compute warpgroup),
     stepping tile_k deep through `stages` shared-memory buffers; its epilogue stores epi_m x epi_n pieces.
-    Consecutive CTAs walk the (row tile, column tile) grid in bands `band` column tiles wide (L2 reuse of A).
-    `delay_release`: the wgmma groups a k-step leaves in flight (0: each step waits for its products before its
-    buffer is released; 1: a buffer is released one step later, so a step's wgmma is issued while the previous
-    one still runs). Reading the accumulators in the epilogue waits for all of them."""
+    Consecutive CTAs walk the (row tile, column tile) grid in bands `band` column tiles wide (L2 reuse of A)."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -41,7 +38,6 @@ class TileConfig(NamedTuple):
     epi_m: int = 64
     epi_n: int = 64
     band: int = 4
-    delay_release: int = 0
 
 
 class TilePlan(NamedTuple):
@@ -99,10 +95,6 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
         problems.append(f"output columns {out_n} must be a multiple of 2 * tile_n = {2 * config.tile_n}")
     if k % config.tile_k:
         problems.append(f"contraction {k} must be a multiple of tile_k {config.tile_k}")
-    if config.delay_release not in (0, 1) or (config.delay_release and
-                                               not config.delay_release < config.stages <= k // config.tile_k):
-        problems.append(f"delay_release {config.delay_release} must be 0, or 1 with 1 < stages {config.stages} <= "
-                        f"the k-steps {k // config.tile_k}")
     if config.tile_m % config.epi_m or config.tile_n % config.epi_n:
         problems.append("the epilogue piece (epi_m, epi_n) must divide (tile_m, tile_n)")
     if rows.dtype != weights.dtype:
@@ -162,16 +154,14 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     operand_layout = smem_layout(tk, itemsize)
     out_layout = smem_layout(config.epi_n, jnp.dtype(out_dtype).itemsize)
     b_block, b_index = ((cta_n, tk), lambda s: (0, s)) if transposed else ((tk, cta_n), lambda s: (s, 0))
-    b_spec = plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM,
-                             delay_release=config.delay_release)
+    b_spec = plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM)
 
     def pipeline(step, context):
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=config.stages, compute_context=context,
             in_specs=[plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout,
-                                      memory_space=plgpu.SMEM, delay_release=config.delay_release)]
-            + [b_spec] * parts)
+                                      memory_space=plgpu.SMEM)] + [b_spec] * parts)
 
     def weight_tile(b_gmem, group, ni, part):
         cols = pl.ds(part * out_n + ni * cta_n, cta_n)
@@ -258,7 +248,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             b = (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
                                  else b_smem.at[:, wg_cols])
                             plgpu.wgmma(acc, a_smem, b)
-                        plgpu.wgmma_wait(config.delay_release)
+                        plgpu.wgmma_wait(0)
                         return accs
 
                     pipeline(step, context)(a_gmem.at[row_slice, :],

@@ -147,7 +147,7 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = 
     back = jax.jit(lambda out: jnp.take(out, plan.padded_row, axis=0))
     record(name + "_swiglu" * swiglu + "_scaled" * scaled, kernel, padded, w, plan.tile_groups, *scales,
            extra={"config": config._asdict(), "padded_rows": plan.num_rows},
-           check=name in ("tiled", "tiled_in_flight") and not swiglu and not scaled, view=back)
+           check=name == "tiled" and not swiglu and not scaled, view=back)
     del padded
 
 
@@ -340,18 +340,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 pair = moe.tiled_configs(d, f, fp8=True) or (grouped_gemm.TileConfig(tile_k=128),) * 2
                 time_tiled(record, x, w, sizes, pair[0 if shape_name == "gate_up" else 1])
                 # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
-                epilogue = moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up" else moe.TILED_FP8_DOWN_SCALED_CONFIG
-                for in_flight in (0, 1):  # then with a wgmma group kept in flight across k-steps
-                    time_tiled(record, x, w, sizes, epilogue._replace(delay_release=in_flight),
-                               name="tiled_in_flight" if in_flight else "tiled", swiglu=shape_name == "gate_up",
-                               scaled=True)
+                time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
+                           else moe.TILED_FP8_DOWN_SCALED_CONFIG, swiglu=shape_name == "gate_up", scaled=True)
             elif "tiled" in args.candidates:
                 pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
-                for in_flight in (0, 1):  # then with a wgmma group kept in flight across k-steps
-                    name = "tiled_in_flight" if in_flight else "tiled"
-                    if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
-                        time_tiled(record, x, w, sizes, pair[0]._replace(delay_release=in_flight), name, swiglu=True)
-                    time_tiled(record, x, w, sizes, pair[1]._replace(delay_release=in_flight), name)
+                if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
+                    time_tiled(record, x, w, sizes, pair[0], swiglu=True)
+                time_tiled(record, x, w, sizes, pair[1])
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
                 fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)

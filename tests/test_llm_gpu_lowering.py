@@ -111,16 +111,3 @@ def test_merge_quantize_kernel_lowers_for_a_hopper_gpu():
     half, weight = jax.ShapeDtypeStruct((1024, 4096), jnp.bfloat16), jax.ShapeDtypeStruct((1024, 32), jnp.float32)
     text = lowered_for_cuda(lambda *a: merge_quantize_pallas(*a, head_dim=128), half, half, weight, weight)
     assert "merge_quantize" in text
-
-
-def test_tiled_kernel_with_a_wgmma_in_flight_lowers_for_a_hopper_gpu():
-    """The tiled kernel keeping a wgmma group in flight across k-steps (`TileConfig.delay_release`), at down's
-    fp8 shape: the pipeline's delayed buffer release and wgmma_wait(1) lower."""
-    from jaxllm.grouped_gemm import tiled_grouped_matmul
-
-    config = moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(delay_release=1)
-    rows = jax.ShapeDtypeStruct((1024, 768), jnp.float8_e4m3fn)
-    weights = jax.ShapeDtypeStruct((8, 2048, 768), jnp.float8_e4m3fn)
-    text = lowered_for_cuda(lambda r, w, g: tiled_grouped_matmul(r, w, g, config), rows, weights,
-                            jax.ShapeDtypeStruct((1024 // config.tile_m,), jnp.int32))
-    assert "mosaic_gpu" in text
