@@ -331,7 +331,7 @@ def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul
 def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, down: Fp8Matrix, top_k: int,
                         impl: str, layer: jax.Array | None, quantized: QuantizedRows | None = None
                         ) -> tuple[jax.Array, jax.Array, ExpertRowScales | None]:
-    """fp8 (W8A8) experts: the tokens quantised per row to e4m3 once (before the gather: half the bytes moved;
+    """fp8 (W8A8) experts: the tokens quantised per row to e4m3 once (before the row copy: half the bytes moved;
     `quantized`: already, by the step that normalised them), both GEMMs on e4m3 operands with float32
     accumulation and per-row x per-column scales after them. Returns (down's rows, the row of each flat
     (token, expert) slot in them [N*k], and the scales the combine applies to them: each row's scale and expert,

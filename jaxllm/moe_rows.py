@@ -8,7 +8,7 @@ ways to move more bytes per thread:
 - `gather_rows_words`: XLA's gather on the rows bitcast to 4-byte words (same bytes, a quarter or half the
   elements), exact for any dtype;
 - `gather_rows_pallas`: a Pallas (Triton) kernel, a program per few output rows, each row copied in wide
-  contiguous slices: the GPU's default (`gather_rows`). At 278,400 rows of 2,048 values on two H200s
+  contiguous slices: `gather_rows`'s form on a GPU. At 278,400 rows of 2,048 values on two H200s
   (`scripts/bench_moe.py --movement`, 2026-11-28): e4m3 rows 0.40 / 0.47 ms (XLA's gather on elements 0.95 / 1.37,
   on words 0.46 / 0.58) at 4 rows x 4 warps a program; bf16 rows 0.66 / 0.89 ms at 8 x 8 and 0.74 / 0.81 at 4 x 4
   (XLA's: 0.96 / 1.18, on words 0.87 / 1.00). With 16 rows a program as one gathered [16, slice] load (`block`:

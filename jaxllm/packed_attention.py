@@ -25,7 +25,8 @@ PACKED_ATTENTION_IMPLS = ("xla", "cudnn")
 
 # whether an fp8 model's packed attention with cuDNN merges its two halves inside o_proj's input quantisation (one
 # Pallas kernel, `fp8_kernels.merge_quantize_pallas`: the merged bf16 rows never go to memory) instead of XLA's
-# merge fusion followed by the one-pass quantisation kernel. Same numbers. Not yet measured on a GPU, so off.
+# merge fusion followed by the one-pass quantisation kernel. The same arithmetic (on a GPU up to float32
+# contraction in the merge). Not yet measured on a GPU, so off.
 # Read at trace time.
 FUSED_MERGE_QUANTIZE = False
 

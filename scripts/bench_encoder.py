@@ -84,8 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "at the smallest multiple of 1,024 tokens that holds every real token, so one pass where the "
                         "packing allows: the same tokens in fewer launches)")
     p.add_argument("--capacity", type=int, default=0,
-                   help="--ragged: tokens of the largest packed pass (0: jaxllm.default_capacity, 32,768 at 128 "
-                        "prompts; the trainer's --llm-capacity); e.g. 36,864 packs 128 Craftax prompts in one pass")
+                   help="--ragged: tokens of the largest packed pass (0: jaxllm.default_capacity, 36,864 at 128 "
+                        "prompts, which packs 128 Craftax prompts in one pass; the trainer's --llm-capacity)")
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="--ragged: trace one more call of each row into DIR/<row> and print where its GPU time goes "
                         "(scripts/kernel_times.py)")

@@ -1,7 +1,7 @@
 """Qwen3-30B-A3B's expert GEMMs on one device: the grouped-GEMM candidates side by side with a dense GEMM of the
 same FLOPs, and the whole sparse block (routing, sort, two grouped GEMMs, combine).
 
-Shapes (defaults): one packed pass of 32,768 tokens, 8 experts each of 128 -> 262,144 sorted rows; gate+up is
+Shapes (defaults): a packed pass of 32,768 tokens, 8 experts each of 128 -> 262,144 sorted rows; gate+up is
 [rows, 2048] x [2048, 1536] per group, down [rows, 768] x [768, 2048]. Group sizes come from a random router on
 random tokens ("uniform", what random weights give), a skewed draw (a Zipf-like expert popularity: what a real
 router can look like), or every row in one expert ("one").

@@ -565,8 +565,9 @@ def test_packed_attention_quantized_merges_in_the_kernel_as_xla_does(monkeypatch
     split = lambda a: a.reshape(1, tokens, heads, head_dim)
     monkeypatch.setattr(pa, "_cudnn_halves", lambda *args: (split(prefix), split(rest), w_p[None], w_r[None]))
     monkeypatch.setattr(pa, "native_fp8_available", lambda: True)
+    kernel, calls = fp8_kernels.merge_quantize_pallas, []
     monkeypatch.setattr(fp8_kernels, "merge_quantize_pallas",
-                        functools.partial(fp8_kernels.merge_quantize_pallas, interpret=True))
+                        lambda *a, **kw: calls.append(1) or kernel(*a, **kw, interpret=True))
     q = jnp.zeros((1, tokens, heads, head_dim), jnp.bfloat16)
     kv = jnp.zeros((1, tokens, 1, head_dim), jnp.bfloat16)
     prefix_kv = jnp.zeros((3, 1, head_dim), jnp.bfloat16)
@@ -574,6 +575,7 @@ def test_packed_attention_quantized_merges_in_the_kernel_as_xla_does(monkeypatch
     for fused in (True, False):
         monkeypatch.setattr(pa, "FUSED_MERGE_QUANTIZE", fused)
         rows[fused] = pa.packed_attention_quantized(q, kv, kv, prefix_kv, prefix_kv, None, "cudnn")
+    assert calls == [1]  # the fused form ran the kernel, the other did not
     assert rows[True].values.shape == (1, tokens, heads * head_dim) and rows[True].scale.shape == (1, tokens)
     for got, want in ((rows[True].values, rows[False].values), (rows[True].scale, rows[False].scale)):
         np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))

@@ -46,8 +46,8 @@ def lowered_for_cuda(fn, *args) -> str:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("swiglu, down_scales, row_copy", [("epilogue", "epilogue", "gather"),
-                                                           ("kernel", "combine", "scatter")])
+@pytest.mark.parametrize("swiglu, down_scales, row_copy", [("epilogue", "epilogue", "scatter"),
+                                                           ("kernel", "combine", "gather")])
 def test_fp8_moe_block_lowers_for_a_hopper_gpu(monkeypatch, swiglu, down_scales, row_copy):
     """Qwen3-30B-A3B's block shapes (fewer experts): the tiled e4m3 kernels with each epilogue form, the row copy
     each way, the quantisation, top-k and combine kernels."""

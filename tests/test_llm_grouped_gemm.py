@@ -228,7 +228,7 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
     SwiGLU in the epilogue equals silu(gate) * up of the scaled exact products (within its bf16 output rounding),
     and down (K 768, N 2048) with its scales in the epilogue the scaled exact products; the fp8 block on the tiled
     kernel with `moe.FP8_SWIGLU` "epilogue" (the default) or "kernel", `moe.FP8_DOWN_SCALES` "epilogue" (the
-    default) or "combine" and the token rows gathered (the default) or scattered equals the block on ragged_dot."""
+    default) or "combine" and the token rows scattered (the default) or gathered equals the block on ragged_dot."""
     from jaxllm.fp8 import quantize_out_in
 
     rng = np.random.default_rng(7)
@@ -275,7 +275,7 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
     block = lambda impl: np.asarray(jax.jit(lambda p: moe.moe_block(xb, p, 8, True, impl=impl,  # noqa: E731
                                                                     layer=jnp.int32(1)))(params), np.float32)
     want = block("ragged_dot")
-    for mode in (("epilogue", "epilogue", "gather"), ("kernel", "epilogue", "gather"), ("epilogue", "combine", "scatter")):
+    for mode in (("epilogue", "epilogue", "scatter"), ("kernel", "epilogue", "gather"), ("epilogue", "combine", "gather")):
         monkeypatch.setattr(moe, "FP8_SWIGLU", mode[0])
         monkeypatch.setattr(moe, "FP8_DOWN_SCALES", mode[1])
         monkeypatch.setattr(moe, "ROW_COPY", mode[2])
