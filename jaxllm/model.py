@@ -29,7 +29,8 @@ from .fp8 import Fp8Matrix, QuantizedRows, mlp_product, project, quantize
 from .moe import moe_expert_outputs
 from .params import layer_stacks
 from .layer_ops import head_norm_rope, norm_input, residual_norm, rms_norm, rope_cos_sin, value
-from .packed_attention import Segments, default_packed_attention_impl, packed_attention, packed_attention_quantized
+from .packed_attention import (Segments, default_packed_attention_impl, merge_halves, packed_attention,
+                               packed_attention_quantized)
 from .private_jax import cudnn_attention_module, probe
 
 Params = dict[str, Any]
@@ -100,8 +101,7 @@ def _split_prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: 
     out_r, lse_r = _attention_with_lse(q, k, v, True, backend)
     out_p, lse_p = out_p.reshape(b, t, hq, hd), lse_p.reshape(b, t, hq)
     lse = jnp.logaddexp(lse_p, lse_r)
-    w_p, w_r = jnp.exp(lse_p - lse)[..., None], jnp.exp(lse_r - lse)[..., None]
-    return (out_p.astype(jnp.float32) * w_p + out_r.astype(jnp.float32) * w_r).astype(q.dtype)
+    return merge_halves(out_p, out_r, jnp.exp(lse_p - lse), jnp.exp(lse_r - lse), q.dtype)
 
 
 def _packed_impl(implementation: str | None, dtype: Any) -> str:

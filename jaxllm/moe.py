@@ -113,8 +113,8 @@ FP8_DOWN_SCALES = "epilogue"
 
 # how the token rows reach the tiled layout (`moe_rows.layout_rows`): "scatter" (on a GPU each token row read once
 # and stored to its k rows; the 30B's encoder 2-5 ms faster than with the gather in fp8, 6.6 ms in bf16, on H200s,
-# 2026-11-29: docs/BENCHMARKS.md) or "gather" (each layout row reads its token's row: k reads of every token row). Read at
-# trace time.
+# 2026-11-29: docs/BENCHMARKS.md) or "gather" (each layout row reads its token's row: k reads of every token
+# row). Read at trace time.
 ROW_COPY = "scatter"
 
 # where the fp8 experts apply gate+up's scales and SwiGLU on the tiled kernel: "epilogue" (the GEMM scales and

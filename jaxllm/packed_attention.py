@@ -130,9 +130,9 @@ def _cudnn_packed_half(q: jax.Array, k: jax.Array, v: jax.Array, seg: Segments) 
 
 
 def merge_halves(out_p: jax.Array, out_r: jax.Array, w_p: jax.Array, w_r: jax.Array, dtype: Any) -> jax.Array:
-    """The attention output from its prefix and packed halves (`_cudnn_halves`), in float32, rounded once to
-    `dtype`: out_p * w_p + out_r * w_r per head, where a packed half of weight 0 counts 0 whatever its bits
-    (empty slots)."""
+    """The attention output from its prefix and rest halves (`_cudnn_halves`; `model._split_prefix_attention`'s
+    too), in float32, rounded once to `dtype`: out_p * w_p + out_r * w_r per head (w [..., Hq]), where a rest half
+    of weight 0 counts 0 whatever its bits (empty slots)."""
     rest = jnp.where(w_r[..., None] > 0, out_r.astype(jnp.float32) * w_r[..., None], 0.0)
     return (out_p.astype(jnp.float32) * w_p[..., None] + rest).astype(dtype)
 
