@@ -29,7 +29,10 @@ from jax import lax
 class TileConfig(NamedTuple):
     """Block sizes. A CTA computes tile_m rows x (2 * tile_n) columns (one tile_n slice per compute warpgroup),
     stepping tile_k deep through `stages` shared-memory buffers; its epilogue stores epi_m x epi_n pieces.
-    Consecutive CTAs walk the (row tile, column tile) grid in bands `band` column tiles wide (L2 reuse of A)."""
+    Consecutive CTAs walk the (row tile, column tile) grid in bands `band` column tiles wide (L2 reuse of A).
+    cluster_n 2: CTAs run in clusters of two on neighbouring column tiles of one row tile, and each A tile is
+    loaded once from L2 and multicast to both (TMA multicast), so a step reads 1/2 A + B instead of A + B;
+    `band` then counts column-tile pairs."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -38,6 +41,7 @@ class TileConfig(NamedTuple):
     epi_m: int = 64
     epi_n: int = 64
     band: int = 4
+    cluster_n: int = 1
 
 
 class TilePlan(NamedTuple):
@@ -91,8 +95,11 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
         problems.append(f"contraction: rows have {k}, weights {k_w}")
     if m % config.tile_m or tile_groups.shape != (m // config.tile_m,):
         problems.append(f"rows {m} must be tile_groups {tile_groups.shape[0]} tiles of tile_m {config.tile_m}")
-    if out_n % (2 * config.tile_n) or (swiglu and n % 2):
-        problems.append(f"output columns {out_n} must be a multiple of 2 * tile_n = {2 * config.tile_n}")
+    if out_n % (2 * config.tile_n * config.cluster_n) or (swiglu and n % 2):
+        problems.append(f"output columns {out_n} must be a multiple of 2 * tile_n * cluster_n = "
+                        f"{2 * config.tile_n * config.cluster_n}")
+    if config.cluster_n not in (1, 2):
+        problems.append(f"cluster_n must be 1 or 2, got {config.cluster_n}")
     if k % config.tile_k:
         problems.append(f"contraction {k} must be a multiple of tile_k {config.tile_k}")
     if config.tile_m % config.epi_m or config.tile_n % config.epi_n:
@@ -155,13 +162,15 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     out_layout = smem_layout(config.epi_n, jnp.dtype(out_dtype).itemsize)
     b_block, b_index = ((cta_n, tk), lambda s: (0, s)) if transposed else ((tk, cta_n), lambda s: (s, 0))
     b_spec = plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM)
+    clustered = config.cluster_n > 1
+    a_spec = plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout, memory_space=plgpu.SMEM,
+                             collective_axes=("cluster",) if clustered else ())
 
     def pipeline(step, context):
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=config.stages, compute_context=context,
-            in_specs=[plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout,
-                                      memory_space=plgpu.SMEM)] + [b_spec] * parts)
+            in_specs=[a_spec] + [b_spec] * parts)
 
     def weight_tile(b_gmem, group, ni, part):
         cols = pl.ds(part * out_n + ni * cta_n, cta_n)
@@ -186,9 +195,11 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
             wg = lax.axis_index("wg")
             wg_cols = pl.ds(wg * tn, tn)
 
-            @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
+            @plgpu.nd_loop((m_tiles * (n_tiles // config.cluster_n),), collective_axes="sm")
             def tile_loop(info):
-                mi, ni = plgpu.planar_snake(info.index[0], (m_tiles, n_tiles), 1, config.band)
+                mi, ni = plgpu.planar_snake(info.index[0], (m_tiles, n_tiles // config.cluster_n), 1, config.band)
+                if clustered:  # the cluster's CTAs share the row tile (its A is multicast), each its own columns
+                    ni = ni * config.cluster_n + lax.axis_index("cluster")
                 group = groups_gmem[mi]
 
                 @pl.when(group >= 0)
@@ -259,9 +270,10 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
     if num_sms is None:  # the interpreter simulates every SM's threads: two are enough there
         num_sms = 2 if interpret is not None else getattr(jax.devices()[0], "core_count", None) or 132
+    cluster = dict(cluster=(config.cluster_n,), cluster_names=("cluster",)) if clustered else {}
     kernel = plgpu.kernel(
-        body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms,), grid_names=("sm",),
-        num_threads=3, thread_name="wg", interpret=interpret,
+        body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms // config.cluster_n,),
+        grid_names=("sm",), **cluster, num_threads=3, thread_name="wg", interpret=interpret,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
     scales = (row_scale.astype(jnp.float32), col_scale.astype(jnp.float32)) if scaled else ()
     return kernel(tile_groups.astype(jnp.int32), rows, weights, *scales)

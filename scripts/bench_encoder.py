@@ -12,6 +12,7 @@ every call synchronised. HF runs first in a subprocess, so the two frameworks ne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import inspect
@@ -25,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -35,6 +37,66 @@ SMOKE_CONFIG = Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=12
 SMOKE_MOE_CONFIG = Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
                                num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+
+
+# --dtypes variants: a base dtype (the name's first word) with some of jaxllm's module settings changed (what
+# `variant_patches` sets), each timed against the defaults in the same process
+VARIANTS = {
+    "fp8-xla-swiglu": "the MLP's SwiGLU quantisation left to XLA instead of the Pallas kernel",
+    "fp8-xla-norms": "the residual add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA",
+    "fp8-moe-xla-norms": "an MoE model's two residual steps around each sparse block left to XLA",
+    "fp8-moe-xla-topk": "the MoE router's top-k as XLA's lax.top_k instead of the Pallas kernel",
+    "fp8-moe-fused-combine": "the MoE block's combine inside the residual kernel after it "
+                             "(layer_ops.FUSED_MOE_COMBINE) instead of its own kernel",
+    "fp8-moe-swiglu-kernel": "the fp8 experts' gate+up scales and SwiGLU in their own kernel after the grouped GEMM "
+                             "instead of its epilogue (moe.FP8_SWIGLU = 'kernel')",
+    "fp8-moe-down-scales-combine": "down's scales applied in the combine instead of down's epilogue "
+                                   "(moe.FP8_DOWN_SCALES = 'combine')",
+    "fp8-moe-gather": "the token rows gathered into the experts' layout (16-row block loads) instead of scattered "
+                      "(moe.ROW_COPY = 'gather')",
+    "bfloat16-moe-gather": "as fp8-moe-gather, in bf16",
+    "fp8-moe-gather-row-by-row": "gathered as before 2026-11-29: 4 rows x 4 warps a program, copied row by row",
+    "fp8-fused-merge": "the packed attention's two cuDNN halves merged inside o_proj's input quantisation "
+                       "(packed_attention.FUSED_MERGE_QUANTIZE = True)",
+    "fp8-moe-cluster": "the fp8 expert GEMMs in CTA pairs sharing a multicast A tile (cluster_n 2 in "
+                       "moe.TILED_FP8_SWIGLU_CONFIG and moe.TILED_FP8_DOWN_SCALED_CONFIG)",
+    "fp8-moe-cluster-fused-merge": "fp8-moe-cluster and fp8-fused-merge together",
+}
+
+
+def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
+    """(module, attribute, value): the settings `variant` (a --dtypes name) changes from its base dtype's."""
+    from jaxllm import fp8, layer_ops, moe, moe_rows, packed_attention
+    from jaxllm import model as model_module
+
+    top_k_rows, residual_norm = moe.top_k_rows, model_module.residual_norm
+
+    def moe_residual_steps_in_xla(h, delta, weight, eps, quantized, keep_value=False):
+        """The steps before (16-bit rows kept) and after (a plain delta) an MoE block in XLA."""
+        if keep_value or not isinstance(delta, fp8.Fp8Product):
+            return layer_ops.residual_norm_reference(h, delta, weight, eps, quantized, keep_value)
+        return residual_norm(h, delta, weight, eps, quantized, keep_value)
+
+    gather = [(moe, "ROW_COPY", "gather")]
+    cluster = [(moe, name, getattr(moe, name)._replace(cluster_n=2))
+               for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")]
+    fused_merge = [(packed_attention, "FUSED_MERGE_QUANTIZE", True)]
+    return {
+        "fp8-xla-swiglu": [(fp8, "swiglu_quantize", fp8.swiglu_quantize_reference)],
+        "fp8-xla-norms": [(layer_ops, "_one_pass_kernels", lambda y: False)],
+        "fp8-moe-xla-norms": [(model_module, "residual_norm", moe_residual_steps_in_xla)],
+        "fp8-moe-xla-topk": [(moe, "top_k_rows", lambda v, k: top_k_rows(v, k, "xla"))],
+        "fp8-moe-fused-combine": [(layer_ops, "FUSED_MOE_COMBINE", True)],
+        "fp8-moe-swiglu-kernel": [(moe, "FP8_SWIGLU", "kernel")],
+        "fp8-moe-down-scales-combine": [(moe, "FP8_DOWN_SCALES", "combine")],
+        "fp8-moe-gather": gather,
+        "bfloat16-moe-gather": gather,
+        "fp8-moe-gather-row-by-row": gather + [(moe_rows, "pallas_gather_tuning",
+                                                lambda row_bytes: {"rows": 4, "num_warps": 4})],
+        "fp8-fused-merge": fused_merge,
+        "fp8-moe-cluster": cluster,
+        "fp8-moe-cluster-fused-merge": cluster + fused_merge,
+    }.get(variant, [])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,25 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "packed in each --dtypes, against the card's best GEMM rate at the model's projection shapes")
     p.add_argument("--env", default="Craftax-Symbolic-v1", help="--ragged: the env whose states give the lengths")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
-                   choices=["bfloat16", "fp8", "fp8-xla-swiglu", "fp8-xla-norms", "fp8-moe-xla-norms",
-                            "fp8-moe-xla-topk", "fp8-moe-fused-combine", "fp8-moe-swiglu-kernel", "fp8-moe-down-scales-combine",
-                            "fp8-moe-gather", "bfloat16-moe-gather", "fp8-moe-gather-row-by-row", "fp8-fused-merge",
-                            "float32"],
-                   help="--ragged: model dtypes to time (fp8-xla-swiglu: fp8 with the MLP's SwiGLU quantisation left "
-                        "to XLA instead of the Pallas kernel, to measure that kernel; fp8-xla-norms: the residual "
-                        "add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA; fp8-moe-xla-norms: an "
-                        "MoE model's two residual steps around each sparse block left to XLA, the rest as fp8; "
-                        "fp8-moe-xla-topk: the MoE router's top-k as XLA's lax.top_k instead of the Pallas kernel; "
-                        "fp8-moe-fused-combine: the MoE block's combine inside the residual kernel after it "
-                        "(layer_ops.FUSED_MOE_COMBINE) instead of its own kernel; fp8-moe-swiglu-kernel: the fp8 "
-                        "experts' gate+up scales and SwiGLU in their own kernel after the grouped GEMM instead of its "
-                        "epilogue, moe.FP8_SWIGLU = 'kernel'; fp8-moe-down-scales-combine: down's scales applied in the "
-                        "combine instead of down's epilogue, moe.FP8_DOWN_SCALES = 'combine'; fp8-moe-gather, "
-                        "bfloat16-moe-gather: the token rows gathered into the experts' layout (16-row block loads) "
-                        "instead of scattered, moe.ROW_COPY = 'gather'; fp8-moe-gather-row-by-row: gathered by the "
-                        "kernel as before 2026-11-29, 4 rows x 4 warps a program copied row by row; fp8-fused-merge: the "
-                        "packed attention's two cuDNN halves merged inside o_proj's input quantisation, "
-                        "packed_attention.FUSED_MERGE_QUANTIZE = True)")
+                   choices=["bfloat16", "fp8", "float32", *VARIANTS],
+                   help="--ragged: model dtypes to time, or variants of one (the module settings they change, "
+                        "the rest as their dtype): " + "; ".join(f"{name}: {doc}" for name, doc in VARIANTS.items()))
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
@@ -264,27 +310,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
 
     from jaxllm import default_capacity, encode, encode_bucketed, encode_packed, init_params, prefill
     from jaxllm.compile import compiler_options, jit
-    from jaxllm import fp8
-    from jaxllm import layer_ops
-    from jaxllm.fp8 import quantize_params, swiglu_quantize
-
-    from jaxllm import model as model_module
-    from jaxllm import moe as moe_module
-
-    one_pass_kernels, residual_norm = layer_ops._one_pass_kernels, model_module.residual_norm
-    top_k_rows = moe_module.top_k_rows
-    fused_combine, fp8_swiglu = layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU
-    fp8_down_scales, row_copy = moe_module.FP8_DOWN_SCALES, moe_module.ROW_COPY
-    from jaxllm import packed_attention as attention_module
-    fused_merge = attention_module.FUSED_MERGE_QUANTIZE
-    from jaxllm import moe_rows
-    gather_tuning = moe_rows.pallas_gather_tuning
-
-    def moe_residual_steps_in_xla(h, delta, weight, eps, quantized, keep_value=False):
-        """fp8-moe-xla-norms: the steps before (16-bit rows kept) and after (a plain delta) an MoE block in XLA."""
-        if keep_value or not isinstance(delta, fp8.Fp8Product):
-            return layer_ops.residual_norm_reference(h, delta, weight, eps, quantized, keep_value)
-        return residual_norm(h, delta, weight, eps, quantized, keep_value)
+    from jaxllm.fp8 import quantize_params
 
     config = model_config(args)
     t0 = time.perf_counter()
@@ -305,19 +331,10 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
     useful = real * flops_per_token(config, len(prefix_ids), float(lengths.mean()))
     rows, reference = [], {}
-    try:
-        for dtype in args.dtypes:
-            fp8.swiglu_quantize = fp8.swiglu_quantize_reference if dtype == "fp8-xla-swiglu" else swiglu_quantize
-            layer_ops._one_pass_kernels = (lambda y: False) if dtype == "fp8-xla-norms" else one_pass_kernels
-            model_module.residual_norm = moe_residual_steps_in_xla if dtype == "fp8-moe-xla-norms" else residual_norm
-            moe_module.top_k_rows = (lambda v, k: top_k_rows(v, k, "xla")) if dtype == "fp8-moe-xla-topk" else top_k_rows
-            layer_ops.FUSED_MOE_COMBINE = dtype == "fp8-moe-fused-combine" or fused_combine
-            moe_module.FP8_SWIGLU = "kernel" if dtype == "fp8-moe-swiglu-kernel" else fp8_swiglu
-            moe_module.FP8_DOWN_SCALES = "combine" if dtype == "fp8-moe-down-scales-combine" else fp8_down_scales
-            moe_module.ROW_COPY = "gather" if "moe-gather" in dtype else row_copy
-            attention_module.FUSED_MERGE_QUANTIZE = dtype == "fp8-fused-merge" or fused_merge
-            moe_rows.pallas_gather_tuning = ((lambda row_bytes: {"rows": 4, "num_warps": 4})
-                                             if dtype == "fp8-moe-gather-row-by-row" else gather_tuning)
+    for dtype in args.dtypes:
+        with contextlib.ExitStack() as patches:  # the variant's module settings, undone even when a model fails
+            for module, name, value in variant_patches(dtype):
+                patches.enter_context(mock.patch.object(module, name, value))
             if config.is_moe:
                 params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
                 params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)
@@ -381,13 +398,6 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                                    "min_cosine_vs_reference": float(cos.min()), "finite": bool(np.isfinite(vec).all())})
                 log({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()})
             params = cache = None  # free them before the next dtype
-    finally:  # the module patches above, undone even when a model fails to build
-        fp8.swiglu_quantize, layer_ops._one_pass_kernels = swiglu_quantize, one_pass_kernels
-        model_module.residual_norm, moe_module.top_k_rows = residual_norm, top_k_rows
-        layer_ops.FUSED_MOE_COMBINE, moe_module.FP8_SWIGLU = fused_combine, fp8_swiglu
-        moe_module.FP8_DOWN_SCALES, moe_module.ROW_COPY = fp8_down_scales, row_copy
-        attention_module.FUSED_MERGE_QUANTIZE = fused_merge
-        moe_rows.pallas_gather_tuning = gather_tuning
     if args.no_gemm_ceiling:
         return {"capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
     # the GEMM ceilings last (their autotuning is slow): every row above is compared with its dtype's

@@ -103,6 +103,24 @@ def test_fp8_encoder_lowers_for_a_hopper_gpu(sparse):
         assert kernel in text, kernel
 
 
+@pytest.mark.parametrize("form", ["gate_up", "down"])
+def test_clustered_fp8_expert_kernel_lowers_for_a_hopper_gpu(form):
+    """The tiled e4m3 kernels in CTA pairs (`TileConfig.cluster_n` 2: A multicast across a cluster of two), at the
+    model's configs and epilogues."""
+    from jaxllm.grouped_gemm import tiled_grouped_matmul
+
+    config, k, n = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536) if form == "gate_up"
+                    else (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048))
+    config, rows = config._replace(cluster_n=2), 128 * 24
+    text = lowered_for_cuda(
+        lambda a, b, g, r, c: tiled_grouped_matmul(a, b, g, config, swiglu=form == "gate_up", row_scale=r,
+                                                   col_scale=c),
+        jax.ShapeDtypeStruct((rows, k), jnp.float8_e4m3fn), jax.ShapeDtypeStruct((16, n, k), jnp.float8_e4m3fn),
+        jax.ShapeDtypeStruct((24,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.float32),
+        jax.ShapeDtypeStruct((16, n), jnp.float32))
+    assert "mosaic_gpu" in text
+
+
 def test_merge_quantize_kernel_lowers_for_a_hopper_gpu():
     """Packed attention's two halves merged inside o_proj's input quantisation (`packed_attention.FUSED_MERGE_QUANTIZE`;
     cuDNN itself cannot be lowered without a GPU), at Qwen3-30B-A3B's 32 heads of 128."""

@@ -287,6 +287,45 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
         assert cosine.min() > 0.995, (mode, cosine.min())
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
+def test_clustered_kernel_equals_the_unclustered_on_gpu():
+    """`TileConfig.cluster_n` 2 (CTA pairs on neighbouring column tiles, A multicast to both) changes where a tile
+    is computed, not how: at the model's fp8 configs with their epilogues (gate+up scaled with SwiGLU, down
+    scaled), bf16 at its gate+up config, its output equals the unclustered kernel's bit for bit, on a routing with
+    an empty expert, one expert of a single row and unused tiles at the end."""
+    rng = np.random.default_rng(8)
+    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
+    sizes[2], sizes[5] = 0, 1
+    s = jnp.asarray(sizes, jnp.int32)
+    cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, True, jnp.float8_e4m3fn),
+             (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048, False, jnp.float8_e4m3fn),
+             (moe.TILED_CONFIGS[0][1], 768, 2048, False, jnp.bfloat16))
+    for config, k, n, swiglu, dtype in cases:
+        x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), dtype)
+        w = jnp.asarray(rng.normal(size=(16, n, k)) * (1 if dtype == jnp.float8_e4m3fn else 0.05), dtype)
+        plan = tile_plan(s, x.shape[0], config.tile_m)
+        rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+        scales = ()
+        if dtype == jnp.float8_e4m3fn:
+            scales = (jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32),
+                      jnp.asarray(rng.uniform(0.001, 0.01, (16, n)), jnp.float32))
+        outs = []
+        for cluster_n in (1, 2):
+            c = config._replace(cluster_n=cluster_n)
+            kernel = jax.jit(lambda a, b, g, *sc, c=c: tiled_grouped_matmul(
+                a, b, g, c, swiglu=swiglu, row_scale=sc[0] if sc else None, col_scale=sc[1] if sc else None))
+            outs.append(np.asarray(kernel(rows, w, plan.tile_groups, *scales)[plan.padded_row], np.float32))
+        assert np.abs(outs[0]).max() > 0
+        np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"{config} swiglu={swiglu} {dtype}")
+
+
+def test_clustered_kernel_names_the_columns_it_cannot_pair():
+    rows = jnp.zeros((128, 128), jnp.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 2 \\* tile_n \\* cluster_n = 256"):
+        tiled_grouped_matmul(rows, jnp.zeros((2, 192, 128), jnp.bfloat16), jnp.zeros((2,), jnp.int32),
+                             SMALL._replace(cluster_n=2))
+
+
 def test_fp8_swiglu_epilogue_interpreted():
     """The fp8 gate+up kernel with its row and column scales and SwiGLU in the epilogue, at the config the model
     uses (`moe.TILED_FP8_SWIGLU_CONFIG`, Mosaic GPU's interpreter), against silu(gate) * up of the scaled exact
