@@ -30,10 +30,9 @@ class TileConfig(NamedTuple):
     """Block sizes. A CTA computes tile_m rows x (2 * tile_n) columns (one tile_n slice per compute warpgroup),
     stepping tile_k deep through `stages` shared-memory buffers; its epilogue stores epi_m x epi_n pieces.
     Consecutive CTAs walk the (row tile, column tile) grid in bands `band` column tiles wide (L2 reuse of A).
-    overlap_steps: a k-step's wgmma group stays in flight while the next step's is issued (the tensor cores are
-    not left idle between steps); each step then releases the previous step's buffers itself (manual consumed
-    barriers), and a tile's last step waits for its products and releases its own before the epilogue, so every
-    buffer is released inside the tile's pipeline, before the memory warpgroup starts the next tile."""
+    cluster_n 2: CTAs run in clusters of two on neighbouring column tiles of one row tile, and each A tile is
+    loaded once from L2 and multicast to both (TMA multicast), so a step reads 1/2 A + B instead of A + B;
+    `band` then counts column-tile pairs."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -42,7 +41,7 @@ class TileConfig(NamedTuple):
     epi_m: int = 64
     epi_n: int = 64
     band: int = 4
-    overlap_steps: bool = False
+    cluster_n: int = 1
 
 
 class TilePlan(NamedTuple):
@@ -96,8 +95,11 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
         problems.append(f"contraction: rows have {k}, weights {k_w}")
     if m % config.tile_m or tile_groups.shape != (m // config.tile_m,):
         problems.append(f"rows {m} must be tile_groups {tile_groups.shape[0]} tiles of tile_m {config.tile_m}")
-    if out_n % (2 * config.tile_n) or (swiglu and n % 2):
-        problems.append(f"output columns {out_n} must be a multiple of 2 * tile_n = {2 * config.tile_n}")
+    if out_n % (2 * config.tile_n * config.cluster_n) or (swiglu and n % 2):
+        problems.append(f"output columns {out_n} must be a multiple of 2 * tile_n * cluster_n = "
+                        f"{2 * config.tile_n * config.cluster_n}")
+    if config.cluster_n not in (1, 2):
+        problems.append(f"cluster_n must be 1 or 2, got {config.cluster_n}")
     if k % config.tile_k:
         problems.append(f"contraction {k} must be a multiple of tile_k {config.tile_k}")
     if config.tile_m % config.epi_m or config.tile_n % config.epi_n:
@@ -160,14 +162,14 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     out_layout = smem_layout(config.epi_n, jnp.dtype(out_dtype).itemsize)
     b_block, b_index = ((cta_n, tk), lambda s: (0, s)) if transposed else ((tk, cta_n), lambda s: (s, 0))
     b_spec = plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM)
-    a_spec = plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout, memory_space=plgpu.SMEM)
-    slots = min(config.stages, k_steps)  # the pipeline's buffers per operand (it uses no more than the steps)
+    clustered = config.cluster_n > 1
+    a_spec = plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout, memory_space=plgpu.SMEM,
+                             collective_axes=("cluster",) if clustered else ())
 
     def pipeline(step, context):
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=config.stages, compute_context=context,
-            manual_consumed_barriers=config.overlap_steps,
             in_specs=[a_spec] + [b_spec] * parts)
 
     def weight_tile(b_gmem, group, ni, part):
@@ -193,16 +195,11 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
             wg = lax.axis_index("wg")
             wg_cols = pl.ds(wg * tn, tn)
 
-            consumed = buffers["flat_consumed_barrier_refs"]  # one per operand, `slots` each (overlap_steps)
-
-            def release(step):
-                """overlap_steps: this warpgroup is done with k-step `step`'s buffers (every operand's)."""
-                for barrier in consumed:
-                    plgpu.barrier_arrive(barrier.at[lax.rem(step, slots)])
-
-            @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="sm")
+            @plgpu.nd_loop((m_tiles * (n_tiles // config.cluster_n),), collective_axes="sm")
             def tile_loop(info):
-                mi, ni = plgpu.planar_snake(info.index[0], (m_tiles, n_tiles), 1, config.band)
+                mi, ni = plgpu.planar_snake(info.index[0], (m_tiles, n_tiles // config.cluster_n), 1, config.band)
+                if clustered:  # the cluster's CTAs share the row tile (its A is multicast), each its own columns
+                    ni = ni * config.cluster_n + lax.axis_index("cluster")
                 group = groups_gmem[mi]
 
                 @pl.when(group >= 0)
@@ -240,9 +237,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             if scaled:
                                 start_scale_copies()
                             run(tuple(accs))
-                            if config.overlap_steps:  # the last step's products, then its buffers
-                                plgpu.wgmma_wait(0)
-                                release(k_steps - 1)
                             result = epilogue_values(accs).astype(out_dtype)
                             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
                             piece = 0
@@ -259,21 +253,13 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                         out_smem.at[wg, slot],
                                         out_gmem.at[row_slice, col_slice].at[:, wg_cols].at[rs, cs])
 
-                    def step(index, a_smem, *rest):
-                        b_tiles, accs = rest[:parts], rest[-1]  # (manual consumed barriers between: unused)
+                    def step(_, a_smem, *rest):
+                        b_tiles, accs = rest[:-1], rest[-1]
                         for b_smem, acc in zip(b_tiles, accs):
                             b = (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
                                  else b_smem.at[:, wg_cols])
                             plgpu.wgmma(acc, a_smem, b)
-                        if not config.overlap_steps:
-                            plgpu.wgmma_wait(0)
-                            return accs
-                        plgpu.wgmma_wait(1)  # the previous step's group is done: its buffers can go
-                        k = index[0]
-
-                        @pl.when(k > 0)
-                        def _():
-                            release(k - 1)
+                        plgpu.wgmma_wait(0)
                         return accs
 
                     pipeline(step, context)(a_gmem.at[row_slice, :],
@@ -284,9 +270,10 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
     if num_sms is None:  # the interpreter simulates every SM's threads: two are enough there
         num_sms = 2 if interpret is not None else getattr(jax.devices()[0], "core_count", None) or 132
+    cluster = dict(cluster=(config.cluster_n,), cluster_names=("cluster",)) if clustered else {}
     kernel = plgpu.kernel(
-        body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms,), grid_names=("sm",),
-        num_threads=3, thread_name="wg", interpret=interpret,
+        body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms // config.cluster_n,),
+        grid_names=("sm",), **cluster, num_threads=3, thread_name="wg", interpret=interpret,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
     scales = (row_scale.astype(jnp.float32), col_scale.astype(jnp.float32)) if scaled else ()
     return kernel(tile_groups.astype(jnp.int32), rows, weights, *scales)

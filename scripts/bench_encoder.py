@@ -58,9 +58,9 @@ VARIANTS = {
     "fp8-moe-gather-row-by-row": "gathered as before 2026-11-29: 4 rows x 4 warps a program, copied row by row",
     "fp8-fused-merge": "the packed attention's two cuDNN halves merged inside o_proj's input quantisation "
                        "(packed_attention.FUSED_MERGE_QUANTIZE = True)",
-    "fp8-moe-overlap": "the expert GEMMs with a k-step's wgmma group left in flight while the next is issued "
-                       "(TileConfig.overlap_steps in moe's tiled configs)",
-    "bfloat16-moe-overlap": "as fp8-moe-overlap, in bf16",
+    "fp8-moe-cluster": "the fp8 expert GEMMs in CTA pairs sharing a multicast A tile (cluster_n 2 in "
+                       "moe.TILED_FP8_SWIGLU_CONFIG and moe.TILED_FP8_DOWN_SCALED_CONFIG)",
+    "fp8-moe-cluster-fused-merge": "fp8-moe-cluster and fp8-fused-merge together",
 }
 
 
@@ -78,10 +78,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         return residual_norm(h, delta, weight, eps, quantized, keep_value)
 
     gather = [(moe, "ROW_COPY", "gather")]
-    overlap = [(moe, name, getattr(moe, name)._replace(overlap_steps=True))
+    cluster = [(moe, name, getattr(moe, name)._replace(cluster_n=2))
                for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")]
-    overlap += [(moe, name, tuple(tuple(c._replace(overlap_steps=True) for c in pair) for pair in getattr(moe, name)))
-                for name in ("TILED_CONFIGS", "TILED_FP8_CONFIGS")]
     fused_merge = [(packed_attention, "FUSED_MERGE_QUANTIZE", True)]
     return {
         "fp8-xla-swiglu": [(fp8, "swiglu_quantize", fp8.swiglu_quantize_reference)],
@@ -96,8 +94,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-gather-row-by-row": gather + [(moe_rows, "pallas_gather_tuning",
                                                 lambda row_bytes: {"rows": 4, "num_warps": 4})],
         "fp8-fused-merge": fused_merge,
-        "fp8-moe-overlap": overlap,
-        "bfloat16-moe-overlap": overlap,
+        "fp8-moe-cluster": cluster,
+        "fp8-moe-cluster-fused-merge": cluster + fused_merge,
     }.get(variant, [])
 
 

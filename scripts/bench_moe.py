@@ -67,9 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (ragged_dot and dense only)")
     p.add_argument("--fp8", action="store_true", help="e4m3 rows and weights (the W8A8 experts), module doc")
-    p.add_argument("--overlap-steps", type=int, nargs="+", default=[0], choices=[0, 1],
-                   help="tiled: time the model's kernel forms with each of these TileConfig.overlap_steps (1: a "
-                        "k-step's wgmma group left in flight while the next is issued)")
+    p.add_argument("--cluster-n", type=int, nargs="+", default=[1],
+                   help="fp8: time the model's epilogue forms at each of these TileConfig.cluster_n (1: no "
+                        "cluster; 2: CTA pairs sharing a multicast A tile)")
     p.add_argument("--movement", action="store_true",
                    help="time the block's memory-bound steps alone: the row gather (bf16 and e4m3 rows, each "
                         "`jaxllm.moe_rows` impl), the fp8 scale + SwiGLU + requantisation and the combine (XLA vs "
@@ -345,18 +345,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
                 model_config = (moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
                                 else moe.TILED_FP8_DOWN_SCALED_CONFIG)
-                for overlap in args.overlap_steps:
-                    time_tiled(record, x, w, sizes, model_config._replace(overlap_steps=bool(overlap)),
-                               name="tiled_overlap" if overlap else "tiled", swiglu=shape_name == "gate_up",
-                               scaled=True)
+                for cluster_n in args.cluster_n:
+                    time_tiled(record, x, w, sizes, model_config._replace(cluster_n=cluster_n),
+                               name="tiled" if cluster_n == model_config.cluster_n else f"tiled_cluster{cluster_n}",
+                               swiglu=shape_name == "gate_up", scaled=True)
             elif "tiled" in args.candidates:
                 pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
-                for overlap in args.overlap_steps:
-                    name = "tiled_overlap" if overlap else "tiled"
-                    if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
-                        time_tiled(record, x, w, sizes, pair[0]._replace(overlap_steps=bool(overlap)), name=name,
-                                   swiglu=True)
-                    time_tiled(record, x, w, sizes, pair[1]._replace(overlap_steps=bool(overlap)), name=name)
+                if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
+                    time_tiled(record, x, w, sizes, pair[0], swiglu=True)
+                time_tiled(record, x, w, sizes, pair[1])
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
                 fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)

@@ -287,60 +287,43 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
         assert cosine.min() > 0.995, (mode, cosine.min())
 
 
-OVERLAP_CASES = (  # (config, contraction, weight rows, swiglu, dtype): every form the model runs, k-steps > stages
-    (moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, True, jnp.float8_e4m3fn),
-    (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048, False, jnp.float8_e4m3fn),
-    (moe.TILED_CONFIGS[0][0], 2048, 1536, True, jnp.bfloat16),
-    (moe.TILED_CONFIGS[0][1], 768, 2048, False, jnp.bfloat16),
-)
-
-
-def _overlap_outputs(config, k, n, swiglu, dtype, sizes, seed, interpret=None):
-    """The kernel's output rows with `overlap_steps` off and on (scaled when fp8), on one routing."""
-    rng = np.random.default_rng(seed)
-    s = jnp.asarray(sizes, jnp.int32)
-    fp8 = dtype == jnp.float8_e4m3fn
-    x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), dtype)
-    w = jnp.asarray(rng.normal(size=(len(sizes), n, k)) * (1 if fp8 else 0.05), dtype)
-    plan = tile_plan(s, x.shape[0], config.tile_m)
-    rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
-    scales = ((jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32),
-               jnp.asarray(rng.uniform(0.001, 0.01, (len(sizes), n)), jnp.float32)) if fp8 else (None, None))
-    outs = []
-    for overlap in (False, True):
-        c = config._replace(overlap_steps=overlap)
-        kernel = lambda a, b, g, r, cs, c=c: tiled_grouped_matmul(  # noqa: E731
-            a, b, g, c, swiglu=swiglu, row_scale=r, col_scale=cs, interpret=interpret)
-        kernel = kernel if interpret is not None else jax.jit(kernel)
-        outs.append(np.asarray(kernel(rows, w, plan.tile_groups, *scales)[plan.padded_row], np.float32))
-    return outs
-
-
-def test_overlapped_steps_change_nothing_interpreted():
-    """`TileConfig.overlap_steps` (a k-step's wgmma left in flight, its buffers released by the next step, the
-    last step's after its products) gives the same output bit for bit, interpreted: bf16 at 4 k-steps through 2
-    buffers with SwiGLU, fp8 down scaled at 6 k-steps through 4 (64-wide tiles: what the interpreter runs)."""
-    sizes = np.array([70, 0, 130, 1])
-    cases = ((SMALL, 256, 256, True, jnp.bfloat16),
-             (moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64), 768, 256, False, jnp.float8_e4m3fn))
-    for seed, case in enumerate(cases):
-        off, on = _overlap_outputs(*case, sizes, seed, interpret=interpreter())
-        assert np.abs(off).max() > 0
-        np.testing.assert_array_equal(on, off, err_msg=str(case))
-
-
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-def test_overlapped_steps_change_nothing_on_gpu():
-    """Compiled at the model's configs (fp8 gate+up scaled with SwiGLU, fp8 down scaled, bf16 both): the output
-    with `overlap_steps` equals the output without it bit for bit, on a routing with an empty expert, an expert of
-    one row and unused tiles at the end."""
+def test_clustered_kernel_equals_the_unclustered_on_gpu():
+    """`TileConfig.cluster_n` 2 (CTA pairs on neighbouring column tiles, A multicast to both) changes where a tile
+    is computed, not how: at the model's fp8 configs with their epilogues (gate+up scaled with SwiGLU, down
+    scaled), bf16 at its gate+up config, its output equals the unclustered kernel's bit for bit, on a routing with
+    an empty expert, one expert of a single row and unused tiles at the end."""
     rng = np.random.default_rng(8)
     sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
     sizes[2], sizes[5] = 0, 1
-    for seed, case in enumerate(OVERLAP_CASES):
-        off, on = _overlap_outputs(*case, sizes, seed)
-        assert np.abs(off).max() > 0
-        np.testing.assert_array_equal(on, off, err_msg=str(case))
+    s = jnp.asarray(sizes, jnp.int32)
+    cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, True, jnp.float8_e4m3fn),
+             (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048, False, jnp.float8_e4m3fn),
+             (moe.TILED_CONFIGS[0][1], 768, 2048, False, jnp.bfloat16))
+    for config, k, n, swiglu, dtype in cases:
+        x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), dtype)
+        w = jnp.asarray(rng.normal(size=(16, n, k)) * (1 if dtype == jnp.float8_e4m3fn else 0.05), dtype)
+        plan = tile_plan(s, x.shape[0], config.tile_m)
+        rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+        scales = ()
+        if dtype == jnp.float8_e4m3fn:
+            scales = (jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32),
+                      jnp.asarray(rng.uniform(0.001, 0.01, (16, n)), jnp.float32))
+        outs = []
+        for cluster_n in (1, 2):
+            c = config._replace(cluster_n=cluster_n)
+            kernel = jax.jit(lambda a, b, g, *sc, c=c: tiled_grouped_matmul(
+                a, b, g, c, swiglu=swiglu, row_scale=sc[0] if sc else None, col_scale=sc[1] if sc else None))
+            outs.append(np.asarray(kernel(rows, w, plan.tile_groups, *scales)[plan.padded_row], np.float32))
+        assert np.abs(outs[0]).max() > 0
+        np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"{config} swiglu={swiglu} {dtype}")
+
+
+def test_clustered_kernel_names_the_columns_it_cannot_pair():
+    rows = jnp.zeros((128, 128), jnp.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 2 \\* tile_n \\* cluster_n = 256"):
+        tiled_grouped_matmul(rows, jnp.zeros((2, 192, 128), jnp.bfloat16), jnp.zeros((2,), jnp.int32),
+                             SMALL._replace(cluster_n=2))
 
 
 def test_fp8_swiglu_epilogue_interpreted():
