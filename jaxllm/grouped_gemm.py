@@ -30,9 +30,10 @@ class TileConfig(NamedTuple):
     """Block sizes. A CTA computes tile_m rows x (2 * tile_n) columns (one tile_n slice per compute warpgroup),
     stepping tile_k deep through `stages` shared-memory buffers; its epilogue stores epi_m x epi_n pieces.
     Consecutive CTAs walk the (row tile, column tile) grid in bands `band` column tiles wide (L2 reuse of A).
-    cluster_n 2: CTAs run in clusters of two on neighbouring column tiles of one row tile, and each A tile is
-    loaded once from L2 and multicast to both (TMA multicast), so a step reads 1/2 A + B instead of A + B;
-    `band` then counts column-tile pairs."""
+    pipeline_tiles: the memory warpgroup streams a CTA's tiles as one pipeline (JAX's pipeline of pipelines) and
+    loads a tile's first k-steps while the compute warpgroups still work on the previous tile, instead of waiting
+    for them to finish it; the CTAs then walk only the used row tiles, row by row (`band` unused), and the
+    k-steps must be a multiple of the buffers (min(stages, k-steps))."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -41,7 +42,7 @@ class TileConfig(NamedTuple):
     epi_m: int = 64
     epi_n: int = 64
     band: int = 4
-    cluster_n: int = 1
+    pipeline_tiles: bool = False
 
 
 class TilePlan(NamedTuple):
@@ -95,13 +96,13 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
         problems.append(f"contraction: rows have {k}, weights {k_w}")
     if m % config.tile_m or tile_groups.shape != (m // config.tile_m,):
         problems.append(f"rows {m} must be tile_groups {tile_groups.shape[0]} tiles of tile_m {config.tile_m}")
-    if out_n % (2 * config.tile_n * config.cluster_n) or (swiglu and n % 2):
-        problems.append(f"output columns {out_n} must be a multiple of 2 * tile_n * cluster_n = "
-                        f"{2 * config.tile_n * config.cluster_n}")
-    if config.cluster_n not in (1, 2):
-        problems.append(f"cluster_n must be 1 or 2, got {config.cluster_n}")
+    if out_n % (2 * config.tile_n) or (swiglu and n % 2):
+        problems.append(f"output columns {out_n} must be a multiple of 2 * tile_n = {2 * config.tile_n}")
     if k % config.tile_k:
         problems.append(f"contraction {k} must be a multiple of tile_k {config.tile_k}")
+    elif config.pipeline_tiles and (k // config.tile_k) % min(config.stages, k // config.tile_k):
+        problems.append(f"pipeline_tiles: the k-steps {k // config.tile_k} must be a multiple of stages "
+                        f"{config.stages} (see `pipelined`)")
     if config.tile_m % config.epi_m or config.tile_n % config.epi_n:
         problems.append("the epilogue piece (epi_m, epi_n) must divide (tile_m, tile_n)")
     if rows.dtype != weights.dtype:
@@ -113,6 +114,14 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
                         f"{list(row_scale.shape)} and {list(col_scale.shape)}")
     if problems:
         raise ValueError("tiled_grouped_matmul: " + "; ".join(problems))
+
+
+def pipelined(config: TileConfig, k: int) -> TileConfig:
+    """config with `pipeline_tiles` on at contraction k: stages cut to the largest count that divides its
+    k-steps."""
+    steps = k // config.tile_k
+    stages = max(s for s in range(1, min(config.stages, steps) + 1) if steps % s == 0)
+    return config._replace(pipeline_tiles=True, stages=stages)
 
 
 def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array,
@@ -162,15 +171,15 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     out_layout = smem_layout(config.epi_n, jnp.dtype(out_dtype).itemsize)
     b_block, b_index = ((cta_n, tk), lambda s: (0, s)) if transposed else ((tk, cta_n), lambda s: (s, 0))
     b_spec = plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM)
-    clustered = config.cluster_n > 1
-    a_spec = plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout, memory_space=plgpu.SMEM,
-                             collective_axes=("cluster",) if clustered else ())
 
-    def pipeline(step, context):
+    slots = min(config.stages, k_steps)  # the pipeline's buffers per operand
+
+    def pipeline(step, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
-            max_concurrent_steps=config.stages, compute_context=context,
-            in_specs=[a_spec] + [b_spec] * parts)
+            max_concurrent_steps=config.stages, compute_context=context, pipeline_state=state,
+            in_specs=[plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout,
+                                      memory_space=plgpu.SMEM)] + [b_spec] * parts)
 
     def weight_tile(b_gmem, group, ni, part):
         cols = pl.ds(part * out_n + ni * cta_n, cta_n)
@@ -181,7 +190,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                          col_smem=plgpu.SMEM((2, parts, tn), jnp.float32),
                          scale_barriers=plgpu.Barrier(num_barriers=2 * (1 + parts))) if scaled else {}
 
-    def body(groups_gmem, a_gmem, b_gmem, *rest):
+    def body(groups_gmem, used_gmem, a_gmem, b_gmem, *rest):
         *scale_gmem, out_gmem = rest
         unused = lambda *_, **__: None
 
@@ -195,11 +204,18 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
             wg = lax.axis_index("wg")
             wg_cols = pl.ds(wg * tn, tn)
 
-            @plgpu.nd_loop((m_tiles * (n_tiles // config.cluster_n),), collective_axes="sm")
+            if config.pipeline_tiles:  # the used row tiles only (they come first), row by row
+                used_tiles = used_gmem[0]
+                grid = (used_tiles, n_tiles)
+            else:
+                grid = (m_tiles * n_tiles,)
+
+            @plgpu.nd_loop(grid, collective_axes="sm")
             def tile_loop(info):
-                mi, ni = plgpu.planar_snake(info.index[0], (m_tiles, n_tiles // config.cluster_n), 1, config.band)
-                if clustered:  # the cluster's CTAs share the row tile (its A is multicast), each its own columns
-                    ni = ni * config.cluster_n + lax.axis_index("cluster")
+                if config.pipeline_tiles:
+                    mi, ni = info.index
+                else:
+                    mi, ni = plgpu.planar_snake(info.index[0], (m_tiles, n_tiles), 1, config.band)
                 group = groups_gmem[mi]
 
                 @pl.when(group >= 0)
@@ -262,18 +278,31 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         plgpu.wgmma_wait(0)
                         return accs
 
-                    pipeline(step, context)(a_gmem.at[row_slice, :],
-                                            *(weight_tile(b_gmem, group, ni, p) for p in range(parts)),
-                                            allocations=buffers)
+                    # pipeline_tiles: a CTA's first tile fills the buffers (START); the later ones (STEADY) load
+                    # each k-step as soon as the previous tile's step in its buffer is consumed
+                    state = (jnp.where(info.local_index == 0, int(plgpu.PipelinePipeline.START),
+                                       int(plgpu.PipelinePipeline.STEADY)) if config.pipeline_tiles else None)
+                    pipeline(step, context, state)(a_gmem.at[row_slice, :],
+                                                   *(weight_tile(b_gmem, group, ni, p) for p in range(parts)),
+                                                   allocations=buffers)
+
+            if config.pipeline_tiles:
+                # a STEADY pipeline does not wait for its last steps to be consumed: the memory warpgroup waits
+                # for the last tile's (one per buffer) here, as a STOP pipeline would
+                @pl.when((lax.axis_index("wg") == 2) & (lax.axis_index("sm") < used_tiles * n_tiles))
+                def _():
+                    [consumed] = buffers["flat_consumed_barrier_refs"]
+                    for slot in range(slots):
+                        plgpu.barrier_wait(consumed.at[slot])
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     if num_sms is None:  # the interpreter simulates every SM's threads: two are enough there
         num_sms = 2 if interpret is not None else getattr(jax.devices()[0], "core_count", None) or 132
-    cluster = dict(cluster=(config.cluster_n,), cluster_names=("cluster",)) if clustered else {}
     kernel = plgpu.kernel(
-        body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms // config.cluster_n,),
-        grid_names=("sm",), **cluster, num_threads=3, thread_name="wg", interpret=interpret,
+        body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms,), grid_names=("sm",),
+        num_threads=3, thread_name="wg", interpret=interpret,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
     scales = (row_scale.astype(jnp.float32), col_scale.astype(jnp.float32)) if scaled else ()
-    return kernel(tile_groups.astype(jnp.int32), rows, weights, *scales)
+    used = jnp.sum(tile_groups >= 0, dtype=jnp.int32)[None]  # the used row tiles: the first ones (`tile_plan`)
+    return kernel(tile_groups.astype(jnp.int32), used, rows, weights, *scales)

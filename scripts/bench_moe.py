@@ -67,9 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (ragged_dot and dense only)")
     p.add_argument("--fp8", action="store_true", help="e4m3 rows and weights (the W8A8 experts), module doc")
-    p.add_argument("--cluster-n", type=int, nargs="+", default=[1],
-                   help="fp8: time the model's epilogue forms at each of these TileConfig.cluster_n (1: no "
-                        "cluster; 2: CTA pairs sharing a multicast A tile)")
+    p.add_argument("--pipeline-tiles", type=int, nargs="+", default=[0], choices=[0, 1],
+                   help="tiled: time the model's kernel forms without (0) and with (1) TileConfig.pipeline_tiles "
+                        "(grouped_gemm.pipelined: a CTA's tiles as one pipeline)")
     p.add_argument("--movement", action="store_true",
                    help="time the block's memory-bound steps alone: the row gather (bf16 and e4m3 rows, each "
                         "`jaxllm.moe_rows` impl), the fp8 scale + SwiGLU + requantisation and the combine (XLA vs "
@@ -345,15 +345,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
                 model_config = (moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
                                 else moe.TILED_FP8_DOWN_SCALED_CONFIG)
-                for cluster_n in args.cluster_n:
-                    time_tiled(record, x, w, sizes, model_config._replace(cluster_n=cluster_n),
-                               name="tiled" if cluster_n == model_config.cluster_n else f"tiled_cluster{cluster_n}",
-                               swiglu=shape_name == "gate_up", scaled=True)
+                for pipeline_tiles in args.pipeline_tiles:
+                    time_tiled(record, x, w, sizes,
+                               grouped_gemm.pipelined(model_config, k) if pipeline_tiles else model_config,
+                               name="tiled_pipelined" if pipeline_tiles else "tiled", swiglu=shape_name == "gate_up",
+                               scaled=True)
             elif "tiled" in args.candidates:
                 pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
-                if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
-                    time_tiled(record, x, w, sizes, pair[0], swiglu=True)
-                time_tiled(record, x, w, sizes, pair[1])
+                for pipeline_tiles in args.pipeline_tiles:
+                    name = "tiled_pipelined" if pipeline_tiles else "tiled"
+                    form = (lambda c: grouped_gemm.pipelined(c, k)) if pipeline_tiles else (lambda c: c)  # noqa: E731
+                    if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
+                        time_tiled(record, x, w, sizes, form(pair[0]), name=name, swiglu=True)
+                    time_tiled(record, x, w, sizes, form(pair[1]), name=name)
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
                 fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)

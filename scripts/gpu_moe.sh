@@ -49,16 +49,15 @@
 #   bash scripts/gpu_moe.sh merge OUT     # packed attention's halves merged inside o_proj's quantisation: its GPU
 #                                         # test, the 4B's fp8 encoder with and without (one process), the 30B's
 #                                         # if the call has time left, ~3-9 min
-#   bash scripts/gpu_moe.sh cluster OUT   # the fp8 expert kernels in CTA pairs (TileConfig.cluster_n 2, A multicast)
-#                                         # and the fused merge: their GPU tests, both kernel forms vs dense fp8,
-#                                         # both under Nsight Compute (OUT/ncu*.log), the 30B's fp8 encoder in each
-#                                         # form if time is left, ~9 min
+#   bash scripts/gpu_moe.sh pipelined OUT # the expert kernels with a CTA's tiles as one pipeline: its GPU test,
+#                                         # the kernels both ways vs dense (fp8, bf16), the 30B's fp8 encoder both
+#                                         # ways (one process), the 4B's fp8 encoder, ~8 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | merge | cluster | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | merge | pipelined | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -255,26 +254,20 @@ case $stage in
       --model qwen3-30b-a3b --dtypes fp8 fp8-fused-merge --methods packed --no-hf --no-gemm-ceiling \
       --out "$out/encoder_qwen3-30b-a3b.json"
     ;;
-  cluster)
-    run cluster_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k clustered
-    run merge_test 90 python3 -m pytest -q tests/test_llm_fp8.py -k compiled_merge
-    run moe_kernels 150 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform \
-      --cluster-n 1 2 --iters 20 --out "$out/moe_kernels.json"
-    # each kernel form launches 4 times (--iters 1): the unscaled, the model's and the clustered, both GEMMs
-    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
-      --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy"
-    # shellcheck disable=SC2086
-    run ncu_tiled 200 "$ncu_bin" --clock-control none --kernel-name regex:mosaic --launch-count 24 $sections \
-      python3 -u scripts/bench_moe.py --fp8 --candidates tiled --routings uniform --cluster-n 1 2 --iters 1
-    # shellcheck disable=SC2086
-    run ncu_dense 100 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$ncu_bin" --clock-control none \
-      --kernel-name regex:"nvjet|gemm|xmma|cutlass" --launch-count 16 $sections \
-      python3 -u scripts/bench_moe.py --fp8 --candidates dense --routings uniform --iters 1
-    left=$((540 - SECONDS))
-    [ "$left" -ge 150 ] && run encoder_qwen3-30b-a3b "$left" python3 -u scripts/bench_encoder.py --ragged \
-      --model qwen3-30b-a3b --dtypes fp8 fp8-moe-cluster fp8-fused-merge --methods packed --no-hf \
-      --no-gemm-ceiling --out "$out/encoder_qwen3-30b-a3b.json"
+  pipelined)
+    # TileConfig.pipeline_tiles (grouped_gemm.pipelined: a CTA's tiles as one pipeline): its GPU test, the expert
+    # kernels both ways against dense (fp8 and bf16), then both fp8 encoders (the 30B both ways, one process)
+    run pipelined_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k pipelined
+    run moe_kernels_fp8 120 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform \
+      --pipeline-tiles 0 1 --iters 20 --out "$out/moe_kernels_fp8.json"
+    run moe_kernels_bf16 120 python3 -u scripts/bench_moe.py --candidates dense tiled --routings uniform \
+      --pipeline-tiles 0 1 --iters 20 --out "$out/moe_kernels_bf16.json"
+    run encoder_qwen3-30b-a3b 170 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-pipelined --methods packed --no-hf --no-gemm-ceiling \
+      --out "$out/encoder_qwen3-30b-a3b.json"
+    left=$((550 - SECONDS))
+    [ "$left" -ge 60 ] && run encoder_qwen3-4b "$left" python3 -u scripts/bench_encoder.py --ragged \
+      --model qwen3-4b --dtypes fp8 --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
   coldstart)
     old=$(cd "${OLD_TREE:?OLD_TREE: the older tree to compare with}" && pwd)

@@ -104,14 +104,14 @@ def test_fp8_encoder_lowers_for_a_hopper_gpu(sparse):
 
 
 @pytest.mark.parametrize("form", ["gate_up", "down"])
-def test_clustered_fp8_expert_kernel_lowers_for_a_hopper_gpu(form):
-    """The tiled e4m3 kernels in CTA pairs (`TileConfig.cluster_n` 2: A multicast across a cluster of two), at the
-    model's configs and epilogues."""
-    from jaxllm.grouped_gemm import tiled_grouped_matmul
+def test_pipelined_fp8_expert_kernel_lowers_for_a_hopper_gpu(form):
+    """The tiled e4m3 kernels with `TileConfig.pipeline_tiles` (one pipeline over a CTA's tiles, a dynamic tile
+    count), at the model's configs and epilogues."""
+    from jaxllm.grouped_gemm import pipelined, tiled_grouped_matmul
 
     config, k, n = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536) if form == "gate_up"
                     else (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048))
-    config, rows = config._replace(cluster_n=2), 128 * 24
+    config, rows = pipelined(config, k), 128 * 24
     text = lowered_for_cuda(
         lambda a, b, g, r, c: tiled_grouped_matmul(a, b, g, config, swiglu=form == "gate_up", row_scale=r,
                                                    col_scale=c),

@@ -287,43 +287,69 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
         assert cosine.min() > 0.995, (mode, cosine.min())
 
 
+def _pipelined_outputs(config, k, n, swiglu, dtype, sizes, seed, interpret=None):
+    """The kernel's output rows with `pipeline_tiles` off and on (`grouped_gemm.pipelined`; scaled when fp8)."""
+    rng = np.random.default_rng(seed)
+    s = jnp.asarray(sizes, jnp.int32)
+    fp8 = dtype == jnp.float8_e4m3fn
+    x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), dtype)
+    w = jnp.asarray(rng.normal(size=(len(sizes), n, k)) * (1 if fp8 else 0.05), dtype)
+    plan = tile_plan(s, x.shape[0], config.tile_m)
+    rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+    scales = ((jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32),
+               jnp.asarray(rng.uniform(0.001, 0.01, (len(sizes), n)), jnp.float32)) if fp8 else (None, None))
+    outs = []
+    for c in (config, grouped_gemm.pipelined(config, k)):
+        kernel = lambda a, b, g, r, cs, c=c: tiled_grouped_matmul(  # noqa: E731
+            a, b, g, c, swiglu=swiglu, row_scale=r, col_scale=cs, interpret=interpret)
+        kernel = kernel if interpret is not None else jax.jit(kernel)
+        outs.append(np.asarray(kernel(rows, w, plan.tile_groups, *scales)[plan.padded_row], np.float32))
+    return outs
+
+
+@pytest.mark.parametrize("sizes", [[70, 0, 130, 1], [5, 0, 0, 0]])
+def test_pipelined_tiles_change_nothing_interpreted(sizes):
+    """`TileConfig.pipeline_tiles` (a CTA's tiles streamed as one pipeline, the used row tiles only) gives the
+    same output bit for bit, interpreted on 2 CTAs: bf16 with SwiGLU at 4 k-steps through 2 buffers, fp8 down
+    scaled at 6 k-steps through 3 (64-wide tiles: what the interpreter runs); with many tiles per CTA, and with
+    one used tile (one CTA runs one tile, the other none)."""
+    sizes = np.asarray(sizes)
+    cases = ((SMALL, 256, 256, True, jnp.bfloat16),
+             (moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64), 768, 128, False, jnp.float8_e4m3fn))
+    for seed, case in enumerate(cases):
+        off, on = _pipelined_outputs(*case, sizes, seed, interpret=interpreter())
+        assert np.abs(off).max() > 0
+        np.testing.assert_array_equal(on, off, err_msg=str(case))
+
+
+def test_pipelined_config_divides_the_steps():
+    config = TileConfig(tile_k=128, stages=4)
+    assert grouped_gemm.pipelined(config, 768) == config._replace(stages=3, pipeline_tiles=True)  # 6 steps
+    assert grouped_gemm.pipelined(config, 2048).stages == 4  # 16 steps
+    assert grouped_gemm.pipelined(config, 256).stages == 2  # 2 steps
+    rows = jnp.zeros((128, 768), jnp.bfloat16)
+    with pytest.raises(ValueError, match="k-steps 6 must be a multiple of stages 4"):
+        tiled_grouped_matmul(rows, jnp.zeros((2, 256, 768), jnp.bfloat16), jnp.zeros((1,), jnp.int32),
+                             config._replace(pipeline_tiles=True))
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-def test_clustered_kernel_equals_the_unclustered_on_gpu():
-    """`TileConfig.cluster_n` 2 (CTA pairs on neighbouring column tiles, A multicast to both) changes where a tile
-    is computed, not how: at the model's fp8 configs with their epilogues (gate+up scaled with SwiGLU, down
-    scaled), bf16 at its gate+up config, its output equals the unclustered kernel's bit for bit, on a routing with
-    an empty expert, one expert of a single row and unused tiles at the end."""
+def test_pipelined_tiles_change_nothing_on_gpu():
+    """Compiled at the model's configs (fp8 gate+up scaled with SwiGLU, fp8 down scaled, bf16 both) with
+    `grouped_gemm.pipelined`: the output equals the unpipelined kernel's bit for bit, on a routing with an empty
+    expert, an expert of one row and unused tiles at the end, and on one of a single used row tile."""
     rng = np.random.default_rng(8)
     sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
     sizes[2], sizes[5] = 0, 1
-    s = jnp.asarray(sizes, jnp.int32)
     cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, True, jnp.float8_e4m3fn),
              (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048, False, jnp.float8_e4m3fn),
+             (moe.TILED_CONFIGS[0][0], 2048, 1536, True, jnp.bfloat16),
              (moe.TILED_CONFIGS[0][1], 768, 2048, False, jnp.bfloat16))
-    for config, k, n, swiglu, dtype in cases:
-        x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), dtype)
-        w = jnp.asarray(rng.normal(size=(16, n, k)) * (1 if dtype == jnp.float8_e4m3fn else 0.05), dtype)
-        plan = tile_plan(s, x.shape[0], config.tile_m)
-        rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
-        scales = ()
-        if dtype == jnp.float8_e4m3fn:
-            scales = (jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32),
-                      jnp.asarray(rng.uniform(0.001, 0.01, (16, n)), jnp.float32))
-        outs = []
-        for cluster_n in (1, 2):
-            c = config._replace(cluster_n=cluster_n)
-            kernel = jax.jit(lambda a, b, g, *sc, c=c: tiled_grouped_matmul(
-                a, b, g, c, swiglu=swiglu, row_scale=sc[0] if sc else None, col_scale=sc[1] if sc else None))
-            outs.append(np.asarray(kernel(rows, w, plan.tile_groups, *scales)[plan.padded_row], np.float32))
-        assert np.abs(outs[0]).max() > 0
-        np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"{config} swiglu={swiglu} {dtype}")
-
-
-def test_clustered_kernel_names_the_columns_it_cannot_pair():
-    rows = jnp.zeros((128, 128), jnp.bfloat16)
-    with pytest.raises(ValueError, match="multiple of 2 \\* tile_n \\* cluster_n = 256"):
-        tiled_grouped_matmul(rows, jnp.zeros((2, 192, 128), jnp.bfloat16), jnp.zeros((2,), jnp.int32),
-                             SMALL._replace(cluster_n=2))
+    for routing in (sizes, np.eye(16, dtype=int)[3] * 7):
+        for seed, case in enumerate(cases):
+            off, on = _pipelined_outputs(*case, routing, seed)
+            assert np.abs(off).max() > 0
+            np.testing.assert_array_equal(on, off, err_msg=str(case))
 
 
 def test_fp8_swiglu_epilogue_interpreted():
