@@ -58,15 +58,15 @@ VARIANTS = {
     "fp8-moe-gather-row-by-row": "gathered as before 2026-11-29: 4 rows x 4 warps a program, copied row by row",
     "fp8-fused-merge": "the packed attention's two cuDNN halves merged inside o_proj's input quantisation "
                        "(packed_attention.FUSED_MERGE_QUANTIZE = True)",
-    "fp8-moe-pipelined": "the expert GEMMs with a CTA's tiles streamed as one pipeline (grouped_gemm.pipelined "
-                         "on moe's tiled configs)",
-    "bfloat16-moe-pipelined": "as fp8-moe-pipelined, in bf16",
+    "fp8-moe-unpipelined": "down's expert GEMM with each tile's pipeline on its own, as before 2026-11-29's twelfth "
+                           "session (moe.PIPELINED_DOWN = False)",
+    "bfloat16-moe-unpipelined": "as fp8-moe-unpipelined, in bf16",
 }
 
 
 def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
     """(module, attribute, value): the settings `variant` (a --dtypes name) changes from its base dtype's."""
-    from jaxllm import fp8, grouped_gemm, layer_ops, moe, moe_rows, packed_attention
+    from jaxllm import fp8, layer_ops, moe, moe_rows, packed_attention
     from jaxllm import model as model_module
 
     top_k_rows, residual_norm = moe.top_k_rows, model_module.residual_norm
@@ -78,13 +78,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         return residual_norm(h, delta, weight, eps, quantized, keep_value)
 
     gather = [(moe, "ROW_COPY", "gather")]
-    d, f = 2048, 768  # Qwen3-30B-A3B's hidden and expert widths: the contractions of gate+up and down
-    pipelined = [(moe, "TILED_FP8_SWIGLU_CONFIG", grouped_gemm.pipelined(moe.TILED_FP8_SWIGLU_CONFIG, d)),
-                 (moe, "TILED_FP8_DOWN_SCALED_CONFIG", grouped_gemm.pipelined(moe.TILED_FP8_DOWN_SCALED_CONFIG, f))]
-    pipelined += [(moe, name, tuple((grouped_gemm.pipelined(gate_up, d), grouped_gemm.pipelined(down, f))
-                                    for gate_up, down in getattr(moe, name)))
-                  for name in ("TILED_CONFIGS", "TILED_FP8_CONFIGS")]
     fused_merge = [(packed_attention, "FUSED_MERGE_QUANTIZE", True)]
+    unpipelined = [(moe, "PIPELINED_DOWN", False)]
     return {
         "fp8-xla-swiglu": [(fp8, "swiglu_quantize", fp8.swiglu_quantize_reference)],
         "fp8-xla-norms": [(layer_ops, "_one_pass_kernels", lambda y: False)],
@@ -98,8 +93,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-gather-row-by-row": gather + [(moe_rows, "pallas_gather_tuning",
                                                 lambda row_bytes: {"rows": 4, "num_warps": 4})],
         "fp8-fused-merge": fused_merge,
-        "fp8-moe-pipelined": pipelined,
-        "bfloat16-moe-pipelined": pipelined,
+        "fp8-moe-unpipelined": unpipelined,
+        "bfloat16-moe-unpipelined": unpipelined,
     }.get(variant, [])
 
 

@@ -49,9 +49,9 @@
 #   bash scripts/gpu_moe.sh merge OUT     # packed attention's halves merged inside o_proj's quantisation: its GPU
 #                                         # test, the 4B's fp8 encoder with and without (one process), the 30B's
 #                                         # if the call has time left, ~3-9 min
-#   bash scripts/gpu_moe.sh pipelined OUT # the expert kernels with a CTA's tiles as one pipeline: its GPU test,
-#                                         # the kernels both ways vs dense (fp8, bf16), the 30B's fp8 encoder both
-#                                         # ways (one process), the 4B's fp8 encoder, ~8 min
+#   bash scripts/gpu_moe.sh pipelined OUT # down's GEMM with a CTA's tiles as one pipeline (the default): the GPU
+#                                         # tests, the 30B's fp8 encoder with and without (one process), the 4B's
+#                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
@@ -255,19 +255,16 @@ case $stage in
       --out "$out/encoder_qwen3-30b-a3b.json"
     ;;
   pipelined)
-    # TileConfig.pipeline_tiles (grouped_gemm.pipelined: a CTA's tiles as one pipeline): its GPU test, the expert
-    # kernels both ways against dense (fp8 and bf16), then both fp8 encoders (the 30B both ways, one process)
-    run pipelined_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k pipelined
-    run moe_kernels_fp8 120 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform \
-      --pipeline-tiles 0 1 --iters 20 --out "$out/moe_kernels_fp8.json"
-    run moe_kernels_bf16 120 python3 -u scripts/bench_moe.py --candidates dense tiled --routings uniform \
-      --pipeline-tiles 0 1 --iters 20 --out "$out/moe_kernels_bf16.json"
+    # down's GEMM pipelined (moe.PIPELINED_DOWN, the default since the twelfth session): the 30B's fp8 encoder with
+    # and without (one process; the second row's min_cosine_vs_reference compares the two), the 4B's fp8 encoder;
+    # WITH_TESTS=1 first runs the GPU tests of the pipelined kernel and the fp8 block
+    [ -n "${WITH_TESTS:-}" ] && run pipelined_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
+      -k "pipelined or fp8_swiglu_epilogue_on_gpu"
     run encoder_qwen3-30b-a3b 170 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
-      --dtypes fp8 fp8-moe-pipelined --methods packed --no-hf --no-gemm-ceiling \
+      --dtypes fp8 fp8-moe-unpipelined --methods packed --no-hf --no-gemm-ceiling \
       --out "$out/encoder_qwen3-30b-a3b.json"
-    left=$((550 - SECONDS))
-    [ "$left" -ge 60 ] && run encoder_qwen3-4b "$left" python3 -u scripts/bench_encoder.py --ragged \
-      --model qwen3-4b --dtypes fp8 --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
+    run encoder_qwen3-4b 130 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
+      --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
   coldstart)
     old=$(cd "${OLD_TREE:?OLD_TREE: the older tree to compare with}" && pwd)
