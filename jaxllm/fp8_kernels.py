@@ -4,9 +4,7 @@ An fp8 GEMM's input is quantised per token row: abs-max over the row, divide, ca
 the op producing the row when it can (RMSNorm); where it cannot, it reads the row twice, once for the abs-max and
 once to scale and cast: the MLP's SwiGLU product (9,728 wide for Qwen3-4B, the widest tensor of a layer) and the
 attention output (produced by a cuDNN call). These kernels give each program a few token rows, held on chip
-between the abs-max and the cast: every input element is read once. Packed attention's output comes in two
-halves (against the cached prefix, within each prompt) that XLA merges into a row it writes and this quantisation
-reads back: `merge_quantize_pallas` merges them in the quantisation instead.
+between the abs-max and the cast: every input element is read once.
 
 Two more steps hold a row on chip between dependent reductions: the residual add with the next RMSNorm and its
 quantisation (`residual_norm_quantize_pallas`: sum of squares, then abs-max; XLA made three kernels of it) and
@@ -84,19 +82,6 @@ def _expert_swiglu_quantize_kernel(gate_up_ref, row_scale_ref, group_ref, col_sc
         up = pltriton.load(gate_up_ref.at[:, up_cols]).astype(jnp.float32) * row_scale
         up = up * pltriton.load(col_scale_ref.at[group, up_cols])[None, :]
         return gate * jax.nn.sigmoid(gate) * up
-
-    _quantize_block(values_of, q_ref, scale_ref, width, chunk)
-
-
-def _merge_quantize_kernel(prefix_ref, rest_ref, prefix_weight_ref, rest_weight_ref, q_ref, scale_ref, *,
-                           width: int, chunk: int, dtype: Any):
-    def values_of(cols):  # one head's columns (chunk = head_dim)
-        head = pl.ds(cols.start // chunk, 1)
-        w_p = pltriton.load(prefix_weight_ref.at[:, head])  # [rows, 1] float32
-        w_r = pltriton.load(rest_weight_ref.at[:, head])
-        rest = jnp.where(w_r > 0, pltriton.load(rest_ref.at[:, cols]).astype(jnp.float32) * w_r, 0.0)
-        merged = pltriton.load(prefix_ref.at[:, cols]).astype(jnp.float32) * w_p + rest
-        return merged.astype(dtype).astype(jnp.float32)
 
     _quantize_block(values_of, q_ref, scale_ref, width, chunk)
 
@@ -259,27 +244,6 @@ def expert_swiglu_quantize_pallas(gate_up: jax.Array, row_scale: jax.Array, tile
     )(gate_up, row_scale.astype(jnp.float32).reshape(n, 1), tile_groups.astype(jnp.int32),
       col_scale.astype(jnp.float32))
     return q, scale[:, 0]
-
-
-@functools.partial(jax.jit, static_argnames=("head_dim", "interpret", "rows", "num_warps"))
-def merge_quantize_pallas(prefix_half: jax.Array, rest_half: jax.Array, prefix_weight: jax.Array,
-                          rest_weight: jax.Array, head_dim: int, interpret: bool = False, rows: int = 1,
-                          num_warps: int = 4) -> tuple[jax.Array, jax.Array]:
-    """Attention's two halves merged and quantised per row for an fp8 GEMM, reading each half once.
-
-    prefix_half, rest_half [N, H * head_dim] (16-bit: cuDNN's outputs against the cached prefix and within each
-    packed prompt), prefix_weight, rest_weight [N, H] float32 (each head's softmax weights; a rest half of weight
-    0 counts 0 whatever its bits). Returns (e4m3 [N, H * head_dim], float32 scale [N]): the quantisation
-    (`jaxllm.fp8.quantize_rows`) of `jaxllm.packed_attention.merge_halves`'s rows in the halves' dtype, which XLA
-    would write and read back between its merge fusion and this quantisation. head_dim: a power of two (the
-    column slices are heads). `interpret` and the tuning as `quantize_rows_pallas`."""
-    if head_dim & (head_dim - 1) or prefix_half.shape[1] % head_dim:
-        raise ValueError(f"merge_quantize_pallas: head_dim {head_dim} must be a power of two dividing the width "
-                         f"{prefix_half.shape[1]}")
-    kernel = functools.partial(_merge_quantize_kernel, dtype=prefix_half.dtype)
-    return _row_kernel_call(kernel, [prefix_half, rest_half, prefix_weight.astype(jnp.float32),
-                                     rest_weight.astype(jnp.float32)], [], name="merge_quantize",
-                            interpret=interpret, rows=rows, num_warps=num_warps, chunk=head_dim)
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "keep_normed") + _TUNING)

@@ -18,17 +18,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from .fp8 import QuantizedRows, native_fp8_available, quantize
 from .private_jax import cudnn_attention_module, probe
 
 PACKED_ATTENTION_IMPLS = ("xla", "cudnn")
-
-# whether an fp8 model's packed attention with cuDNN merges its two halves inside o_proj's input quantisation (one
-# Pallas kernel, `fp8_kernels.merge_quantize_pallas`: the merged bf16 rows never go to memory) instead of XLA's
-# merge fusion followed by the one-pass quantisation kernel. The same arithmetic (on a GPU up to float32
-# contraction in the merge). Not yet measured on a GPU, so off.
-# Read at trace time.
-FUSED_MERGE_QUANTIZE = False
 
 
 @flax.struct.dataclass
@@ -155,24 +147,6 @@ def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Arr
         return _windowed_attention(q, k, v, prefix_k, prefix_v, segments)
     raise ValueError(f"packed attention implementation must be one of {PACKED_ATTENTION_IMPLS}, got "
                      f"{implementation!r}")
-
-
-def packed_attention_quantized(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
-                               prefix_v: jax.Array | None, segments: Segments,
-                               implementation: str = "xla") -> QuantizedRows:
-    """`packed_attention`'s output as rows [1, C, Hq * hd] quantised for an fp8 GEMM (o_proj's input: `fp8.quantize`
-    in one pass). With cuDNN, a prefix, FP8 tensor cores and `FUSED_MERGE_QUANTIZE`, the merge of the two halves
-    happens inside the quantisation kernel."""
-    _, c, hq, hd = q.shape
-    if implementation == "cudnn" and prefix_k is not None and FUSED_MERGE_QUANTIZE and native_fp8_available():
-        from .fp8_kernels import merge_quantize_pallas
-
-        out_p, out_r, w_p, w_r = _cudnn_halves(q, k, v, prefix_k, prefix_v, segments)
-        values, scale = merge_quantize_pallas(out_p.reshape(c, hq * hd), out_r.reshape(c, hq * hd),
-                                              w_p.reshape(c, hq), w_r.reshape(c, hq), head_dim=hd)
-        return QuantizedRows(values.reshape(1, c, hq * hd), scale.reshape(1, c), q.dtype)
-    out = packed_attention(q, k, v, prefix_k, prefix_v, segments, implementation)
-    return quantize(out.reshape(1, c, hq * hd), one_pass=True)
 
 
 @functools.cache

@@ -56,8 +56,6 @@ VARIANTS = {
                       "(moe.ROW_COPY = 'gather')",
     "bfloat16-moe-gather": "as fp8-moe-gather, in bf16",
     "fp8-moe-gather-row-by-row": "gathered as before 2026-11-29: 4 rows x 4 warps a program, copied row by row",
-    "fp8-fused-merge": "the packed attention's two cuDNN halves merged inside o_proj's input quantisation "
-                       "(packed_attention.FUSED_MERGE_QUANTIZE = True)",
     "fp8-moe-unpipelined": "down's expert GEMM with each tile's pipeline on its own, as before 2026-11-29's twelfth "
                            "session (moe.PIPELINED_DOWN = False)",
     "bfloat16-moe-unpipelined": "as fp8-moe-unpipelined, in bf16",
@@ -66,7 +64,7 @@ VARIANTS = {
 
 def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
     """(module, attribute, value): the settings `variant` (a --dtypes name) changes from its base dtype's."""
-    from jaxllm import fp8, layer_ops, moe, moe_rows, packed_attention
+    from jaxllm import fp8, layer_ops, moe, moe_rows
     from jaxllm import model as model_module
 
     top_k_rows, residual_norm = moe.top_k_rows, model_module.residual_norm
@@ -78,7 +76,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         return residual_norm(h, delta, weight, eps, quantized, keep_value)
 
     gather = [(moe, "ROW_COPY", "gather")]
-    fused_merge = [(packed_attention, "FUSED_MERGE_QUANTIZE", True)]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
     return {
         "fp8-xla-swiglu": [(fp8, "swiglu_quantize", fp8.swiglu_quantize_reference)],
@@ -92,7 +89,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-gather": gather,
         "fp8-moe-gather-row-by-row": gather + [(moe_rows, "pallas_gather_tuning",
                                                 lambda row_bytes: {"rows": 4, "num_warps": 4})],
-        "fp8-fused-merge": fused_merge,
         "fp8-moe-unpipelined": unpipelined,
         "bfloat16-moe-unpipelined": unpipelined,
     }.get(variant, [])

@@ -46,9 +46,6 @@
 #                                         # process), the 4B's in fp8 and bf16, the 30B fp8 trainer cold, ~9 min
 #   bash scripts/gpu_moe.sh capacity OUT  # both fp8 trainers cold (128 envs, skip_n 8, 5 updates) with passes of up
 #                                         # to 36,864 tokens (the default) and of 32,768 (before), GPU memory, ~8 min
-#   bash scripts/gpu_moe.sh merge OUT     # packed attention's halves merged inside o_proj's quantisation: its GPU
-#                                         # test, the 4B's fp8 encoder with and without (one process), the 30B's
-#                                         # if the call has time left, ~3-9 min
 #   bash scripts/gpu_moe.sh pipelined OUT # down's GEMM with a CTA's tiles as one pipeline (the default): the GPU
 #                                         # tests, the 30B's fp8 encoder with and without (one process), the 4B's
 #                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
@@ -57,7 +54,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | merge | pipelined | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -242,17 +239,6 @@ case $stage in
       --tune-tiled --tune-seconds 50 --block-impls tiled --profile-block /tmp/moe-fp8-profile --out "$out/moe_fp8.json"
     run moe_bf16 130 python3 -u scripts/bench_moe.py --candidates dense tiled --routings uniform --tune-tiled \
       --tune-seconds 45 --block-impls tiled --out "$out/moe_bf16.json"
-    ;;
-  merge)
-    # packed attention's halves merged inside o_proj's input quantisation (packed_attention.FUSED_MERGE_QUANTIZE):
-    # its GPU test, then the 4B's fp8 encoder with and without it in one process (then the 30B's if time is left)
-    run gpu_test 70 python3 -m pytest -q tests/test_llm_fp8.py -k "compiled_merge"
-    run encoder_qwen3-4b 110 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b \
-      --dtypes fp8 fp8-fused-merge --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
-    left=$((540 - SECONDS))
-    [ "$left" -ge 150 ] && run encoder_qwen3-30b-a3b "$left" python3 -u scripts/bench_encoder.py --ragged \
-      --model qwen3-30b-a3b --dtypes fp8 fp8-fused-merge --methods packed --no-hf --no-gemm-ceiling \
-      --out "$out/encoder_qwen3-30b-a3b.json"
     ;;
   pipelined)
     # down's GEMM pipelined (moe.PIPELINED_DOWN, the default since the twelfth session): the 30B's fp8 encoder with

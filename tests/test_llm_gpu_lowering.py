@@ -119,13 +119,3 @@ def test_pipelined_fp8_expert_kernel_lowers_for_a_hopper_gpu(form):
         jax.ShapeDtypeStruct((24,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.float32),
         jax.ShapeDtypeStruct((16, n), jnp.float32))
     assert "mosaic_gpu" in text
-
-
-def test_merge_quantize_kernel_lowers_for_a_hopper_gpu():
-    """Packed attention's two halves merged inside o_proj's input quantisation (`packed_attention.FUSED_MERGE_QUANTIZE`;
-    cuDNN itself cannot be lowered without a GPU), at Qwen3-30B-A3B's 32 heads of 128."""
-    from jaxllm.fp8_kernels import merge_quantize_pallas
-
-    half, weight = jax.ShapeDtypeStruct((1024, 4096), jnp.bfloat16), jax.ShapeDtypeStruct((1024, 32), jnp.float32)
-    text = lowered_for_cuda(lambda *a: merge_quantize_pallas(*a, head_dim=128), half, half, weight, weight)
-    assert "merge_quantize" in text
