@@ -32,8 +32,9 @@ class TileConfig(NamedTuple):
     Consecutive CTAs walk the (row tile, column tile) grid in bands `band` column tiles wide (L2 reuse of A).
     pipeline_tiles: the memory warpgroup streams a CTA's tiles as one pipeline (JAX's pipeline of pipelines) and
     loads a tile's first k-steps while the compute warpgroups still work on the previous tile, instead of waiting
-    for them to finish it; the CTAs then walk only the used row tiles, row by row (`band` unused), and the
-    k-steps must be a multiple of the buffers (min(stages, k-steps))."""
+    for them to finish it; the CTAs then walk only the used row tiles, row by row (`band` unused), which must come
+    before the unused ones (tile group -1), as `tile_plan` lays them out, and the k-steps must be a multiple of
+    the buffers (min(stages, k-steps))."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -133,8 +134,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     (float32 accumulation, `out_dtype` out: default rows' dtype, bfloat16 for fp8 rows). With `swiglu`, the
     weights' N outputs are gate over up (N = 2F) and the result is silu(gate) * up [R, F], computed from the
     float32 accumulators in the epilogue (one rounding, and the [R, 2F] product never goes to memory). Tiles whose
-    group is negative are skipped: their rows of the result are left unwritten (garbage), so callers read only rows
-    of real tiles. num_sms: the persistent grid's size (default: the device's core count; 2 when interpreted);
+    group is negative (all after the used ones with `pipeline_tiles`) are skipped: their rows of the result are
+    left unwritten (garbage), so callers read only rows of real tiles. num_sms: the persistent grid's size (default: the device's core count; 2 when interpreted);
     interpret: Mosaic GPU interpret params (runs on a CPU, for tests).
 
     fp8: rows and weights float8_e4m3fn (weights [G, N, K]: fp8 wgmma takes both operands K-major) give the
@@ -304,5 +305,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         num_threads=3, thread_name="wg", interpret=interpret,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
     scales = (row_scale.astype(jnp.float32), col_scale.astype(jnp.float32)) if scaled else ()
-    used = jnp.sum(tile_groups >= 0, dtype=jnp.int32)[None]  # the used row tiles: the first ones (`tile_plan`)
+    # pipeline_tiles: the used row tiles, the first ones (`tile_plan`); otherwise unread
+    used = (jnp.sum(tile_groups >= 0, dtype=jnp.int32)[None] if config.pipeline_tiles
+            else jnp.zeros((1,), jnp.int32))
     return kernel(tile_groups.astype(jnp.int32), used, rows, weights, *scales)

@@ -127,14 +127,19 @@ FP8_SWIGLU = "epilogue"
 # whether down's tiled GEMM (contraction F: 6 k-steps of fp8 at Qwen3-30B-A3B's 768, 12 of bf16) streams each CTA's
 # tiles as one pipeline (`grouped_gemm.pipelined`: the next tile's loads start while the compute warpgroups finish
 # the last one, its stages cut to a divisor of the k-steps). On an H200 (2026-11-29, 262,144 rows): fp8 down 1.073
-# vs 1.139 ms, bf16 down 1.422 vs 1.545; gate+up (16 or 32 k-steps) gained nothing (bf16) or lost (fp8, cut to 2
-# stages), so it stays unpipelined. Read at trace time.
+# vs 1.139 ms, bf16 down 1.422 vs 1.545; gate+up (16 or 32 k-steps) lost (fp8 cut to 2 stages: 1.818 vs 1.575;
+# bf16 with SwiGLU 2.723 vs 2.651), so it stays unpipelined. Read at trace time.
 PIPELINED_DOWN = True
 
 
 def _down_config(config: TileConfig, ffn: int) -> TileConfig:
-    """Down's config at contraction ffn: `grouped_gemm.pipelined` where `PIPELINED_DOWN` and it takes ffn."""
-    return pipelined(config, ffn) if PIPELINED_DOWN and ffn % config.tile_k == 0 else config
+    """Down's config at contraction ffn: `grouped_gemm.pipelined` where `PIPELINED_DOWN`, it takes ffn and its
+    stages stay deep enough (a prime number of k-steps would leave one: then as configured)."""
+    if not PIPELINED_DOWN or ffn % config.tile_k:
+        return config
+    steps = ffn // config.tile_k
+    piped = pipelined(config, ffn)
+    return piped if piped.stages >= min(3, config.stages, steps) else config
 
 
 def _fits(config: TileConfig, out_n: int, k: int) -> bool:

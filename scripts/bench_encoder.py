@@ -77,7 +77,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
 
     gather = [(moe, "ROW_COPY", "gather")]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
-    return {
+    patches = {
         "fp8-xla-swiglu": [(fp8, "swiglu_quantize", fp8.swiglu_quantize_reference)],
         "fp8-xla-norms": [(layer_ops, "_one_pass_kernels", lambda y: False)],
         "fp8-moe-xla-norms": [(model_module, "residual_norm", moe_residual_steps_in_xla)],
@@ -91,7 +91,10 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
                                                 lambda row_bytes: {"rows": 4, "num_warps": 4})],
         "fp8-moe-unpipelined": unpipelined,
         "bfloat16-moe-unpipelined": unpipelined,
-    }.get(variant, [])
+    }
+    if variant not in patches and variant not in ("bfloat16", "fp8", "float32"):
+        raise ValueError(f"--dtypes {variant!r}: not a dtype and not in variant_patches' table")
+    return patches.get(variant, [])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

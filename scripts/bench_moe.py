@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -70,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pipeline-tiles", type=int, nargs="+", default=[0], choices=[0, 1],
                    help="tiled: time the model's kernel forms without (0) and with (1) TileConfig.pipeline_tiles "
                         "(grouped_gemm.pipelined: a CTA's tiles as one pipeline)")
+    p.add_argument("--pipeline-stages", type=int, default=None,
+                   help="with --pipeline-tiles 1: the stages before grouped_gemm.pipelined cuts them to a divisor "
+                        "of the k-steps (default: the config's; fp8 gate+up at 4 keeps 4 of its 16 k-steps)")
     p.add_argument("--movement", action="store_true",
                    help="time the block's memory-bound steps alone: the row gather (bf16 and e4m3 rows, each "
                         "`jaxllm.moe_rows` impl), the fp8 scale + SwiGLU + requantisation and the combine (XLA vs "
@@ -340,21 +344,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                       compiler_options=opts), x, w_kn, sizes)
                 del w_kn
             if "tiled" in args.candidates and args.fp8:  # each GEMM at its own fp8 config, no SwiGLU epilogue
-                pair = moe.tiled_configs(d, f, fp8=True) or (grouped_gemm.TileConfig(tile_k=128),) * 2
+                with mock.patch.object(moe, "PIPELINED_DOWN", False):
+                    pair = moe.tiled_configs(d, f, fp8=True) or (grouped_gemm.TileConfig(tile_k=128),) * 2
                 time_tiled(record, x, w, sizes, pair[0 if shape_name == "gate_up" else 1])
                 # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
                 model_config = (moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
                                 else moe.TILED_FP8_DOWN_SCALED_CONFIG)
+                staged = model_config._replace(stages=args.pipeline_stages or model_config.stages)
                 for pipeline_tiles in args.pipeline_tiles:
                     time_tiled(record, x, w, sizes,
-                               grouped_gemm.pipelined(model_config, k) if pipeline_tiles else model_config,
+                               grouped_gemm.pipelined(staged, k) if pipeline_tiles else model_config,
                                name="tiled_pipelined" if pipeline_tiles else "tiled", swiglu=shape_name == "gate_up",
                                scaled=True)
             elif "tiled" in args.candidates:
-                pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
+                with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
+                    pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
                 for pipeline_tiles in args.pipeline_tiles:
                     name = "tiled_pipelined" if pipeline_tiles else "tiled"
-                    form = (lambda c: grouped_gemm.pipelined(c, k)) if pipeline_tiles else (lambda c: c)  # noqa: E731
+                    form = ((lambda c: grouped_gemm.pipelined(c._replace(stages=args.pipeline_stages or c.stages), k))
+                            if pipeline_tiles else (lambda c: c))
                     if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
                         time_tiled(record, x, w, sizes, form(pair[0]), name=name, swiglu=True)
                     time_tiled(record, x, w, sizes, form(pair[1]), name=name)

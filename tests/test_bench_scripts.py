@@ -261,3 +261,18 @@ def test_kernel_times_sums_a_line_its_idle_time_and_the_kernels_past_the_top():
     # a kernel inside a longer one (another stream's event on the same line): the span ends with the longer one
     nested = kernel_times.line_summary([("a", 0, 10 * ms), ("b", 2 * ms, 1 * ms)])
     assert math.isclose(nested["span_ms"], 10.0) and nested["idle_ms"] == 0.0
+
+
+def test_every_bench_encoder_variant_changes_a_setting():
+    """Each --dtypes variant bench_encoder offers patches at least one module attribute that exists (a renamed
+    setting would leave a variant timing the defaults under another name)."""
+    import bench_encoder
+
+    for name in bench_encoder.VARIANTS:
+        patches = bench_encoder.variant_patches(name)
+        assert patches, name
+        for module, attribute, _ in patches:
+            assert hasattr(module, attribute), (name, attribute)
+    assert bench_encoder.variant_patches("fp8") == []
+    with pytest.raises(ValueError, match="not in variant_patches' table"):
+        bench_encoder.variant_patches("fp8-no-such-variant")
