@@ -10,7 +10,9 @@ padded with zero rows to a multiple of `tile_m`; at most `tile_m - 1` rows per g
 Qwen3-30B-A3B). Then every tile belongs to exactly one group, named in a table computed once per call
 (`tile_groups`, -1 for the unused tiles at the end), and the kernel is a plain persistent Hopper GEMM: a memory
 warpgroup streams A and B tiles by TMA through a `stages`-deep ring while two compute warpgroups run wgmma, each on
-half of the tile's columns, and the epilogue's TMA stores are double-buffered so they overlap the next tile.
+half of the tile's columns, and the epilogue's TMA stores are double-buffered so they overlap the next tile. With
+`TileConfig.pipeline_tiles` (down's GEMM in `jaxllm.moe`) the ring runs on across a CTA's tiles, so the next tile's
+loads are not held back until the compute warpgroups have consumed the last one's.
 
 Weights may carry more groups than the rows use: the MoE layer scan passes the whole [L * E, N, K] expert stack and
 offsets its tile table by layer * E, so the layer's weights are read in place (slicing them out first would copy
@@ -135,8 +137,9 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     weights' N outputs are gate over up (N = 2F) and the result is silu(gate) * up [R, F], computed from the
     float32 accumulators in the epilogue (one rounding, and the [R, 2F] product never goes to memory). Tiles whose
     group is negative (all after the used ones with `pipeline_tiles`) are skipped: their rows of the result are
-    left unwritten (garbage), so callers read only rows of real tiles. num_sms: the persistent grid's size (default: the device's core count; 2 when interpreted);
-    interpret: Mosaic GPU interpret params (runs on a CPU, for tests).
+    left unwritten (garbage), so callers read only rows of real tiles. num_sms: the persistent grid's size
+    (default: the device's core count; 2 when interpreted); interpret: Mosaic GPU interpret params (runs on a CPU,
+    for tests).
 
     fp8: rows and weights float8_e4m3fn (weights [G, N, K]: fp8 wgmma takes both operands K-major) give the
     unscaled products of the e4m3 values (float32 accumulation, bfloat16 out by default). With row_scale float32
