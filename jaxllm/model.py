@@ -103,12 +103,6 @@ def _split_prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: 
     return merge_halves(out_p, out_r, jnp.exp(lse_p - lse), jnp.exp(lse_r - lse), q.dtype)
 
 
-def _packed_impl(implementation: str | None, dtype: Any) -> str:
-    """The packed attention implementation that `attention`'s `implementation` names (the "_split" suffix ignored:
-    the packed forms always handle the prefix apart); None: `default_packed_attention_impl`."""
-    return (implementation or default_packed_attention_impl(dtype)).removesuffix("_split")
-
-
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None = None,
               prefix_v: jax.Array | None = None, implementation: str | None = None,
               segments: Segments | None = None) -> jax.Array:
@@ -123,7 +117,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | No
     suffix is ignored: the packed forms always handle the prefix apart), None = `default_packed_attention_impl`.
     """
     if segments is not None:
-        return packed_attention(q, k, v, prefix_k, prefix_v, segments, _packed_impl(implementation, q.dtype))
+        impl = (implementation or default_packed_attention_impl(q.dtype)).removesuffix("_split")
+        return packed_attention(q, k, v, prefix_k, prefix_v, segments, impl)
     impl = implementation or default_attention_impl(q.dtype)
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention implementation must be one of {ATTENTION_IMPLS} or None, got {impl!r}")

@@ -343,6 +343,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                                                   **moe.mgpu_tiling(n, k)),
                                       compiler_options=opts), x, w_kn, sizes)
                 del w_kn
+            def kernel_forms(config):
+                """(row name, config) for each --pipeline-tiles value: config as set, or pipelined at contraction k."""
+                piped = grouped_gemm.pipelined(config._replace(stages=args.pipeline_stages or config.stages), k)
+                return [("tiled_pipelined", piped) if on else ("tiled", config) for on in args.pipeline_tiles]
+
             if "tiled" in args.candidates and args.fp8:  # each GEMM at its own fp8 config, no SwiGLU epilogue
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):
                     pair = moe.tiled_configs(d, f, fp8=True) or (grouped_gemm.TileConfig(tile_k=128),) * 2
@@ -350,22 +355,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
                 model_config = (moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
                                 else moe.TILED_FP8_DOWN_SCALED_CONFIG)
-                staged = model_config._replace(stages=args.pipeline_stages or model_config.stages)
-                for pipeline_tiles in args.pipeline_tiles:
-                    time_tiled(record, x, w, sizes,
-                               grouped_gemm.pipelined(staged, k) if pipeline_tiles else model_config,
-                               name="tiled_pipelined" if pipeline_tiles else "tiled", swiglu=shape_name == "gate_up",
-                               scaled=True)
+                for name, config in kernel_forms(model_config):
+                    time_tiled(record, x, w, sizes, config, name=name, swiglu=shape_name == "gate_up", scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
                     pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
-                for pipeline_tiles in args.pipeline_tiles:
-                    name = "tiled_pipelined" if pipeline_tiles else "tiled"
-                    form = ((lambda c: grouped_gemm.pipelined(c._replace(stages=args.pipeline_stages or c.stages), k))
-                            if pipeline_tiles else (lambda c: c))
-                    if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
-                        time_tiled(record, x, w, sizes, form(pair[0]), name=name, swiglu=True)
-                    time_tiled(record, x, w, sizes, form(pair[1]), name=name)
+                if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
+                    for name, config in kernel_forms(pair[0]):
+                        time_tiled(record, x, w, sizes, config, name=name, swiglu=True)
+                for name, config in kernel_forms(pair[1]):
+                    time_tiled(record, x, w, sizes, config, name=name)
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
                 fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)
