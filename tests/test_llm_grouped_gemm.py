@@ -446,3 +446,75 @@ def test_fp8_block_takes_the_modes_it_names_interpreted(monkeypatch):
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3e-2, mode
         cosine = np.sum(got * want, -1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
         assert cosine.min() > 0.995, (mode, cosine.min())
+
+
+def test_interleave_gate_up_pairs_blocks():
+    """[gate | up] pairs of `block` rows (weights) or entries (column scales), in block order."""
+    f, block = 6, 2
+    w = jnp.arange(2 * f * 3).reshape(1, 2 * f, 3)
+    got = np.asarray(grouped_gemm.interleave_gate_up(w, block))[0, :, 0] // 3
+    np.testing.assert_array_equal(got, [0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11])
+    scales = jnp.arange(2 * f)[None]
+    np.testing.assert_array_equal(np.asarray(grouped_gemm.interleave_gate_up(scales, block, axis=-1))[0], got)
+    with pytest.raises(ValueError, match="not 2 x a multiple of block 4"):
+        grouped_gemm.interleave_gate_up(w, 4)
+
+
+def _merged_outputs(config, k, f, dtype, sizes, seed, interpret=None, forms=(False, True)):
+    """gate+up with SwiGLU (scaled when fp8) without and with `merged_swiglu` (its weights and column scales
+    interleaved), and the float64 reference silu(gate) * up of the (scaled) exact products."""
+    rng = np.random.default_rng(seed)
+    s = jnp.asarray(sizes, jnp.int32)
+    fp8 = dtype == jnp.float8_e4m3fn
+    x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), dtype)
+    w = jnp.asarray(rng.normal(size=(len(sizes), 2 * f, k)) * (1 if fp8 else 0.05), dtype)
+    plan = tile_plan(s, x.shape[0], config.tile_m)
+    rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+    scales = ((jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32),
+               jnp.asarray(rng.uniform(0.001, 0.01, (len(sizes), 2 * f)), jnp.float32)) if fp8 else (None, None))
+    outs = []
+    for merged in forms:
+        c, wm, cs = config._replace(merged_swiglu=merged), w, scales[1]
+        if merged:
+            wm = grouped_gemm.interleave_gate_up(w, config.tile_n)
+            cs = None if cs is None else grouped_gemm.interleave_gate_up(cs, config.tile_n, axis=-1)
+        kernel = lambda a, b, g, r, cs, c=c: tiled_grouped_matmul(  # noqa: E731
+            a, b, g, c, swiglu=True, row_scale=r, col_scale=cs, interpret=interpret)
+        kernel = kernel if interpret is not None else jax.jit(kernel)
+        outs.append(np.asarray(kernel(rows, wm, plan.tile_groups, scales[0], cs)[plan.padded_row], np.float32))
+    gu = np.asarray(moe.grouped_matmul(x.astype(jnp.float32), w.astype(jnp.float32), s, "ragged_dot"), np.float64)
+    if fp8:
+        expert = np.repeat(np.arange(len(sizes)), sizes)
+        gu = gu * np.asarray(scales[0])[np.asarray(plan.padded_row)][:, None] * np.asarray(scales[1])[expert]
+    return outs, gu[:, :f] / (1 + np.exp(-gu[:, :f])) * gu[:, f:]
+
+
+def test_merged_swiglu_interpreted():
+    """`TileConfig.merged_swiglu` (gate and up as one wgmma per warpgroup, on interleaved weights): silu(gate) *
+    up of the (scaled) products, as the two-wgmma form gives, interpreted at 32-wide column tiles (a warpgroup's
+    wgmma 64 wide: the interpreter hangs at 128); fp8 with its scales (the two-wgmma form does not take 32-wide
+    fp8 tiles interpreted: against the reference only)."""
+    sizes = np.array([200, 0, 129, 5])
+    bf16 = SMALL._replace(tile_n=32, epi_n=32)
+    (off, on), want = _merged_outputs(bf16, 128, 128, jnp.bfloat16, sizes, 0, interpreter())
+    # the interpreter's float32 dots sum in another order at another width: a bf16 rounding apart at most
+    np.testing.assert_allclose(on, off, rtol=1e-2, atol=1e-3 * np.abs(off).max())
+    assert np.abs(on - want).max() / np.abs(want).max() < 1e-2
+    fp8 = moe.TILED_FP8_SWIGLU_CONFIG._replace(tile_n=32, epi_n=32, stages=2)
+    (on,), want = _merged_outputs(fp8, 256, 128, jnp.float8_e4m3fn, sizes, 1, interpreter(), forms=(True,))
+    assert np.abs(on - want).max() / np.abs(want).max() < 1e-2
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
+def test_merged_swiglu_on_gpu():
+    """At Qwen3-30B-A3B's gate+up shape and the model's configs (fp8 scaled, bf16): the merged form against the
+    two-wgmma form and the reference."""
+    rng = np.random.default_rng(8)
+    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
+    sizes[2] = 0
+    for config, dtype in ((moe.TILED_FP8_SWIGLU_CONFIG, jnp.float8_e4m3fn), (moe.TILED_CONFIGS[0][0], jnp.bfloat16)):
+        (off, on), want = _merged_outputs(config, 2048, 768, dtype, sizes, 9)
+        print(f"merged_swiglu {jnp.dtype(dtype).name}: {np.mean(on == off):.4f} of values equal the two-wgmma "
+              f"form's, max difference {np.abs(on - off).max():.3g} of {np.abs(off).max():.3g}")
+        np.testing.assert_allclose(on, off, rtol=1e-2, atol=1e-2 * np.abs(off).max())
+        assert np.abs(on - want).max() / np.abs(want).max() < 2e-2
