@@ -27,19 +27,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from .fp8_format import E4M3, E4M3_MAX, TINY
-from .grouped_gemm import deinterleave_gate_up, interleave_gate_up
 from .params import LAYER_LEAVES
 
 # Leaves of params["layers"] stored in fp8: the layer's matrices (the leaves HF stores [out, in]: q/k/v/o, gate/up/down)
 QUANTIZED_LEAVES = tuple(name for name, leaf in LAYER_LEAVES.items() if leaf.transpose)
-# An MoE's experts, stored in e4m3 (`quantize_expert`; W8A8 in `jaxllm.moe`)
+# An MoE's experts, stored in e4m3 and dequantised per layer for the bfloat16 grouped GEMM (weight-only fp8: half the
+# memory of Qwen3-30B-A3B's 58 GB of experts; `jaxllm.moe`)
 EXPERT_QUANTIZED_LEAVES = ("gate_up", "down")
-# the row block in which an MoE's fp8 gate+up experts interleave gate and up (`quantize_expert`,
-# `Fp8Matrix.gate_up_block`): the tiled kernel's fp8 gate+up column tile (`moe.TILED_FP8_SWIGLU_CONFIG.tile_n`), so
-# its merged SwiGLU form computes a compute warpgroup's gate and up columns in one wgmma. On an H200 (2026-11-29):
-# gate+up 1.566 vs 1.660 ms at 262,144 rows of Qwen3-30B-A3B, bit-equal (docs/BENCHMARKS.md). None: gate over up.
-# Read when the experts are quantised.
-GATE_UP_BLOCK: int | None = 64
 
 
 @flax.struct.dataclass
@@ -50,9 +44,6 @@ class Fp8Matrix:
 
     weight: jax.Array
     scale: jax.Array
-    # an MoE's gate+up experts [..., 2F, in] only: their gate and up rows (and scales) come as [gate | up] pairs of
-    # this many rows (`quantize_expert`, `grouped_gemm.interleave_gate_up`); None: gate over up
-    gate_up_block: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -107,32 +98,11 @@ def quantize_out_in(w: jax.Array) -> Fp8Matrix:
     return Fp8Matrix((wt / scale[..., None]).astype(E4M3), scale)
 
 
-def quantize_expert(name: str, w: jax.Array, gate_up_block: int | None = None) -> Fp8Matrix:
-    """An MoE expert stack leaf `name` (`EXPERT_QUANTIZED_LEAVES`) stored [..., out, in] -> Fp8Matrix, one scale
-    per output row; gate_up's gate and up rows interleaved in blocks of gate_up_block (`GATE_UP_BLOCK` as the
-    loaders pass it) where F is a multiple of it (`Fp8Matrix.gate_up_block`), else gate over up."""
-    m = quantize_out_in(w)
-    f = w.shape[-2] // 2
-    if name != "gate_up" or gate_up_block is None or f % gate_up_block:
-        return m
-    return Fp8Matrix(interleave_gate_up(m.weight, gate_up_block),
-                     interleave_gate_up(m.scale, gate_up_block, axis=-1), gate_up_block)
-
-
-def gate_over_up(m: Fp8Matrix) -> Fp8Matrix:
-    """m with gate over up again where `quantize_expert` interleaved them (a copy; as is otherwise)."""
-    if m.gate_up_block is None:
-        return m
-    return Fp8Matrix(deinterleave_gate_up(m.weight, m.gate_up_block),
-                     deinterleave_gate_up(m.scale, m.gate_up_block, axis=-1))
-
-
 def out_in_weights(w: jax.Array | Fp8Matrix, dtype: Any) -> jax.Array:
-    """An [..., out, in] weight in `dtype`: as is, or an Fp8Matrix dequantised (weight x its row scales; gate over
-    up where its gate and up rows were interleaved)."""
+    """An [..., out, in] weight in `dtype`: as is, or an Fp8Matrix dequantised (weight x its row scales; weight-only
+    fp8, as the MoE experts use it: stored in e4m3, multiplied in `dtype`)."""
     if not isinstance(w, Fp8Matrix):
         return w
-    w = gate_over_up(w)
     return (w.weight.astype(jnp.float32) * w.scale[..., None]).astype(dtype)
 
 
@@ -154,7 +124,7 @@ def quantize_params(params: dict[str, Any]) -> dict[str, Any]:
     `load_model` does. The router stays in its dtype, as in the official FP8 checkpoints."""
     stacks = {name: _quantize_layers(params[name]) for name in ("layers", "dense_mlp") if name in params}
     if "experts" in params and not isinstance(params["experts"]["gate_up"], Fp8Matrix):
-        stacks["experts"] = {k: quantize_expert(k, v, GATE_UP_BLOCK) if k in EXPERT_QUANTIZED_LEAVES else v
+        stacks["experts"] = {k: quantize_out_in(v) if k in EXPERT_QUANTIZED_LEAVES else v
                              for k, v in params["experts"].items()}
     return {**params, **stacks}
 

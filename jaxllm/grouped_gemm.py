@@ -74,14 +74,6 @@ def interleave_gate_up(w: jax.Array, block: int, axis: int = -2) -> jax.Array:
     return jnp.swapaxes(split, axis, axis + 1).reshape(w.shape)
 
 
-def deinterleave_gate_up(w: jax.Array, block: int, axis: int = -2) -> jax.Array:
-    """The inverse of `interleave_gate_up`: gate over up again (for an interleaved product's columns: axis -1)."""
-    axis = axis % w.ndim
-    f = w.shape[axis] // 2
-    split = w.reshape(*w.shape[:axis], f // block, 2, block, *w.shape[axis + 1:])
-    return jnp.swapaxes(split, axis, axis + 1).reshape(w.shape)
-
-
 def padded_row_count(num_rows: int, num_groups: int, tile_m: int) -> int:
     """Rows of the tile-aligned layout of num_rows rows in num_groups groups: enough for any group sizes (each
     group rounds up to a multiple of tile_m, so at most tile_m - 1 padding rows per group)."""

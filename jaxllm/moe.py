@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows, quantize_rows_one_pass
-from .grouped_gemm import TileConfig, deinterleave_gate_up, pipelined, tile_plan, tiled_grouped_matmul
+from .grouped_gemm import TileConfig, pipelined, tile_plan, tiled_grouped_matmul
 from .moe_rows import ExpertOutputs, ExpertRowScales, layout_rows
 from .top_k import top_k_rows
 
@@ -339,11 +339,8 @@ def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul
         hidden, hidden_scale = quantize_rows_one_pass(
             gate_up_swiglu(rows.values, gate_up.weight, row_scale=rows.scale, col_scale=gate_up.scale), rows=4)
     else:
-        product, col_scale = matmul(rows.values, gate_up.weight, 0), gate_up.scale
-        if gate_up.gate_up_block is not None:  # the product's columns as the weights' rows: gate over up again
-            product = deinterleave_gate_up(product, gate_up.gate_up_block, axis=-1)
-            col_scale = deinterleave_gate_up(col_scale, gate_up.gate_up_block, axis=-1)
-        hidden, hidden_scale = _expert_swiglu_quantize(product, rows, col_scale, tiles)
+        product = matmul(rows.values, gate_up.weight, 0)
+        hidden, hidden_scale = _expert_swiglu_quantize(product, rows, gate_up.scale, tiles)
     if down_scaled is not None:
         return down_scaled(hidden, down.weight, row_scale=hidden_scale, col_scale=down.scale), None
     return matmul(hidden, down.weight, 1), ExpertRowScales(hidden_scale, rows.expert, down.scale)
@@ -393,10 +390,7 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
                                          interpret=interpret, **kwargs)
             return None
 
-        # gate and up interleaved at the config's column tile (`fp8.quantize_expert`): one wgmma for both
-        swiglu_config = TILED_FP8_SWIGLU_CONFIG._replace(merged_swiglu=gate_up.gate_up_block is not None)
-        readable = gate_up.gate_up_block in (None, swiglu_config.tile_n)
-        gate_up_swiglu = scaled_gemm(FP8_SWIGLU == "epilogue" and readable, swiglu_config, f, d, swiglu=True)
+        gate_up_swiglu = scaled_gemm(FP8_SWIGLU == "epilogue", TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True)
         down_scaled = scaled_gemm(FP8_DOWN_SCALES == "epilogue", _down_config(TILED_FP8_DOWN_SCALED_CONFIG, f), d, f)
 
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)

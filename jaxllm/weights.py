@@ -51,6 +51,7 @@ def param_shapes(config: Qwen3Config, with_lm_head: bool | None = None) -> dict[
     return shapes
 
 
+@partial(jax.jit, static_argnames=("config", "dtype", "fp8_experts"))
 def init_params(config: Qwen3Config, dtype: Any = jnp.float32, seed: int | jax.Array = 0,
                 fp8_experts: bool = False) -> Params:
     """Deterministic random params like HF's init: matrices ~ N(0, initializer_range), norm weights = 1.
@@ -58,14 +59,8 @@ def init_params(config: Qwen3Config, dtype: Any = jnp.float32, seed: int | jax.A
     Values are drawn in float32 then cast, so one seed gives the same model (up to rounding) in every dtype,
     process and backend. Runs under jit, so the arrays are created directly on the default device. An MoE's
     experts are drawn one layer at a time and, with `fp8_experts`, quantised as they are drawn
-    (`fp8.quantize_expert`), so neither a float32 nor a second full copy of them ever exists.
+    (`fp8.quantize_out_in`), so neither a float32 nor a second full copy of them ever exists.
     """
-    return _init_params(config, dtype, seed, fp8_experts, fp8.GATE_UP_BLOCK if fp8_experts else None)
-
-
-@partial(jax.jit, static_argnames=("config", "dtype", "fp8_experts", "gate_up_block"))
-def _init_params(config: Qwen3Config, dtype: Any, seed: int | jax.Array, fp8_experts: bool,
-                 gate_up_block: int | None) -> Params:
     shapes = param_shapes(config)
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
     base = jax.random.key(seed)
@@ -77,8 +72,8 @@ def _init_params(config: Qwen3Config, dtype: Any, seed: int | jax.Array, fp8_exp
         elif names[0] == "experts":
             # one layer at a time: a float32 draw of a whole expert stack would be 77 GB at Qwen3-30B-A3B's shape
             key = jax.random.fold_in(base, index)
-            transform = _expert_transform(names[1], fp8_experts, gate_up_block)
-            leaves.append(lax.map(lambda i, key=key, shape=shape, transform=transform: transform(
+            quantize = fp8_experts and names[1] in fp8.EXPERT_QUANTIZED_LEAVES
+            leaves.append(lax.map(lambda i, key=key, shape=shape, quantize=quantize: _expert_transform(quantize)(
                 _normal(jax.random.fold_in(key, i), shape[1:], config.initializer_range, dtype)),
                 jnp.arange(shape[0])))
         else:
@@ -86,11 +81,8 @@ def _init_params(config: Qwen3Config, dtype: Any, seed: int | jax.Array, fp8_exp
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def _expert_transform(name: str, fp8_experts: bool, gate_up_block: int | None) -> Any:
-    """What becomes of one layer of expert leaf `name` as it is made: quantised (`fp8.quantize_expert`) or not."""
-    if fp8_experts and name in fp8.EXPERT_QUANTIZED_LEAVES:
-        return partial(fp8.quantize_expert, name, gate_up_block=gate_up_block)
-    return lambda w: w
+def _expert_transform(quantize: bool) -> Any:
+    return fp8.quantize_out_in if quantize else (lambda w: w)
 
 
 def _normal(key: jax.Array, shape: tuple[int, ...], std: float, dtype: Any) -> jax.Array:
@@ -223,7 +215,7 @@ def load_params(ckpt_dir: str | Path, config: Qwen3Config, dtype: Any,
     Streamed: a stacked leaf of at most `host_stack_bytes` is assembled on the host and moved in one copy; a larger
     one (the experts of a big MoE) is moved layer by layer into its device buffer, so host memory stays near one
     layer's slice of it. `fp8_experts`: an MoE's experts are quantised layer by layer on the device as they arrive
-    (`fp8.quantize_expert`), so their 16-bit copy never exists whole.
+    (`fp8.quantize_out_in`), so their 16-bit copy never exists whole.
     """
     ckpt_dir = Path(ckpt_dir)
     key_to_file = _index_files(ckpt_dir)
@@ -284,8 +276,7 @@ def load_params(ckpt_dir: str | Path, config: Qwen3Config, dtype: Any,
                 value = jax.device_put(host, device)
                 del host
             else:
-                transform = (partial(_quantize_on_device, parts[-1], gate_up_block=fp8.GATE_UP_BLOCK) if quantize
-                             else (lambda layer: layer))
+                transform = _quantize_on_device if quantize else (lambda layer: layer)
                 layers = (transform(jax.device_put(assemble(piece, shape[1:]), device)) for piece in slices)
                 value = _stack_on_device(layers, len(slices), jax.ShapeDtypeStruct(shape[1:], np_dtype), transform,
                                          device)
@@ -296,7 +287,7 @@ def load_params(ckpt_dir: str | Path, config: Qwen3Config, dtype: Any,
     return params
 
 
-_quantize_on_device = jax.jit(fp8.quantize_expert, static_argnums=0, static_argnames="gate_up_block")
+_quantize_on_device = jax.jit(fp8.quantize_out_in)
 
 
 def _zeros_on(device: Any, shape: tuple[int, ...], dtype: Any) -> jax.Array:

@@ -59,8 +59,6 @@ VARIANTS = {
     "fp8-moe-unpipelined": "down's expert GEMM with each tile's pipeline on its own, as before 2026-11-29's twelfth "
                            "session (moe.PIPELINED_DOWN = False)",
     "bfloat16-moe-unpipelined": "as fp8-moe-unpipelined, in bf16",
-    "fp8-moe-unmerged": "the fp8 experts' gate and up weights stored gate over up, so gate+up's kernel runs two "
-                        "wgmmas per k-step (as before 2026-11-29's thirteenth session; fp8.GATE_UP_BLOCK = None)",
 }
 
 
@@ -93,7 +91,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
                                                 lambda row_bytes: {"rows": 4, "num_warps": 4})],
         "fp8-moe-unpipelined": unpipelined,
         "bfloat16-moe-unpipelined": unpipelined,
-        "fp8-moe-unmerged": [(fp8, "GATE_UP_BLOCK", None)],
     }
     if variant not in patches and variant not in ("bfloat16", "fp8", "float32"):
         raise ValueError(f"--dtypes {variant!r}: not a dtype and not in variant_patches' table")

@@ -471,9 +471,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "gate_up": (jax.random.normal(key, (nl, e, 2 * f, d), jnp.float32) * 0.02).astype(dtype),
                     "down": (jax.random.normal(key, (nl, e, d, f), jnp.float32) * 0.02).astype(dtype)}
     if args.fp8:  # e4m3 experts with per-column scales, as load_model(..., dtype="fp8") stores them
-        from jaxllm.fp8 import GATE_UP_BLOCK, quantize_expert
+        from jaxllm.fp8 import quantize_out_in
 
-        block_params |= {name: quantize_expert(name, block_params[name], GATE_UP_BLOCK) for name in ("gate_up", "down")}
+        block_params |= {name: quantize_out_in(block_params[name]) for name in ("gate_up", "down")}
     tokens = jax.random.normal(key, (args.tokens, d), jnp.float32).astype(dtype)
     gemm_flops = 2 * rows_n * d * 3 * f
     reference = None

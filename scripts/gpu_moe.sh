@@ -51,8 +51,6 @@
 #                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
 #   bash scripts/gpu_moe.sh merged OUT    # gate+up's gate and up as one wgmma (TileConfig.merged_swiglu): its GPU
 #                                         # test, fp8 and bf16 gate+up in both forms vs dense, an fp8 sweep, ~8 min
-#   bash scripts/gpu_moe.sh mergedenc OUT # gate and up interleaved for it: the fp8 GPU tests, the 30B's fp8
-#                                         # encoder with and without (one process), the 4B's, then both in bf16, ~9 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels (plain, the model's, pipelined
 #                                         # at 4 stages) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~5 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
@@ -60,7 +58,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | merged | mergedenc | ncu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | merged | ncu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -269,27 +267,6 @@ case $stage in
       --routings uniform --iters 20 --merged-swiglu 0 1 --out "$out/merged_bf16.json"
     run merged_tune 200 python3 -u scripts/bench_moe.py --fp8 --shapes gate_up --candidates tiled \
       --routings uniform --iters 10 --merged-swiglu 1 --tune-tiled --tune-seconds 120 --out "$out/merged_tune.json"
-    ;;
-  mergedenc)
-    # the fp8 experts' gate and up interleaved (fp8.GATE_UP_BLOCK, the default since the thirteenth session): the GPU
-    # tests of the fp8 kernels and block (WITH_TESTS=1), the 30B's fp8 encoder with and without (one process), the
-    # 4B's fp8 encoder, then the bf16 encoders (down pipelined, not measured before) with what is left of a 540 s call
-    [ -n "${WITH_TESTS:-}" ] && run fp8_tests 200 python3 -m pytest -q -s tests/test_llm_grouped_gemm.py \
-      -k "on_gpu and (fp8 or merged)"
-    # (a process spends ~65 s before its first prompt on some machines: the limits leave room for it)
-    run encoder_qwen3-30b-a3b 260 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
-      --dtypes fp8 fp8-moe-unmerged --methods packed --no-hf --no-gemm-ceiling \
-      --out "$out/encoder_qwen3-30b-a3b.json"
-    run encoder_qwen3-4b 200 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
-      --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
-    left=$((540 - SECONDS))
-    [ "$left" -ge 250 ] && run encoder_bf16_qwen3-30b-a3b $((left - 90)) python3 -u scripts/bench_encoder.py --ragged \
-      --model qwen3-30b-a3b --dtypes bfloat16 --methods packed --no-hf --no-gemm-ceiling \
-      --out "$out/encoder_bf16_qwen3-30b-a3b.json"
-    left=$((540 - SECONDS))
-    [ "$left" -ge 60 ] && run encoder_bf16_qwen3-4b "$left" python3 -u scripts/bench_encoder.py --ragged \
-      --model qwen3-4b --dtypes bfloat16 --methods packed --no-hf --no-gemm-ceiling \
-      --out "$out/encoder_bf16_qwen3-4b.json"
     ;;
   ncu)
     # Nsight Compute on the fp8 expert kernels (each form launches 4 times at --iters 1: gate+up and down, plain,

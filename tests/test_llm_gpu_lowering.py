@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxllm import Qwen3Config, encode_packed, fp8, init_params, moe
-from jaxllm.fp8 import GATE_UP_BLOCK, quantize_expert, quantize_out_in, quantize_params
+from jaxllm.fp8 import quantize_out_in, quantize_params
 
 
 class _Hopper:
@@ -49,15 +49,14 @@ def lowered_for_cuda(fn, *args) -> str:
 @pytest.mark.parametrize("swiglu, down_scales, row_copy", [("epilogue", "epilogue", "scatter"),
                                                            ("kernel", "combine", "gather")])
 def test_fp8_moe_block_lowers_for_a_hopper_gpu(monkeypatch, swiglu, down_scales, row_copy):
-    """Qwen3-30B-A3B's block shapes (fewer experts): the tiled e4m3 kernels with each epilogue form (gate and up
-    interleaved, as loaded: the merged SwiGLU form, or the product put back in order for the kernel form), the row
-    copy each way, the quantisation, top-k and combine kernels."""
+    """Qwen3-30B-A3B's block shapes (fewer experts): the tiled e4m3 kernels with each epilogue form, the row copy
+    each way, the quantisation, top-k and combine kernels."""
     monkeypatch.setattr(moe, "FP8_SWIGLU", swiglu)
     monkeypatch.setattr(moe, "FP8_DOWN_SCALES", down_scales)
     monkeypatch.setattr(moe, "ROW_COPY", row_copy)
     e, d, f = 8, 2048, 768
     params = {"router": jax.ShapeDtypeStruct((d, e), jnp.bfloat16),
-              "gate_up": jax.eval_shape(lambda: quantize_expert("gate_up", jnp.zeros((2, e, 2 * f, d)), GATE_UP_BLOCK)),
+              "gate_up": jax.eval_shape(lambda: quantize_out_in(jnp.zeros((2, e, 2 * f, d)))),
               "down": jax.eval_shape(lambda: quantize_out_in(jnp.zeros((2, e, d, f))))}
     text = lowered_for_cuda(lambda x, p: moe.moe_block(x, p, 8, True, impl="tiled", layer=jnp.int32(1)),
                             jax.ShapeDtypeStruct((1024, d), jnp.bfloat16), params)

@@ -188,7 +188,7 @@ def test_tiled_kernel_equals_ragged_dot_on_gpu():
 def test_fp8_tiled_kernel_and_block_on_gpu():
     """At Qwen3-30B-A3B's expert shapes: the e4m3 kernel's unscaled products equal the exact products of the e4m3
     values, for both GEMMs at their fp8 configs; the fp8 block on the kernel equals the block on ragged_dot."""
-    from jaxllm.fp8 import GATE_UP_BLOCK, quantize_expert, quantize_out_in
+    from jaxllm.fp8 import quantize_out_in
 
     rng = np.random.default_rng(6)
     gate_up_config, down_config = moe.TILED_FP8_CONFIGS[0]
@@ -208,8 +208,7 @@ def test_fp8_tiled_kernel_and_block_on_gpu():
     ks = jax.random.split(jax.random.key(3), 4)
     x = jax.random.normal(ks[0], (n, d), jnp.float32).astype(jnp.bfloat16)
     params = {"router": (jax.random.normal(ks[1], (d, e)) * 0.05).astype(jnp.bfloat16),
-              "gate_up": quantize_expert("gate_up", jax.random.normal(ks[2], (layers, e, 2 * f, d)) * 0.05,
-                                         GATE_UP_BLOCK),
+              "gate_up": quantize_out_in(jax.random.normal(ks[2], (layers, e, 2 * f, d)) * 0.05),
               "down": quantize_out_in(jax.random.normal(ks[3], (layers, e, d, f)) * 0.05)}
     block = jax.jit(lambda p, impl: moe.moe_block(x, p, 8, True, impl=impl, layer=jnp.int32(1)),
                     static_argnums=1)
@@ -230,7 +229,7 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
     and down (K 768, N 2048) with its scales in the epilogue the scaled exact products; the fp8 block on the tiled
     kernel with `moe.FP8_SWIGLU` "epilogue" (the default) or "kernel", `moe.FP8_DOWN_SCALES` "epilogue" (the
     default) or "combine" and the token rows scattered (the default) or gathered equals the block on ragged_dot."""
-    from jaxllm.fp8 import GATE_UP_BLOCK, quantize_expert, quantize_out_in
+    from jaxllm.fp8 import quantize_out_in
 
     rng = np.random.default_rng(7)
     config, f = moe.TILED_FP8_SWIGLU_CONFIG, 768
@@ -271,8 +270,7 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
     ks = jax.random.split(jax.random.key(3), 4)
     xb = jax.random.normal(ks[0], (n, d), jnp.float32).astype(jnp.bfloat16)
     params = {"router": (jax.random.normal(ks[1], (d, e)) * 0.05).astype(jnp.bfloat16),
-              "gate_up": quantize_expert("gate_up", jax.random.normal(ks[2], (layers, e, 2 * f, d)) * 0.05,
-                                         GATE_UP_BLOCK),
+              "gate_up": quantize_out_in(jax.random.normal(ks[2], (layers, e, 2 * f, d)) * 0.05),
               "down": quantize_out_in(jax.random.normal(ks[3], (layers, e, d, f)) * 0.05)}
     block = lambda impl: np.asarray(jax.jit(lambda p: moe.moe_block(xb, p, 8, True, impl=impl,  # noqa: E731
                                                                     layer=jnp.int32(1)))(params), np.float32)

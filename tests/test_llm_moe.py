@@ -314,12 +314,12 @@ def test_fp8_moe_residual_steps_on_the_one_pass_kernel_match_the_xla_forms(fused
 
 
 def test_fp8_checkpoint_load_quantizes_experts_layer_by_layer(ckpts):
-    from jaxllm.fp8 import GATE_UP_BLOCK, Fp8Matrix, quantize_expert
+    from jaxllm.fp8 import Fp8Matrix, quantize_out_in
 
     path, _ = ckpts["topk2_norm_dense_layer"]
     q = load_model(path, dtype="fp8").params["experts"]["gate_up"]
-    want = quantize_expert("gate_up", load_model(path, dtype="bfloat16").params["experts"]["gate_up"], GATE_UP_BLOCK)
-    assert isinstance(q, Fp8Matrix) and q.gate_up_block == want.gate_up_block
+    want = quantize_out_in(load_model(path, dtype="bfloat16").params["experts"]["gate_up"])
+    assert isinstance(q, Fp8Matrix)
     np.testing.assert_array_equal(np.asarray(q.weight, np.float32), np.asarray(want.weight, np.float32))
     np.testing.assert_allclose(np.asarray(q.scale), np.asarray(want.scale), rtol=1e-6)
 
@@ -393,30 +393,3 @@ def test_mgpu_grouped_matmul_equals_ragged_dot_on_gpu():
         got = np.asarray(jax.jit(lambda a, b, c: moe.grouped_matmul(a, b, c, "mgpu"))(x, w, s), np.float32)
         want = np.asarray(moe.grouped_matmul(x, w, s, "ragged_dot"), np.float32)
         assert rel_err(got, want) < 1e-2
-
-
-def test_fp8_experts_with_gate_and_up_interleaved_give_the_same_block():
-    """`fp8.quantize_expert` interleaves gate+up's gate and up rows in `GATE_UP_BLOCK` blocks (the layout the GPU
-    kernel's merged SwiGLU reads): the same e4m3 values and scales in another order, and the same block output
-    as gate over up (ragged_dot, which puts the product's columns back in order) bit for bit."""
-    from jaxllm.fp8 import GATE_UP_BLOCK, gate_over_up, out_in_weights, quantize_expert
-
-    e, d, f, block = 4, 64, 2 * GATE_UP_BLOCK, GATE_UP_BLOCK
-    ks = jax.random.split(jax.random.key(4), 4)
-    w = jax.random.normal(ks[0], (e, 2 * f, d)) * 0.1
-    plain, interleaved = quantize_expert("gate_up", w), quantize_expert("gate_up", w, block)
-    assert plain.gate_up_block is None and interleaved.gate_up_block == block
-    assert not np.array_equal(np.asarray(plain.weight, np.float32), np.asarray(interleaved.weight, np.float32))
-    back = gate_over_up(interleaved)
-    np.testing.assert_array_equal(np.asarray(back.weight, np.float32), np.asarray(plain.weight, np.float32))
-    np.testing.assert_array_equal(np.asarray(back.scale), np.asarray(plain.scale))
-    np.testing.assert_array_equal(np.asarray(out_in_weights(interleaved, jnp.float32)),
-                                  np.asarray(out_in_weights(plain, jnp.float32)))
-    assert quantize_expert("down", w, block).gate_up_block is None
-    assert quantize_expert("gate_up", w[:, :96], block).gate_up_block is None  # F = 48: not a multiple of 64
-    x = jax.random.normal(ks[1], (16, d)).astype(jnp.bfloat16)
-    params = {"router": (jax.random.normal(ks[2], (d, e)) * 0.1).astype(jnp.bfloat16),
-              "down": quantize_expert("down", jax.random.normal(ks[3], (e, d, f)) * 0.1)}
-    got, want = (np.asarray(moe.moe_block(x, params | {"gate_up": g}, 2, True, impl="ragged_dot"), np.float32)
-                 for g in (interleaved, plain))
-    np.testing.assert_array_equal(got, want)
