@@ -31,8 +31,7 @@ from .params import LAYER_LEAVES
 
 # Leaves of params["layers"] stored in fp8: the layer's matrices (the leaves HF stores [out, in]: q/k/v/o, gate/up/down)
 QUANTIZED_LEAVES = tuple(name for name, leaf in LAYER_LEAVES.items() if leaf.transpose)
-# An MoE's experts, stored in e4m3 and dequantised per layer for the bfloat16 grouped GEMM (weight-only fp8: half the
-# memory of Qwen3-30B-A3B's 58 GB of experts; `jaxllm.moe`)
+# An MoE's experts, stored in e4m3 (W8A8 in `jaxllm.moe`: half the memory of Qwen3-30B-A3B's 58 GB of experts)
 EXPERT_QUANTIZED_LEAVES = ("gate_up", "down")
 
 

@@ -36,10 +36,7 @@ class TileConfig(NamedTuple):
     loads a tile's first k-steps while the compute warpgroups still work on the previous tile, instead of waiting
     for them to finish it; the CTAs then walk only the used row tiles, row by row (`band` unused), which must come
     before the unused ones (tile group -1), as `tile_plan` lays them out, and the k-steps must be a multiple of
-    the buffers (min(stages, k-steps)).
-    merged_swiglu: with SwiGLU, the weights' 2F rows come as [gate | up] blocks of tile_n rows each
-    (`interleave_gate_up`), so each compute warpgroup's gate and up columns are one wgmma of N = 2 * tile_n
-    instead of two of N = tile_n, which read the same A tile from shared memory twice."""
+    the buffers (min(stages, k-steps))."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -49,7 +46,6 @@ class TileConfig(NamedTuple):
     epi_n: int = 64
     band: int = 4
     pipeline_tiles: bool = False
-    merged_swiglu: bool = False
 
 
 class TilePlan(NamedTuple):
@@ -60,18 +56,6 @@ class TilePlan(NamedTuple):
     padded_row: jax.Array
     tile_groups: jax.Array
     num_rows: int
-
-
-def interleave_gate_up(w: jax.Array, block: int, axis: int = -2) -> jax.Array:
-    """w's 2F gate-over-up entries along `axis` (weights [..., 2F, K]: axis -2; their column scales [..., 2F]:
-    axis -1) reordered as [gate | up] pairs of `block` entries each: the layout `TileConfig.merged_swiglu`
-    reads, with block = tile_n."""
-    axis = axis % w.ndim
-    f = w.shape[axis] // 2
-    if 2 * f != w.shape[axis] or f % block:
-        raise ValueError(f"interleave_gate_up: {w.shape[axis]} entries are not 2 x a multiple of block {block}")
-    split = w.reshape(*w.shape[:axis], 2, f // block, block, *w.shape[axis + 1:])
-    return jnp.swapaxes(split, axis, axis + 1).reshape(w.shape)
 
 
 def padded_row_count(num_rows: int, num_groups: int, tile_m: int) -> int:
@@ -181,9 +165,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
     cta_n = 2 * tn  # output columns per tile: one tile_n slice per compute warpgroup
     m_tiles, n_tiles, k_steps = m // tm, out_n // cta_n, k // tk
-    merged = swiglu and config.merged_swiglu
-    # weight tiles per step: (gate, up), both as one tile (merged), or the one matrix
-    parts = 2 if swiglu and not merged else 1
+    parts = 2 if swiglu else 1  # weight tiles per step: (gate, up) or the one matrix
 
     def smem_layout(minor: int, size: int) -> tuple[Any, ...]:
         swizzle = plgpu.find_swizzle(minor * size * 8)
@@ -191,8 +173,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
     operand_layout = smem_layout(tk, itemsize)
     out_layout = smem_layout(config.epi_n, jnp.dtype(out_dtype).itemsize)
-    b_rows = 2 * cta_n if merged else cta_n  # merged: [gate | up] blocks of tn for each compute warpgroup
-    b_block, b_index = ((b_rows, tk), lambda s: (0, s)) if transposed else ((tk, b_rows), lambda s: (s, 0))
+    b_block, b_index = ((cta_n, tk), lambda s: (0, s)) if transposed else ((tk, cta_n), lambda s: (s, 0))
     b_spec = plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM)
 
     slots = min(config.stages, k_steps)  # the pipeline's buffers per operand
@@ -205,14 +186,13 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                       memory_space=plgpu.SMEM)] + [b_spec] * parts)
 
     def weight_tile(b_gmem, group, ni, part):
-        cols = pl.ds(ni * b_rows, b_rows) if merged else pl.ds(part * out_n + ni * cta_n, cta_n)
+        cols = pl.ds(part * out_n + ni * cta_n, cta_n)
         return b_gmem.at[group].at[cols, :] if transposed else b_gmem.at[group].at[:, cols]
 
-    # scales: (row scales [tm], column scales [scale_parts, tn]) per compute warpgroup, each copy with its own barrier
-    scale_parts = 2 if swiglu else 1  # column scales of gate and up (in the weights' order)
+    # scales: (row scales [tm], column scales [parts, tn]) per compute warpgroup, each copy with its own barrier
     scale_buffers = dict(row_smem=plgpu.SMEM((2, tm), jnp.float32),
-                         col_smem=plgpu.SMEM((2, scale_parts, tn), jnp.float32),
-                         scale_barriers=plgpu.Barrier(num_barriers=2 * (1 + scale_parts))) if scaled else {}
+                         col_smem=plgpu.SMEM((2, parts, tn), jnp.float32),
+                         scale_barriers=plgpu.Barrier(num_barriers=2 * (1 + parts))) if scaled else {}
 
     def body(groups_gmem, used_gmem, a_gmem, b_gmem, *rest):
         *scale_gmem, out_gmem = rest
@@ -227,7 +207,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         def scope(buffers, out_smem, row_smem=None, col_smem=None, scale_barriers=None):
             wg = lax.axis_index("wg")
             wg_cols = pl.ds(wg * tn, tn)
-            wg_b_rows = pl.ds(wg * 2 * tn, 2 * tn) if merged else wg_cols  # this warpgroup's rows of a B tile
 
             if config.pipeline_tiles:  # the used row tiles only (they come first), row by row
                 used_tiles = used_gmem[0]
@@ -250,22 +229,19 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     def start_scale_copies():
                         """TMA copies of this tile's scales (this warpgroup's columns); waited in the epilogue."""
                         row_scales, col_scales = scale_gmem
-                        barrier = lambda i: scale_barriers.at[wg * (1 + scale_parts) + i]  # noqa: E731
+                        barrier = lambda i: scale_barriers.at[wg * (1 + parts) + i]  # noqa: E731
                         plgpu.copy_gmem_to_smem(row_scales.at[row_slice], row_smem.at[wg], barrier(0))
-                        for p in range(scale_parts):
-                            start = ((ni * 2 + wg) * 2 + p) * tn if merged else p * out_n + ni * cta_n + wg * tn
-                            cols = pl.ds(start, tn)
+                        for p in range(parts):
+                            cols = pl.ds(p * out_n + ni * cta_n + wg * tn, tn)
                             plgpu.copy_gmem_to_smem(col_scales.at[group].at[cols], col_smem.at[wg, p],
                                                     barrier(1 + p))
 
                     def epilogue_values(accs):
                         """The tile's float32 results: the accumulators, scaled (W8A8), SwiGLU'd."""
                         values = [acc[...] for acc in accs]
-                        if merged:  # [gate | up] of this warpgroup's columns
-                            values = [values[0][:, :tn], values[0][:, tn:]]
                         if scaled:
-                            for i in range(1 + scale_parts):
-                                plgpu.barrier_wait(scale_barriers.at[wg * (1 + scale_parts) + i])
+                            for i in range(1 + parts):
+                                plgpu.barrier_wait(scale_barriers.at[wg * (1 + parts) + i])
                             row = lax.broadcast_in_dim(row_smem[wg], (tm, tn), [0])
                             values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (tm, tn), [1])
                                       for p, v in enumerate(values)]
@@ -276,8 +252,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
                     def context(run):
                         @functools.partial(pl.run_scoped,
-                                           accs=[plgpu.ACC((tm, 2 * tn if merged else tn), jnp.float32)
-                                                 for _ in range(parts)])
+                                           accs=[plgpu.ACC((tm, tn), jnp.float32) for _ in range(parts)])
                         def _(accs):
                             if scaled:
                                 start_scale_copies()
@@ -301,8 +276,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     def step(_, a_smem, *rest):
                         b_tiles, accs = rest[:-1], rest[-1]
                         for b_smem, acc in zip(b_tiles, accs):
-                            b = (plgpu.transpose_ref(b_smem.at[wg_b_rows, :], (1, 0)) if transposed
-                                 else b_smem.at[:, wg_b_rows])
+                            b = (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
+                                 else b_smem.at[:, wg_cols])
                             plgpu.wgmma(acc, a_smem, b)
                         plgpu.wgmma_wait(0)
                         return accs

@@ -76,10 +76,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pipeline-stages", type=int, default=None,
                    help="with --pipeline-tiles 1: the stages before grouped_gemm.pipelined cuts them to a divisor "
                         "of the k-steps (default: the config's; fp8 gate+up at 4 keeps 4 of its 16 k-steps)")
-    p.add_argument("--merged-swiglu", type=int, nargs="+", default=[0], choices=[0, 1],
-                   help="tiled: time gate+up with SwiGLU without (0) and with (1) TileConfig.merged_swiglu (gate "
-                        "and up as one wgmma per warpgroup, the weights interleaved for it); with --tune-tiled, "
-                        "sweep the gate+up SwiGLU configs in the forms named")
     p.add_argument("--movement", action="store_true",
                    help="time the block's memory-bound steps alone: the row gather (bf16 and e4m3 rows, each "
                         "`jaxllm.moe_rows` impl), the fp8 scale + SwiGLU + requantisation and the combine (XLA vs "
@@ -154,10 +150,6 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = 
         ks, kc = jax.random.split(jax.random.key(11))
         scales = (jax.random.uniform(ks, (plan.num_rows,), minval=0.001, maxval=0.01),
                   jax.random.uniform(kc, w.shape[:2], minval=0.001, maxval=0.01))
-    if swiglu and config.merged_swiglu:  # the layout the merged form reads
-        w = grouped_gemm.interleave_gate_up(w, config.tile_n)
-        scales = tuple(scales[:1]) + tuple(grouped_gemm.interleave_gate_up(c, config.tile_n, -1) for c in scales[1:])
-        name += "_merged"
     kernel = jit(lambda a, b, g, *s: grouped_gemm.tiled_grouped_matmul(
         a, b, g, config, swiglu=swiglu, row_scale=s[0] if s else None, col_scale=s[1] if s else None),
         compiler_options=compiler_options())
@@ -353,13 +345,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                                                   **moe.mgpu_tiling(n, k)),
                                       compiler_options=opts), x, w_kn, sizes)
                 del w_kn
-            def kernel_forms(config, swiglu: bool = False):
-                """(row name, config) for each --pipeline-tiles value: config as set, or pipelined at contraction k;
-                with `swiglu`, each also in each --merged-swiglu form."""
+            def kernel_forms(config):
+                """(row name, config) for each --pipeline-tiles value: config as set, or pipelined at contraction k."""
                 piped = grouped_gemm.pipelined(config._replace(stages=args.pipeline_stages or config.stages), k)
-                forms = [("tiled_pipelined", piped) if on else ("tiled", config) for on in args.pipeline_tiles]
-                merged = args.merged_swiglu if swiglu else [0]
-                return [(name, c._replace(merged_swiglu=bool(on))) for name, c in forms for on in merged]
+                return [("tiled_pipelined", piped) if on else ("tiled", config) for on in args.pipeline_tiles]
 
             if "tiled" in args.candidates and args.fp8:  # each GEMM at its own fp8 config, no SwiGLU epilogue
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):
@@ -368,13 +357,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
                 model_config = (moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
                                 else moe.TILED_FP8_DOWN_SCALED_CONFIG)
-                for name, config in kernel_forms(model_config, swiglu=shape_name == "gate_up"):
+                for name, config in kernel_forms(model_config):
                     time_tiled(record, x, w, sizes, config, name=name, swiglu=shape_name == "gate_up", scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
                     pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
                 if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
-                    for name, config in kernel_forms(pair[0], swiglu=True):
+                    for name, config in kernel_forms(pair[0]):
                         time_tiled(record, x, w, sizes, config, name=name, swiglu=True)
                 for name, config in kernel_forms(pair[1]):
                     time_tiled(record, x, w, sizes, config, name=name)
@@ -414,12 +403,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 # holds A (128 rows) and B (2 x tn columns, twice for gate and up) of tk bytes; the epilogue's
                 # output pieces and scales take ~34 KiB more, 227 KiB in all
                 swiglu = shape_name == "gate_up"
-                for tn, tk, stages, band, merged in itertools.product(
-                        (64,) if swiglu else (128, 64), (128, 64), (2, 3, 4, 5), (8, 16),
-                        args.merged_swiglu if swiglu else [0]):
+                for tn, tk, stages, band in itertools.product((64,) if swiglu else (128, 64), (128, 64),
+                                                              (2, 3, 4, 5), (8, 16)):
                     if tk * (128 + 2 * tn * (1 + swiglu)) * stages <= 193 * 1024:
-                        candidates.append((grouped_gemm.TileConfig(128, tn, tk, stages, band=band,
-                                                                   merged_swiglu=bool(merged)), swiglu, True))
+                        candidates.append((grouped_gemm.TileConfig(128, tn, tk, stages, band=band), swiglu, True))
             # bf16: 128-deep k steps and 6 stages overflow shared memory (measured 2026-11-28); band 1 was slowest.
             # fp8 (one-byte values): 128-deep k steps fit; the unscaled kernels (`FP8_SWIGLU` "kernel",
             # `FP8_DOWN_SCALES` "combine")

@@ -49,8 +49,6 @@
 #   bash scripts/gpu_moe.sh pipelined OUT # down's GEMM with a CTA's tiles as one pipeline (the default): the GPU
 #                                         # tests, the 30B's fp8 encoder with and without (one process), the 4B's
 #                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
-#   bash scripts/gpu_moe.sh merged OUT    # gate+up's gate and up as one wgmma (TileConfig.merged_swiglu): its GPU
-#                                         # test, fp8 and bf16 gate+up in both forms vs dense, an fp8 sweep, ~8 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels (plain, the model's, pipelined
 #                                         # at 4 stages) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~5 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
@@ -58,7 +56,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | merged | ncu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | ncu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -255,18 +253,6 @@ case $stage in
       --out "$out/encoder_qwen3-30b-a3b.json"
     run encoder_qwen3-4b 130 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
-    ;;
-  merged)
-    # gate+up's gate and up as one wgmma per compute warpgroup (TileConfig.merged_swiglu, weights interleaved):
-    # its GPU tests, then gate+up fp8 (scaled, SwiGLU) and bf16 (SwiGLU) in both forms beside dense, then a sweep
-    # of the fp8 merged configs
-    run merged_test 200 python3 -m pytest -q -s tests/test_llm_grouped_gemm.py -k "merged_swiglu_on_gpu"
-    run merged_fp8 150 python3 -u scripts/bench_moe.py --fp8 --shapes gate_up --candidates dense tiled \
-      --routings uniform --iters 20 --merged-swiglu 0 1 --out "$out/merged_fp8.json"
-    run merged_bf16 150 python3 -u scripts/bench_moe.py --shapes gate_up --candidates dense tiled \
-      --routings uniform --iters 20 --merged-swiglu 0 1 --out "$out/merged_bf16.json"
-    run merged_tune 200 python3 -u scripts/bench_moe.py --fp8 --shapes gate_up --candidates tiled \
-      --routings uniform --iters 10 --merged-swiglu 1 --tune-tiled --tune-seconds 120 --out "$out/merged_tune.json"
     ;;
   ncu)
     # Nsight Compute on the fp8 expert kernels (each form launches 4 times at --iters 1: gate+up and down, plain,
