@@ -49,8 +49,8 @@
 #   bash scripts/gpu_moe.sh pipelined OUT # down's GEMM with a CTA's tiles as one pipeline (the default): the GPU
 #                                         # tests, the 30B's fp8 encoder with and without (one process), the 4B's
 #                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
-#   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels (plain, the model's, pipelined
-#                                         # at 4 stages) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~5 min
+#   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
+#                                         # counters: local memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~3 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
@@ -255,24 +255,32 @@ case $stage in
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
   ncu)
-    # Nsight Compute on the fp8 expert kernels (each form launches 4 times at --iters 1: gate+up and down, plain,
-    # the model's, pipelined with 4 stages) and on cuBLAS's dense fp8 GEMMs of the same FLOPs; the report is cut
-    # to its key lines on the device (a call returns at most 8 files), the full text gzipped
+    # Nsight Compute on the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, down scaled and
+    # pipelined): each shape's bench launches its unscaled form 4 times first (one call, 2 warm-ups, 1 timed), so
+    # the 5th launch is the model's form; with source counters and instruction statistics (local-memory traffic:
+    # the thirteenth session saw local loads and stores in gate+up), then cuBLAS's dense fp8 GEMMs of the same
+    # FLOPs. The report is cut to its key lines on the device (a call returns at most 8 files), the full text
+    # gzipped. ~3 min
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
-      --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy"
-    # shellcheck disable=SC2086
-    timeout 300 "$ncu_bin" --clock-control none --kernel-name regex:mosaic --launch-count 24 $sections \
-      python3 -u scripts/bench_moe.py --fp8 --candidates tiled --routings uniform --pipeline-tiles 0 1 \
-      --pipeline-stages 4 --iters 1 > "$out/ncu_tiled.txt" 2>&1
+    sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
+      --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy
+      --section InstructionStats --section SourceCounters"
+    for form in "gate_up 0" "down 1"; do  # the shape, and whether the model pipelines its tiles (down does)
+      # shellcheck disable=SC2086
+      set -- $form
+      # shellcheck disable=SC2086
+      timeout 150 "$ncu_bin" --clock-control none --kernel-name regex:mosaic --launch-skip 4 --launch-count 1 \
+        $sections python3 -u scripts/bench_moe.py --fp8 --shapes "$1" --pipeline-tiles "$2" --candidates tiled \
+        --routings uniform --iters 1 > "$out/ncu_$1.txt" 2>&1
+    done
     # shellcheck disable=SC2086
     timeout 120 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$ncu_bin" --clock-control none \
       --kernel-name regex:"nvjet" --launch-count 8 $sections \
       python3 -u scripts/bench_moe.py --fp8 --candidates dense --routings uniform --iters 1 > "$out/ncu_dense.txt" 2>&1
-    for f in ncu_tiled ncu_dense; do
-      grep -E "candidate|^  [a-zA-Z_]+.*\(|Duration|Throughput|Busy|Issue|Eligible|Warp Cycles|Registers|Grid Size|Block Size|Cluster Size|Shared Memory|Occupancy|stall|Stall|pipeline" \
-        "$out/$f.txt" > "$out/$f.key.txt"; gzip -f "$out/$f.txt"; done
-    head -c 6000 "$out/ncu_tiled.key.txt"
+    for f in ncu_gate_up ncu_down ncu_dense; do
+      grep -vE "^\[|^\s*-+" "$out/$f.txt" | grep -iE "_kernel|nvjet|Duration|Frequency|Throughput|Busy|Eligible|Warp Cycles|Registers|Shared Memory|Occupancy|Stall|stall|pipeline|local|spill|Speedup" \
+        > "$out/$f.key.txt"; gzip -f "$out/$f.txt"; done
+    head -c 6000 "$out/ncu_gate_up.key.txt"
     ;;
   coldstart)
     old=$(cd "${OLD_TREE:?OLD_TREE: the older tree to compare with}" && pwd)
