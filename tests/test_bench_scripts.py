@@ -276,3 +276,17 @@ def test_every_bench_encoder_variant_changes_a_setting():
     assert bench_encoder.variant_patches("fp8") == []
     with pytest.raises(ValueError, match="not in variant_patches' table"):
         bench_encoder.variant_patches("fp8-no-such-variant")
+
+
+def test_bench_moe_times_calls_back_to_back():
+    """--back-to-back N: each timed iteration queues N calls and synchronises once; the time is per call."""
+    import argparse
+
+    from scripts import bench_moe
+
+    calls = []
+    seconds = bench_moe.time_per_call(lambda: calls.append(1) or len(calls),
+                                      argparse.Namespace(back_to_back=3, iters=2))
+    assert len(calls) == (2 + 2) * 3 and seconds >= 0  # 2 warm-up and 2 timed iterations of 3 calls
+    args = bench_moe.parse_args(["--smoke", "--back-to-back", "4"])
+    assert args.back_to_back == 4 and bench_moe.parse_args(["--smoke"]).back_to_back == 1
