@@ -36,7 +36,10 @@ class TileConfig(NamedTuple):
     loads a tile's first k-steps while the compute warpgroups still work on the previous tile, instead of waiting
     for them to finish it; the CTAs then walk only the used row tiles, row by row (`band` unused), which must come
     before the unused ones (tile group -1), as `tile_plan` lays them out, and the k-steps must be a multiple of
-    the buffers (min(stages, k-steps))."""
+    the buffers (min(stages, k-steps)).
+    epilogue_by_rows: the epilogue scales, SwiGLUs and stores the tile epi_m rows at a time (each piece's values
+    die before the next is computed) instead of computing the whole tile's results first: fewer live registers
+    in the compute warpgroups, the same values."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -46,6 +49,7 @@ class TileConfig(NamedTuple):
     epi_n: int = 64
     band: int = 4
     pipeline_tiles: bool = False
+    epilogue_by_rows: bool = False
 
 
 class TilePlan(NamedTuple):
@@ -236,14 +240,16 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             plgpu.copy_gmem_to_smem(col_scales.at[group].at[cols], col_smem.at[wg, p],
                                                     barrier(1 + p))
 
-                    def epilogue_values(accs):
-                        """The tile's float32 results: the accumulators, scaled (W8A8), SwiGLU'd."""
+                    def epilogue_values(accs, rows: slice):
+                        """The float32 results of the tile's `rows` (static, a multiple of 64 long): the
+                        accumulators, scaled (W8A8), SwiGLU'd. The scales' barriers are waited on before."""
                         values = [acc[...] for acc in accs]
+                        n_rows = rows.stop - rows.start
+                        if n_rows != tm:
+                            values = [v[rows] for v in values]
                         if scaled:
-                            for i in range(1 + parts):
-                                plgpu.barrier_wait(scale_barriers.at[wg * (1 + parts) + i])
-                            row = lax.broadcast_in_dim(row_smem[wg], (tm, tn), [0])
-                            values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (tm, tn), [1])
+                            row = lax.broadcast_in_dim(row_smem[wg, pl.ds(rows.start, n_rows)], (n_rows, tn), [0])
+                            values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (n_rows, tn), [1])
                                       for p, v in enumerate(values)]
                         if swiglu:
                             gate, up = values
@@ -257,17 +263,24 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             if scaled:
                                 start_scale_copies()
                             run(tuple(accs))
-                            result = epilogue_values(accs).astype(out_dtype)
+                            if scaled:
+                                for i in range(1 + parts):
+                                    plgpu.barrier_wait(scale_barriers.at[wg * (1 + parts) + i])
+                            if not config.epilogue_by_rows:
+                                result = epilogue_values(accs, slice(0, tm)).astype(out_dtype)
                             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
                             piece = 0
                             for pm in range(tm // config.epi_m):
+                                rs = slice(pm * config.epi_m, (pm + 1) * config.epi_m)
+                                if config.epilogue_by_rows:  # these rows' values only, stored before the next
+                                    rows_result = epilogue_values(accs, rs).astype(out_dtype)
                                 for pn in range(tn // config.epi_n):
                                     slot = piece % 2
                                     piece += 1
                                     plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-                                    rs = slice(pm * config.epi_m, (pm + 1) * config.epi_m)
                                     cs = slice(pn * config.epi_n, (pn + 1) * config.epi_n)
-                                    out_smem[wg, slot] = result[rs, cs]
+                                    out_smem[wg, slot] = (rows_result[:, cs] if config.epilogue_by_rows
+                                                          else result[rs, cs])
                                     plgpu.commit_smem()
                                     plgpu.copy_smem_to_gmem(
                                         out_smem.at[wg, slot],

@@ -59,6 +59,8 @@ VARIANTS = {
     "fp8-moe-unpipelined": "down's expert GEMM with each tile's pipeline on its own, as before 2026-11-29's twelfth "
                            "session (moe.PIPELINED_DOWN = False)",
     "bfloat16-moe-unpipelined": "as fp8-moe-unpipelined, in bf16",
+    "fp8-moe-epilogue-by-rows": "the fp8 expert GEMMs' epilogues 64 rows at a time (TileConfig.epilogue_by_rows: fewer "
+                                "live registers; the thirteenth session's ncu saw local-memory traffic in gate+up)",
 }
 
 
@@ -91,6 +93,9 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
                                                 lambda row_bytes: {"rows": 4, "num_warps": 4})],
         "fp8-moe-unpipelined": unpipelined,
         "bfloat16-moe-unpipelined": unpipelined,
+        "fp8-moe-epilogue-by-rows": [
+            (moe, name, getattr(moe, name)._replace(epilogue_by_rows=True))
+            for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }
     if variant not in patches and variant not in ("bfloat16", "fp8", "float32"):
         raise ValueError(f"--dtypes {variant!r}: not a dtype and not in variant_patches' table")

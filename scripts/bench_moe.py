@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pipeline-tiles", type=int, nargs="+", default=[0], choices=[0, 1],
                    help="tiled: time the model's kernel forms without (0) and with (1) TileConfig.pipeline_tiles "
                         "(grouped_gemm.pipelined: a CTA's tiles as one pipeline)")
+    p.add_argument("--epilogue-by-rows", type=int, nargs="+", default=[0], choices=[0, 1],
+                   help="tiled: time the model's kernel forms without (0) and with (1) TileConfig.epilogue_by_rows "
+                        "(the epilogue 64 rows at a time)")
     p.add_argument("--pipeline-stages", type=int, default=None,
                    help="with --pipeline-tiles 1: the stages before grouped_gemm.pipelined cuts them to a divisor "
                         "of the k-steps (default: the config's; fp8 gate+up at 4 keeps 4 of its 16 k-steps)")
@@ -368,9 +371,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                       compiler_options=opts), x, w_kn, sizes)
                 del w_kn
             def kernel_forms(config):
-                """(row name, config) for each --pipeline-tiles value: config as set, or pipelined at contraction k."""
+                """(row name, config) for each --pipeline-tiles value (config as set, or pipelined at contraction k)
+                and each --epilogue-by-rows value."""
                 piped = grouped_gemm.pipelined(config._replace(stages=args.pipeline_stages or config.stages), k)
-                return [("tiled_pipelined", piped) if on else ("tiled", config) for on in args.pipeline_tiles]
+                forms = [("tiled_pipelined", piped) if on else ("tiled", config) for on in args.pipeline_tiles]
+                return [(name + "_by_rows" * by_rows, c._replace(epilogue_by_rows=bool(by_rows)))
+                        for name, c in forms for by_rows in args.epilogue_by_rows]
 
             if "tiled" in args.candidates and args.fp8:  # each GEMM at its own fp8 config, no SwiGLU epilogue
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):

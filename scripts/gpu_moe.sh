@@ -49,6 +49,8 @@
 #   bash scripts/gpu_moe.sh pipelined OUT # down's GEMM with a CTA's tiles as one pipeline (the default): the GPU
 #                                         # tests, the 30B's fp8 encoder with and without (one process), the 4B's
 #                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
+#   bash scripts/gpu_moe.sh byrows OUT    # the expert GEMMs' epilogues 64 rows at a time (off): its GPU test, the
+#                                         # fp8 kernels both ways, the 30B's fp8 encoder both ways, the 4B's, ~10 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
 #                                         # counters: local memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~3 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
@@ -56,7 +58,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | ncu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | byrows | ncu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -253,6 +255,20 @@ case $stage in
       --out "$out/encoder_qwen3-30b-a3b.json"
     run encoder_qwen3-4b 130 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
+    ;;
+  byrows)
+    # the expert GEMMs' epilogues 64 rows at a time (TileConfig.epilogue_by_rows, off): its GPU test (bit-equal),
+    # the fp8 kernels both ways with calls back to back, the 30B's fp8 encoder both ways (one process), the 4B's
+    run byrows_test 200 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k "epilogue_by_rows_changes_nothing_on_gpu"
+    run byrows_kernels 150 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform \
+      --iters 10 --back-to-back 10 --pipeline-tiles 0 1 --epilogue-by-rows 0 1 --out "$out/byrows_kernels.json"
+    # (a process spends ~65 s before its first prompt on some machines: the limits leave room for it)
+    run encoder_qwen3-30b-a3b 260 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-epilogue-by-rows fp8 --methods packed --no-hf --no-gemm-ceiling \
+      --out "$out/encoder_qwen3-30b-a3b.json"
+    left=$((560 - SECONDS))
+    [ "$left" -ge 120 ] && run encoder_qwen3-4b "$left" python3 -u scripts/bench_encoder.py --ragged \
+      --model qwen3-4b --dtypes fp8 --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
   ncu)
     # Nsight Compute on the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, down scaled and

@@ -446,3 +446,46 @@ def test_fp8_block_takes_the_modes_it_names_interpreted(monkeypatch):
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3e-2, mode
         cosine = np.sum(got * want, -1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
         assert cosine.min() > 0.995, (mode, cosine.min())
+
+
+def _epilogue_by_rows_outputs(config, k, n, swiglu, sizes, seed, interpret=None):
+    """The fp8 kernel's scaled output rows with `epilogue_by_rows` off and on."""
+    rng = np.random.default_rng(seed)
+    s = jnp.asarray(sizes, jnp.int32)
+    x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), jnp.float8_e4m3fn)
+    w = jnp.asarray(rng.normal(size=(len(sizes), n, k)), jnp.float8_e4m3fn)
+    plan = tile_plan(s, x.shape[0], config.tile_m)
+    rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+    scales = (jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32),
+              jnp.asarray(rng.uniform(0.001, 0.01, (len(sizes), n)), jnp.float32))
+    outs = []
+    for c in (config, config._replace(epilogue_by_rows=True)):
+        kernel = lambda a, b, g, r, cs, c=c: tiled_grouped_matmul(  # noqa: E731
+            a, b, g, c, swiglu=swiglu, row_scale=r, col_scale=cs, interpret=interpret)
+        kernel = kernel if interpret is not None else jax.jit(kernel)
+        outs.append(np.asarray(kernel(rows, w, plan.tile_groups, *scales)[plan.padded_row], np.float32))
+    return outs
+
+
+def test_epilogue_by_rows_changes_nothing_interpreted():
+    """`TileConfig.epilogue_by_rows` (the epilogue 64 rows at a time): the same output bit for bit, interpreted at
+    the model's fp8 gate+up config (scales + SwiGLU, two row pieces a tile) and fp8 down at 64-wide tiles."""
+    sizes = np.array([200, 0, 129, 5])
+    cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 256, 256, True),
+             (moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64), 256, 128, False))
+    for seed, case in enumerate(cases):
+        off, on = _epilogue_by_rows_outputs(*case, sizes, seed, interpreter())
+        assert np.abs(off).max() > 0
+        np.testing.assert_array_equal(on, off, err_msg=str(case))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
+def test_epilogue_by_rows_changes_nothing_on_gpu():
+    """At Qwen3-30B-A3B's shapes and the model's fp8 configs (gate+up scaled with SwiGLU, down scaled and
+    pipelined): the epilogue 64 rows at a time gives the same output bit for bit."""
+    sizes = np.bincount(np.random.default_rng(10).integers(0, 16, 3001), minlength=16)
+    cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, True),
+             (moe._down_config(moe.TILED_FP8_DOWN_SCALED_CONFIG, 768), 768, 2048, False))
+    for seed, case in enumerate(cases):
+        off, on = _epilogue_by_rows_outputs(*case, sizes, seed)
+        np.testing.assert_array_equal(on, off, err_msg=str(case))
