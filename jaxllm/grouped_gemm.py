@@ -248,7 +248,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         if n_rows != tm:
                             values = [v[rows] for v in values]
                         if scaled:
-                            row = lax.broadcast_in_dim(row_smem[wg, pl.ds(rows.start, n_rows)], (n_rows, tn), [0])
+                            row_scales = row_smem[wg] if n_rows == tm else row_smem[wg, pl.ds(rows.start, n_rows)]
+                            row = lax.broadcast_in_dim(row_scales, (n_rows, tn), [0])
                             values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (n_rows, tn), [1])
                                       for p, v in enumerate(values)]
                         if swiglu:
