@@ -370,6 +370,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                                                   **moe.mgpu_tiling(n, k)),
                                       compiler_options=opts), x, w_kn, sizes)
                 del w_kn
+
             def kernel_forms(config):
                 """(row name, config) for each --pipeline-tiles value (config as set, or pipelined at contraction k)
                 and each --epilogue-by-rows value."""

@@ -287,8 +287,10 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
         assert cosine.min() > 0.995, (mode, cosine.min())
 
 
-def _pipelined_outputs(config, k, n, swiglu, dtype, sizes, seed, interpret=None):
-    """The kernel's output rows with `pipeline_tiles` off and on (`grouped_gemm.pipelined`; scaled when fp8)."""
+def _outputs_of_configs(configs, k, n, swiglu, dtype, sizes, seed, interpret=None):
+    """The kernel's output rows at each of `configs` (sharing one tile_m), on the same operands (scaled when fp8):
+    what a config option that should change nothing is checked with."""
+    config = configs[0]
     rng = np.random.default_rng(seed)
     s = jnp.asarray(sizes, jnp.int32)
     fp8 = dtype == jnp.float8_e4m3fn
@@ -299,12 +301,18 @@ def _pipelined_outputs(config, k, n, swiglu, dtype, sizes, seed, interpret=None)
     scales = ((jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32),
                jnp.asarray(rng.uniform(0.001, 0.01, (len(sizes), n)), jnp.float32)) if fp8 else (None, None))
     outs = []
-    for c in (config, grouped_gemm.pipelined(config, k)):
+    for c in configs:
         kernel = lambda a, b, g, r, cs, c=c: tiled_grouped_matmul(  # noqa: E731
             a, b, g, c, swiglu=swiglu, row_scale=r, col_scale=cs, interpret=interpret)
         kernel = kernel if interpret is not None else jax.jit(kernel)
         outs.append(np.asarray(kernel(rows, w, plan.tile_groups, *scales)[plan.padded_row], np.float32))
     return outs
+
+
+def _pipelined_outputs(config, k, n, swiglu, dtype, sizes, seed, interpret=None):
+    """The kernel's output rows with `pipeline_tiles` off and on (`grouped_gemm.pipelined`)."""
+    return _outputs_of_configs((config, grouped_gemm.pipelined(config, k)), k, n, swiglu, dtype, sizes, seed,
+                               interpret)
 
 
 @pytest.mark.parametrize("sizes", [[70, 0, 130, 1], [5, 0, 0, 0]])
@@ -450,21 +458,8 @@ def test_fp8_block_takes_the_modes_it_names_interpreted(monkeypatch):
 
 def _epilogue_by_rows_outputs(config, k, n, swiglu, sizes, seed, interpret=None):
     """The fp8 kernel's scaled output rows with `epilogue_by_rows` off and on."""
-    rng = np.random.default_rng(seed)
-    s = jnp.asarray(sizes, jnp.int32)
-    x = jnp.asarray(rng.normal(size=(int(sizes.sum()), k)), jnp.float8_e4m3fn)
-    w = jnp.asarray(rng.normal(size=(len(sizes), n, k)), jnp.float8_e4m3fn)
-    plan = tile_plan(s, x.shape[0], config.tile_m)
-    rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
-    scales = (jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32),
-              jnp.asarray(rng.uniform(0.001, 0.01, (len(sizes), n)), jnp.float32))
-    outs = []
-    for c in (config, config._replace(epilogue_by_rows=True)):
-        kernel = lambda a, b, g, r, cs, c=c: tiled_grouped_matmul(  # noqa: E731
-            a, b, g, c, swiglu=swiglu, row_scale=r, col_scale=cs, interpret=interpret)
-        kernel = kernel if interpret is not None else jax.jit(kernel)
-        outs.append(np.asarray(kernel(rows, w, plan.tile_groups, *scales)[plan.padded_row], np.float32))
-    return outs
+    return _outputs_of_configs((config, config._replace(epilogue_by_rows=True)), k, n, swiglu, jnp.float8_e4m3fn,
+                               sizes, seed, interpret)
 
 
 def test_epilogue_by_rows_changes_nothing_interpreted():
