@@ -36,10 +36,7 @@ class TileConfig(NamedTuple):
     loads a tile's first k-steps while the compute warpgroups still work on the previous tile, instead of waiting
     for them to finish it; the CTAs then walk only the used row tiles, row by row (`band` unused), which must come
     before the unused ones (tile group -1), as `tile_plan` lays them out, and the k-steps must be a multiple of
-    the buffers (min(stages, k-steps)).
-    epilogue_by_rows: the epilogue scales, SwiGLUs and stores the tile epi_m rows at a time (each piece's values
-    die before the next is computed) instead of computing the whole tile's results first: fewer live registers
-    in the compute warpgroups, the same values."""
+    the buffers (min(stages, k-steps))."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -49,7 +46,6 @@ class TileConfig(NamedTuple):
     epi_n: int = 64
     band: int = 4
     pipeline_tiles: bool = False
-    epilogue_by_rows: bool = False
 
 
 class TilePlan(NamedTuple):
@@ -60,6 +56,19 @@ class TilePlan(NamedTuple):
     padded_row: jax.Array
     tile_groups: jax.Array
     num_rows: int
+
+
+# SiLU in the SwiGLU epilogue: x / (1 + 2^(-x log2 e)). On a GPU (with the kernel's approx_math) exp2 is one
+# ex2.approx instruction (relative error ~2^-22, far below the bf16 output's 2^-9 rounding), where exp is CUDA's
+# expf: the same instruction inside ~8 more for its range reduction, on each of the tile's gate values (64 a thread
+# a tile). False: jnp.exp, as before.
+SILU_EXP2 = True
+LOG2_E = 1.4426950408889634
+
+
+def silu(x: jax.Array) -> jax.Array:
+    """x * sigmoid(x) in float32, as the kernel's epilogue computes it (`SILU_EXP2`)."""
+    return x / (1.0 + (jnp.exp2(x * -LOG2_E) if SILU_EXP2 else jnp.exp(-x)))
 
 
 def padded_row_count(num_rows: int, num_groups: int, tile_m: int) -> int:
@@ -240,21 +249,17 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             plgpu.copy_gmem_to_smem(col_scales.at[group].at[cols], col_smem.at[wg, p],
                                                     barrier(1 + p))
 
-                    def epilogue_values(accs, rows: slice):
-                        """The float32 results of the tile's `rows` (static, a multiple of 64 long): the
-                        accumulators, scaled (W8A8), SwiGLU'd. The scales' barriers are waited on before."""
+                    def epilogue_values(accs):
+                        """The tile's float32 results: the accumulators, scaled (W8A8), SwiGLU'd. The scales'
+                        barriers are waited on before."""
                         values = [acc[...] for acc in accs]
-                        n_rows = rows.stop - rows.start
-                        if n_rows != tm:
-                            values = [v[rows] for v in values]
                         if scaled:
-                            row_scales = row_smem[wg] if n_rows == tm else row_smem[wg, pl.ds(rows.start, n_rows)]
-                            row = lax.broadcast_in_dim(row_scales, (n_rows, tn), [0])
-                            values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (n_rows, tn), [1])
+                            row = lax.broadcast_in_dim(row_smem[wg], (tm, tn), [0])
+                            values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (tm, tn), [1])
                                       for p, v in enumerate(values)]
                         if swiglu:
                             gate, up = values
-                            return gate / (1.0 + jnp.exp(-gate)) * up
+                            return silu(gate) * up
                         return values[0]
 
                     def context(run):
@@ -267,21 +272,17 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             if scaled:
                                 for i in range(1 + parts):
                                     plgpu.barrier_wait(scale_barriers.at[wg * (1 + parts) + i])
-                            if not config.epilogue_by_rows:
-                                result = epilogue_values(accs, slice(0, tm)).astype(out_dtype)
+                            result = epilogue_values(accs).astype(out_dtype)
                             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
                             piece = 0
                             for pm in range(tm // config.epi_m):
-                                rs = slice(pm * config.epi_m, (pm + 1) * config.epi_m)
-                                if config.epilogue_by_rows:  # these rows' values only, stored before the next
-                                    rows_result = epilogue_values(accs, rs).astype(out_dtype)
                                 for pn in range(tn // config.epi_n):
                                     slot = piece % 2
                                     piece += 1
                                     plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                                    rs = slice(pm * config.epi_m, (pm + 1) * config.epi_m)
                                     cs = slice(pn * config.epi_n, (pn + 1) * config.epi_n)
-                                    out_smem[wg, slot] = (rows_result[:, cs] if config.epilogue_by_rows
-                                                          else result[rs, cs])
+                                    out_smem[wg, slot] = result[rs, cs]
                                     plgpu.commit_smem()
                                     plgpu.copy_smem_to_gmem(
                                         out_smem.at[wg, slot],
@@ -320,7 +321,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     kernel = plgpu.kernel(
         body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms,), grid_names=("sm",),
         num_threads=3, thread_name="wg", interpret=interpret,
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
+                                             approx_math=SILU_EXP2))  # exp2 as ex2.approx (`silu`)
     scales = (row_scale.astype(jnp.float32), col_scale.astype(jnp.float32)) if scaled else ()
     # pipeline_tiles: the used row tiles, the first ones (`tile_plan`); otherwise unread
     used = (jnp.sum(tile_groups >= 0, dtype=jnp.int32)[None] if config.pipeline_tiles

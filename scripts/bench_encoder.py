@@ -59,14 +59,15 @@ VARIANTS = {
     "fp8-moe-unpipelined": "down's expert GEMM with each tile's pipeline on its own, as before 2026-11-29's twelfth "
                            "session (moe.PIPELINED_DOWN = False)",
     "bfloat16-moe-unpipelined": "as fp8-moe-unpipelined, in bf16",
-    "fp8-moe-epilogue-by-rows": "the fp8 expert GEMMs' epilogues 64 rows at a time (TileConfig.epilogue_by_rows: fewer "
-                                "live registers; the thirteenth session's ncu saw local-memory traffic in gate+up)",
+    "fp8-moe-silu-exp": "the expert gate+up kernel's SiLU with CUDA's expf, as before 2026-11-29's fourteenth "
+                        "session, instead of one ex2.approx (grouped_gemm.SILU_EXP2 = False)",
+    "bfloat16-moe-silu-exp": "as fp8-moe-silu-exp, in bf16",
 }
 
 
 def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
     """(module, attribute, value): the settings `variant` (a --dtypes name) changes from its base dtype's."""
-    from jaxllm import fp8, layer_ops, moe, moe_rows
+    from jaxllm import fp8, grouped_gemm, layer_ops, moe, moe_rows
     from jaxllm import model as model_module
 
     top_k_rows, residual_norm = moe.top_k_rows, model_module.residual_norm
@@ -79,6 +80,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
 
     gather = [(moe, "ROW_COPY", "gather")]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
+    silu_exp = [(grouped_gemm, "SILU_EXP2", False)]
     patches = {
         "fp8-xla-swiglu": [(fp8, "swiglu_quantize", fp8.swiglu_quantize_reference)],
         "fp8-xla-norms": [(layer_ops, "_one_pass_kernels", lambda y: False)],
@@ -93,9 +95,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
                                                 lambda row_bytes: {"rows": 4, "num_warps": 4})],
         "fp8-moe-unpipelined": unpipelined,
         "bfloat16-moe-unpipelined": unpipelined,
-        "fp8-moe-epilogue-by-rows": [
-            (moe, name, getattr(moe, name)._replace(epilogue_by_rows=True))
-            for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
+        "fp8-moe-silu-exp": silu_exp,
+        "bfloat16-moe-silu-exp": silu_exp,
     }
     if variant not in patches and variant not in ("bfloat16", "fp8", "float32"):
         raise ValueError(f"--dtypes {variant!r}: not a dtype and not in variant_patches' table")

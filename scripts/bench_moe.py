@@ -82,9 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pipeline-tiles", type=int, nargs="+", default=[0], choices=[0, 1],
                    help="tiled: time the model's kernel forms without (0) and with (1) TileConfig.pipeline_tiles "
                         "(grouped_gemm.pipelined: a CTA's tiles as one pipeline)")
-    p.add_argument("--epilogue-by-rows", type=int, nargs="+", default=[0], choices=[0, 1],
-                   help="tiled: time the model's kernel forms without (0) and with (1) TileConfig.epilogue_by_rows "
-                        "(the epilogue 64 rows at a time)")
+    p.add_argument("--silu", nargs="+", default=["exp2"], choices=["exp2", "exp"],
+                   help="tiled, gate+up with SwiGLU: time its kernel forms with the SiLU's exponential as one "
+                        "ex2.approx (exp2, the default: grouped_gemm.SILU_EXP2) and/or CUDA's expf (exp)")
     p.add_argument("--pipeline-stages", type=int, default=None,
                    help="with --pipeline-tiles 1: the stages before grouped_gemm.pipelined cuts them to a divisor "
                         "of the k-steps (default: the config's; fp8 gate+up at 4 keeps 4 of its 16 k-steps)")
@@ -371,13 +371,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                       compiler_options=opts), x, w_kn, sizes)
                 del w_kn
 
-            def kernel_forms(config):
-                """(row name, config) for each --pipeline-tiles value (config as set, or pipelined at contraction k)
-                and each --epilogue-by-rows value."""
+            def kernel_forms(config, swiglu: bool):
+                """(row name, config, grouped_gemm.SILU_EXP2) for each --pipeline-tiles value (config as set, or
+                pipelined at contraction k) and, with `swiglu`, each --silu value."""
                 piped = grouped_gemm.pipelined(config._replace(stages=args.pipeline_stages or config.stages), k)
                 forms = [("tiled_pipelined", piped) if on else ("tiled", config) for on in args.pipeline_tiles]
-                return [(name + "_by_rows" * by_rows, c._replace(epilogue_by_rows=bool(by_rows)))
-                        for name, c in forms for by_rows in args.epilogue_by_rows]
+                silus = args.silu if swiglu else ["exp2"]
+                return [(name + "_silu_exp" * (silu == "exp"), c, silu == "exp2") for name, c in forms for silu in silus]
 
             if "tiled" in args.candidates and args.fp8:  # each GEMM at its own fp8 config, no SwiGLU epilogue
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):
@@ -386,15 +386,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
                 model_config = (moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
                                 else moe.TILED_FP8_DOWN_SCALED_CONFIG)
-                for name, config in kernel_forms(model_config):
-                    time_tiled(record, x, w, sizes, config, name=name, swiglu=shape_name == "gate_up", scaled=True)
+                for name, config, exp2 in kernel_forms(model_config, shape_name == "gate_up"):
+                    with mock.patch.object(grouped_gemm, "SILU_EXP2", exp2):
+                        time_tiled(record, x, w, sizes, config, name=name, swiglu=shape_name == "gate_up",
+                                   scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
                     pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
                 if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
-                    for name, config in kernel_forms(pair[0]):
-                        time_tiled(record, x, w, sizes, config, name=name, swiglu=True)
-                for name, config in kernel_forms(pair[1]):
+                    for name, config, exp2 in kernel_forms(pair[0], True):
+                        with mock.patch.object(grouped_gemm, "SILU_EXP2", exp2):
+                            time_tiled(record, x, w, sizes, config, name=name, swiglu=True)
+                for name, config, _ in kernel_forms(pair[1], False):
                     time_tiled(record, x, w, sizes, config, name=name)
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}

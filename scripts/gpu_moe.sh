@@ -49,11 +49,11 @@
 #   bash scripts/gpu_moe.sh pipelined OUT # down's GEMM with a CTA's tiles as one pipeline (the default): the GPU
 #                                         # tests, the 30B's fp8 encoder with and without (one process), the 4B's
 #                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
-#   bash scripts/gpu_moe.sh byrows OUT    # the expert GEMMs' epilogues 64 rows at a time (off): its GPU test, the
-#                                         # 30B's fp8 encoder both ways (one process), the 4B's, ~8 min (the
-#                                         # kernels both ways too with WITH_KERNELS=1: ~10 min)
-#   bash scripts/gpu_moe.sh spills OUT    # ptxas on the fp8 expert kernels (registers, spills; PTX and SASS in
-#                                         # OUT/dumps.tar.gz), whole-tile and by-rows epilogues, then both timed, ~7 min
+#   bash scripts/gpu_moe.sh silu OUT      # gate+up's SiLU by ex2.approx (the default) vs expf: the GPU tests, the
+#                                         # gate+up kernels both ways (fp8, bf16), the 30B's fp8 encoder both ways
+#                                         # (one process), the 4B's, ~9.5 min
+#   bash scripts/gpu_moe.sh spills OUT    # ptxas on the fp8 expert kernels (registers, spills; PTX in
+#                                         # OUT/dumps.tar.gz), then the forms timed back to back, ~5 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
 #                                         # counters: local memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~3 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
@@ -61,7 +61,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | byrows | spills | ncu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | silu | spills | ncu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -259,45 +259,47 @@ case $stage in
     run encoder_qwen3-4b 130 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
-  byrows)
-    # the expert GEMMs' epilogues 64 rows at a time (TileConfig.epilogue_by_rows, off): its GPU test (bit-equal),
-    # the fp8 kernels both ways with calls back to back, the 30B's fp8 encoder both ways (one process), the 4B's
-    run byrows_test 200 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k "epilogue_by_rows_changes_nothing_on_gpu"
-    [ -n "${WITH_KERNELS:-}" ] && run byrows_kernels 150 python3 -u scripts/bench_moe.py --fp8 --candidates dense \
-      tiled --routings uniform --iters 10 --back-to-back 10 --pipeline-tiles 0 1 --epilogue-by-rows 0 1 \
-      --out "$out/byrows_kernels.json"
+  silu)
+    # the SwiGLU epilogue's exponential as one ex2.approx (grouped_gemm.SILU_EXP2, the default) against CUDA's
+    # expf: the GPU tests, the gate+up kernels both ways with calls back to back (fp8 and bf16), the 30B's fp8
+    # encoder both ways (one process), the 4B's fp8 encoder, ~9.5 min
+    run silu_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k "silu_by_exp2_on_gpu or fp8_swiglu_epilogue_on_gpu"
+    for dtype in fp8 bf16; do
+      run "silu_kernels_$dtype" 100 python3 -u scripts/bench_moe.py $([ $dtype = fp8 ] && echo --fp8) --shapes gate_up \
+        --candidates dense tiled --routings uniform --iters 10 --back-to-back 10 --silu exp2 exp exp2 \
+        --out "$out/silu_kernels_$dtype.json"
+    done
     # (a process spends ~65 s before its first prompt on some machines: the limits leave room for it)
-    run encoder_qwen3-30b-a3b 260 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
-      --dtypes fp8 fp8-moe-epilogue-by-rows fp8 --methods packed --no-hf --no-gemm-ceiling \
+    run encoder_qwen3-30b-a3b 250 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-silu-exp fp8 --methods packed --no-hf --no-gemm-ceiling \
       --out "$out/encoder_qwen3-30b-a3b.json"
-    left=$((560 - SECONDS))
-    [ "$left" -ge 120 ] && run encoder_qwen3-4b "$left" python3 -u scripts/bench_encoder.py --ragged \
+    left=$((575 - SECONDS))
+    [ "$left" -ge 100 ] && run encoder_qwen3-4b "$left" python3 -u scripts/bench_encoder.py --ragged \
       --model qwen3-4b --dtypes fp8 --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
   spills)
-    # what ptxas makes of the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, down scaled and
-    # pipelined), epilogue whole-tile and by rows: registers, spill stores/loads, and the PTX and SASS (lines of
-    # local-memory traffic), one process per form (each compiles its unscaled form first), then the kernels both
-    # ways with calls back to back; ~7 min
+    # what ptxas makes of the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, its SiLU's
+    # exponential as ex2.approx and as expf; down scaled and pipelined): registers, spill stores/loads, and the
+    # PTX (OUT/dumps.tar.gz), one process per form (each compiles its unscaled form first, then the model's form,
+    # then the sparse block's two), then those forms timed back to back; ~5 min
     mkdir -p /tmp/dumps
-    for form in "gate_up 0 0" "gate_up 0 1" "down 1 0" "down 1 1"; do  # shape, pipeline_tiles, epilogue_by_rows
+    for form in "gate_up 0 exp2" "gate_up 0 exp" "down 1 exp2"; do  # shape, pipeline_tiles, SiLU
       # shellcheck disable=SC2086
       set -- $form
-      name="dump_$1_pipe$2_byrows$3"
+      name="dump_$1_pipe$2_$3"
       echo "== $name"
-      timeout 100 env MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_SASS=1 python3 -u \
-        scripts/bench_moe.py --fp8 --shapes "$1" --pipeline-tiles "$2" --epilogue-by-rows "$3" --candidates tiled \
-        --routings uniform --iters 1 > "/tmp/dumps/$name.log" 2>&1
+      timeout 100 env MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 python3 -u scripts/bench_moe.py --fp8 \
+        --shapes "$1" --pipeline-tiles "$2" --silu "$3" --candidates tiled --routings uniform --iters 1 \
+        > "/tmp/dumps/$name.log" 2>&1
       echo "rc $?"
       grep -E "ptxas|Used [0-9]+ registers|[Ss]pill|^\[ *[0-9.]+ s\]|Error|error" "/tmp/dumps/$name.log" \
-        | grep -v "^\s*//" | cut -c1-400 \
-        | tee -a "$out/dumps.key.txt"
-      printf "%s local-memory instructions in its SASS: " "$name" | tee -a "$out/dumps.key.txt"
-      grep -cE "\b(LDL|STL)\b" "/tmp/dumps/$name.log" | tee -a "$out/dumps.key.txt"
+        | grep -v "^\s*//" | cut -c1-400 | tee -a "$out/dumps.key.txt"
+      printf "%s ex2 instructions in its PTX: " "$name" | tee -a "$out/dumps.key.txt"
+      grep -c "ex2\.approx" "/tmp/dumps/$name.log" | tee -a "$out/dumps.key.txt"
     done
     tar -C /tmp -czf "$out/dumps.tar.gz" dumps
-    run byrows_kernels 200 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform \
-      --iters 10 --back-to-back 10 --pipeline-tiles 0 1 --epilogue-by-rows 0 1 --out "$out/byrows_kernels.json"
+    run spill_kernels 200 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform \
+      --iters 10 --back-to-back 10 --pipeline-tiles 0 1 --silu exp2 exp --out "$out/spill_kernels.json"
     ;;
   ncu)
     # Nsight Compute on the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, down scaled and

@@ -103,21 +103,15 @@ def test_fp8_encoder_lowers_for_a_hopper_gpu(sparse):
         assert kernel in text, kernel
 
 
-@pytest.mark.parametrize("option", ["pipeline_tiles", "epilogue_by_rows"])
 @pytest.mark.parametrize("form", ["gate_up", "down"])
-def test_fp8_expert_kernel_options_lower_for_a_hopper_gpu(form, option):
-    """The tiled e4m3 kernels at the model's configs and epilogues with `TileConfig.pipeline_tiles` (one pipeline
-    over a CTA's tiles, a dynamic tile count) and with `epilogue_by_rows` (scales, SwiGLU and stores 64 rows at a
-    time: the accumulators sliced by rows; down pipelined, as the model runs it)."""
+def test_pipelined_fp8_expert_kernel_lowers_for_a_hopper_gpu(form):
+    """The tiled e4m3 kernels with `TileConfig.pipeline_tiles` (one pipeline over a CTA's tiles, a dynamic tile
+    count), at the model's configs and epilogues."""
     from jaxllm.grouped_gemm import pipelined, tiled_grouped_matmul
 
     config, k, n = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536) if form == "gate_up"
                     else (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048))
-    if option == "pipeline_tiles":
-        config = pipelined(config, k)
-    else:
-        config = (config if form == "gate_up" else moe._down_config(config, k))._replace(epilogue_by_rows=True)
-    rows = 128 * 24
+    config, rows = pipelined(config, k), 128 * 24
     text = lowered_for_cuda(
         lambda a, b, g, r, c: tiled_grouped_matmul(a, b, g, config, swiglu=form == "gate_up", row_scale=r,
                                                    col_scale=c),
