@@ -49,6 +49,8 @@
 #   bash scripts/gpu_moe.sh pipelined OUT # down's GEMM with a CTA's tiles as one pipeline (the default): the GPU
 #                                         # tests, the 30B's fp8 encoder with and without (one process), the 4B's
 #                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
+#   bash scripts/gpu_moe.sh rounds OUT    # the encoders' ratio, both models in one process in alternating rounds
+#                                         # (scripts/bench_ratio.py): fp8, then bf16, ~9 min
 #   bash scripts/gpu_moe.sh silu OUT      # gate+up's SiLU by ex2.approx (the default) vs expf: the GPU tests, the
 #                                         # gate+up kernels both ways (fp8, bf16), the 30B's fp8 encoder both ways
 #                                         # (one process), the 4B's, ~9.5 min
@@ -61,7 +63,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | silu | spills | ncu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | silu | spills | ncu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -258,6 +260,15 @@ case $stage in
       --out "$out/encoder_qwen3-30b-a3b.json"
     run encoder_qwen3-4b 130 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
+    ;;
+  rounds)
+    # the encoders' ratio with both models in one process, timed in alternating rounds (scripts/bench_ratio.py):
+    # fp8, then bf16, ~9 min
+    run ratio_fp8 280 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 6 \
+      --out "$out/ratio_fp8.json"
+    left=$((575 - SECONDS))
+    [ "$left" -ge 150 ] && run ratio_bfloat16 "$left" python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b \
+      qwen3-4b --dtype bfloat16 --rounds 4 --out "$out/ratio_bfloat16.json"
     ;;
   silu)
     # the SwiGLU epilogue's exponential as one ex2.approx (grouped_gemm.SILU_EXP2, the default) against CUDA's

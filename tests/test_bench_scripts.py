@@ -78,6 +78,20 @@ def test_bench_encoder_ragged_moe_rows_smoke():
         assert rows[dtype, "packed-one-pass"]["real_tokens"] == 1229
 
 
+def test_bench_ratio_smoke(tmp_path):
+    """Both models' stand-ins compiled once in one process, timed in rounds whose order alternates: one time per
+    model per round, and the ratio the median of the rounds' ratios (the first model's prompts/s over the
+    second's)."""
+    import bench_ratio
+
+    res = bench_ratio.main(["--smoke", "--rounds", "3", "--iters", "1", "--out", str(tmp_path / "r.json")])
+    ms = res["ms"]
+    assert list(ms) == ["qwen3-30b-a3b", "qwen3-4b"] and all(len(v) == 3 and min(v) > 0 for v in ms.values())
+    ratios = sorted(b / a for a, b in zip(ms["qwen3-30b-a3b"], ms["qwen3-4b"]))
+    assert res["ratio"] == pytest.approx(ratios[1]) and res["ratio_min"] == pytest.approx(ratios[0])
+    assert json.loads((tmp_path / "r.json").read_text())["ratio"] == pytest.approx(res["ratio"])
+
+
 def test_bench_template_smoke(tmp_path):
     import bench_template
 
