@@ -58,17 +58,30 @@ class TilePlan(NamedTuple):
     num_rows: int
 
 
-# SiLU in the SwiGLU epilogue: x / (1 + 2^(-x log2 e)). On a GPU (with the kernel's approx_math) exp2 is one
-# ex2.approx instruction (relative error ~2^-22, far below the bf16 output's 2^-9 rounding), where exp is CUDA's
-# expf: the same instruction inside ~8 more for its range reduction, on each of the tile's gate values (64 a thread
-# a tile). False: jnp.exp, as before.
-SILU_EXP2 = True
+# How the SwiGLU epilogue computes silu(x) = x / (1 + e^-x) in float32, on each of a tile's gate values (64 a
+# thread a tile):
+#   "exp": e^-x by jnp.exp (on a GPU CUDA's expf: an ex2.approx inside ~8 instructions of range reduction) and a
+#     full-range division, as before 2026-11-29's fourteenth session;
+#   "exp2" (the default): e^-x as exp2(-x log2 e), one ex2.approx with the kernel's approx_math (relative error
+#     ~2^-22, far below the bf16 output's 2^-9 rounding);
+#   "exp2-rsqrt": and 1 / (1 + e^-x) as rsqrt(1 + e^-x)^2 (one rsqrt.approx and a multiply instead of the
+#     division; 1 + e^-x >= 1, and rsqrt(inf) = 0 where e^-x overflows).
+SILU = "exp2"
+SILU_FORMS = ("exp", "exp2", "exp2-rsqrt")
 LOG2_E = 1.4426950408889634
 
 
 def silu(x: jax.Array) -> jax.Array:
-    """x * sigmoid(x) in float32, as the kernel's epilogue computes it (`SILU_EXP2`)."""
-    return x / (1.0 + (jnp.exp2(x * -LOG2_E) if SILU_EXP2 else jnp.exp(-x)))
+    """x * sigmoid(x) in float32, as the kernel's epilogue computes it (`SILU`)."""
+    if SILU not in SILU_FORMS:
+        raise ValueError(f"grouped_gemm.SILU is {SILU!r}; use one of {SILU_FORMS}")
+    if SILU == "exp":
+        return x / (1.0 + jnp.exp(-x))
+    denominator = 1.0 + jnp.exp2(x * -LOG2_E)
+    if SILU == "exp2":
+        return x / denominator
+    root = lax.rsqrt(denominator)
+    return x * (root * root)
 
 
 def padded_row_count(num_rows: int, num_groups: int, tile_m: int) -> int:
@@ -322,7 +335,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms,), grid_names=("sm",),
         num_threads=3, thread_name="wg", interpret=interpret,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
-                                             approx_math=SILU_EXP2))  # exp2 as ex2.approx (`silu`)
+                                             approx_math=SILU != "exp"))  # ex2/rsqrt.approx (`silu`)
     scales = (row_scale.astype(jnp.float32), col_scale.astype(jnp.float32)) if scaled else ()
     # pipeline_tiles: the used row tiles, the first ones (`tile_plan`); otherwise unread
     used = (jnp.sum(tile_groups >= 0, dtype=jnp.int32)[None] if config.pipeline_tiles

@@ -82,9 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pipeline-tiles", type=int, nargs="+", default=[0], choices=[0, 1],
                    help="tiled: time the model's kernel forms without (0) and with (1) TileConfig.pipeline_tiles "
                         "(grouped_gemm.pipelined: a CTA's tiles as one pipeline)")
-    p.add_argument("--silu", nargs="+", default=["exp2"], choices=["exp2", "exp"],
-                   help="tiled, gate+up with SwiGLU: time its kernel forms with the SiLU's exponential as one "
-                        "ex2.approx (exp2, the default: grouped_gemm.SILU_EXP2) and/or CUDA's expf (exp)")
+    p.add_argument("--silu", nargs="+", default=None, choices=["exp", "exp2", "exp2-rsqrt"],
+                   help="tiled, gate+up with SwiGLU: time its kernel forms with each of these ways to compute the "
+                        "SiLU (grouped_gemm.SILU; default: its value)")
     p.add_argument("--pipeline-stages", type=int, default=None,
                    help="with --pipeline-tiles 1: the stages before grouped_gemm.pipelined cuts them to a divisor "
                         "of the k-steps (default: the config's; fp8 gate+up at 4 keeps 4 of its 16 k-steps)")
@@ -372,12 +372,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 del w_kn
 
             def kernel_forms(config, swiglu: bool):
-                """(row name, config, grouped_gemm.SILU_EXP2) for each --pipeline-tiles value (config as set, or
-                pipelined at contraction k) and, with `swiglu`, each --silu value."""
+                """(row name, config, grouped_gemm.SILU) for each --pipeline-tiles value (config as set, or
+                pipelined at contraction k) and, with `swiglu`, each --silu value (a row name says a form other
+                than the default)."""
                 piped = grouped_gemm.pipelined(config._replace(stages=args.pipeline_stages or config.stages), k)
                 forms = [("tiled_pipelined", piped) if on else ("tiled", config) for on in args.pipeline_tiles]
-                silus = args.silu if swiglu else ["exp2"]
-                return [(name + "_silu_exp" * (silu == "exp"), c, silu == "exp2") for name, c in forms for silu in silus]
+                silus = (args.silu or [grouped_gemm.SILU]) if swiglu else [grouped_gemm.SILU]
+                return [(name + f"_silu_{silu}" * (silu != grouped_gemm.SILU), c, silu) for name, c in forms
+                        for silu in silus]
 
             if "tiled" in args.candidates and args.fp8:  # each GEMM at its own fp8 config, no SwiGLU epilogue
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):
@@ -386,16 +388,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
                 model_config = (moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
                                 else moe.TILED_FP8_DOWN_SCALED_CONFIG)
-                for name, config, exp2 in kernel_forms(model_config, shape_name == "gate_up"):
-                    with mock.patch.object(grouped_gemm, "SILU_EXP2", exp2):
+                for name, config, silu in kernel_forms(model_config, shape_name == "gate_up"):
+                    with mock.patch.object(grouped_gemm, "SILU", silu):
                         time_tiled(record, x, w, sizes, config, name=name, swiglu=shape_name == "gate_up",
                                    scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
                     pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
                 if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
-                    for name, config, exp2 in kernel_forms(pair[0], True):
-                        with mock.patch.object(grouped_gemm, "SILU_EXP2", exp2):
+                    for name, config, silu in kernel_forms(pair[0], True):
+                        with mock.patch.object(grouped_gemm, "SILU", silu):
                             time_tiled(record, x, w, sizes, config, name=name, swiglu=True)
                 for name, config, _ in kernel_forms(pair[1], False):
                     time_tiled(record, x, w, sizes, config, name=name)

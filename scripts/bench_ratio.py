@@ -6,25 +6,31 @@ Issue 33 asks Qwen3-30B-A3B to encode >= 1.0x the prompts/s of Qwen3-4B in the s
 differed by 5.6 ms on an H200), as much as the gap being measured, and the two models ran in separate processes.
 Here both models' weights, prefix caches and compiled calls live in one process; each round times every model
 (`--iters` synchronised calls each, their median), the order flipping every round so a drift in the card's clock
-falls on both; the ratio is the median of the per-round ratios, reported with their min and max.
+falls on both; the ratio is the median of the per-round ratios, reported with their min and max. `--variants`
+(bench_encoder's --dtypes variants of --dtype) adds the first model compiled with each variant's module settings,
+timed in the same rounds, each with its own ratio: an A/B of a kernel change against the same yardstick.
 
     python scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 6 --out ratio.json
+    python scripts/bench_ratio.py --dtype fp8 --variants fp8-moe-silu-exp   # + the 30B as it was, same rounds
     python scripts/bench_ratio.py --smoke                     # their tiny stand-ins on a CPU
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_encoder import SMOKE_CONFIG, SMOKE_MOE_CONFIG, template_prompts, time_calls  # noqa: E402
+from bench_encoder import (SMOKE_CONFIG, SMOKE_MOE_CONFIG, VARIANTS, template_prompts, time_calls,  # noqa: E402
+                           variant_patches)
 
 from jaxllm.config import PRESETS  # noqa: E402
 
@@ -35,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the two model shapes (random weights made on the device); the ratio is the first's "
                         "prompts/s over the second's")
     p.add_argument("--dtype", default="fp8", choices=["bfloat16", "fp8"])
+    p.add_argument("--variants", nargs="+", default=[], choices=sorted(VARIANTS),
+                   help="also the first model with each of these bench_encoder variants of --dtype (its module "
+                        "settings while it compiles), timed in the same rounds")
     p.add_argument("--rounds", type=int, default=6, help="alternating rounds (each times every model)")
     p.add_argument("--iters", type=int, default=10, help="synchronised calls per model per round (their median)")
     p.add_argument("--batch", type=int, default=None, help="prompts per call (default 128; smoke 4)")
@@ -45,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.batch = args.batch or (4 if args.smoke else 128)
     if args.rounds < 1 or args.iters < 1:
         p.error("--rounds and --iters must be at least 1")
+    for variant in args.variants:
+        if variant.split("-")[0] != args.dtype:
+            p.error(f"--variants {variant} is a variant of {variant.split('-')[0]}, not of --dtype {args.dtype}")
     return args
 
 
@@ -77,30 +89,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model_ids, model_prefix = (jnp.asarray(x % config.vocab_size) for x in (ids, prefix_ids))  # smoke vocab
         cache = jax.block_until_ready(jit(prefill, compiler_options=compiler_options(), static_argnums=1)(
             params, config, model_prefix))
-        fn = jit(lambda p, c, i, n, config=config: encode_packed(p, config, i, n, prefix=c, capacity=capacity),
-                 compiler_options=compiler_options())
-        start = time.perf_counter()
-        vec = np.asarray(fn(params, cache, model_ids, jnp.asarray(lengths)))
-        log(f"{name}: compiled and called once in {time.perf_counter() - start:.1f} s, finite "
-            f"{bool(np.isfinite(vec).all())}")
-        calls[name] = (lambda fn=fn, p=params, c=cache, i=model_ids: fn(p, c, i, jnp.asarray(lengths)))
+        # the first model: as it is, then with each variant's settings while its call compiles
+        for variant in [None] + (args.variants if name == args.models[0] else []):
+            row = name if variant is None else f"{name} {variant}"
+            with contextlib.ExitStack() as patches:
+                for module, attribute, value in variant_patches(variant) if variant else []:
+                    patches.enter_context(mock.patch.object(module, attribute, value))
+                fn = jit(lambda p, c, i, n, config=config: encode_packed(p, config, i, n, prefix=c,
+                                                                         capacity=capacity),
+                         compiler_options=compiler_options())
+                start = time.perf_counter()
+                vec = np.asarray(fn(params, cache, model_ids, jnp.asarray(lengths)))
+            log(f"{row}: compiled and called once in {time.perf_counter() - start:.1f} s, finite "
+                f"{bool(np.isfinite(vec).all())}")
+            calls[row] = (lambda fn=fn, p=params, c=cache, i=model_ids: fn(p, c, i, jnp.asarray(lengths)))
     names = list(calls)
     ms: dict[str, list[float]] = {name: [] for name in names}
-    ratios = []
+    yardstick = args.models[1]
+    ratios: dict[str, list[float]] = {name: [] for name in names if name != yardstick}
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             ms[name].append(time_calls(calls[name], jax.block_until_ready, args.iters) * 1e3)
-        ratios.append(ms[names[1]][-1] / ms[names[0]][-1])  # prompts/s of the first over the second's
-        log(f"round {r + 1}: " + ", ".join(f"{n} {ms[n][-1]:.1f} ms" for n in names) + f", ratio {ratios[-1]:.4f}")
+        for name in ratios:  # prompts/s of each first-model row over the yardstick's
+            ratios[name].append(ms[yardstick][-1] / ms[name][-1])
+        log(f"round {r + 1}: " + ", ".join(f"{n} {ms[n][-1]:.1f} ms" for n in names) + "; ratios "
+            + ", ".join(f"{v[-1]:.4f}" for v in ratios.values()))
     result = {
         "dtype": args.dtype, "batch": args.batch, "capacity": capacity, "rounds": args.rounds, "iters": args.iters,
-        "device": str(jax.devices()[0].device_kind), "date": time.strftime("%Y-%m-%d"),
+        "device": str(jax.devices()[0].device_kind), "date": time.strftime("%Y-%m-%d"), "yardstick": yardstick,
         "ms": ms, "median_ms": {n: statistics.median(v) for n, v in ms.items()},
         "prompts_per_s": {n: args.batch / statistics.median(v) * 1e3 for n, v in ms.items()},
-        "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+        "ratios": {n: {"median": statistics.median(v), "min": min(v), "max": max(v)} for n, v in ratios.items()},
     }
-    log(f"{names[0]} / {names[1]} prompts/s: median {result['ratio']:.4f} (rounds {result['ratio_min']:.4f}-"
-        f"{result['ratio_max']:.4f}); median ms " + ", ".join(f"{n} {v:.1f}" for n, v in result["median_ms"].items()))
+    first = result["ratios"][args.models[0]]
+    result |= {"ratio": first["median"], "ratio_min": first["min"], "ratio_max": first["max"]}
+    for name, ratio in result["ratios"].items():
+        log(f"{name} / {yardstick} prompts/s: median {ratio['median']:.4f} (rounds {ratio['min']:.4f}-"
+            f"{ratio['max']:.4f}); median {result['median_ms'][name]:.1f} ms vs {result['median_ms'][yardstick]:.1f}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return result

@@ -51,6 +51,9 @@
 #                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
 #   bash scripts/gpu_moe.sh rounds OUT    # the encoders' ratio, both models in one process in alternating rounds
 #                                         # (scripts/bench_ratio.py): fp8, then bf16, ~9 min
+#   bash scripts/gpu_moe.sh candidates OUT  # SiLU by ex2 + rsqrt, 128-row epilogue pieces, SiLU by expf: GPU
+#                                         # tests, then each in the 30B's fp8 encoder against the 4B's (bench_ratio
+#                                         # rounds, one process), ~7.5 min
 #   bash scripts/gpu_moe.sh silu OUT      # gate+up's SiLU by ex2.approx (the default) vs expf: the GPU tests, the
 #                                         # gate+up kernels both ways (fp8, bf16), the 30B's fp8 encoder both ways
 #                                         # (one process), the 4B's, ~9.5 min
@@ -63,7 +66,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | silu | spills | ncu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | spills | ncu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -261,6 +264,16 @@ case $stage in
     run encoder_qwen3-4b 130 python3 -u scripts/bench_encoder.py --ragged --model qwen3-4b --dtypes fp8 \
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
+  candidates)
+    # gate+up's SiLU by ex2.approx and rsqrt.approx, 128-row epilogue pieces for both fp8 expert GEMMs, and the
+    # SiLU by expf as before: their GPU tests, then the 30B's fp8 encoder as it is and with each, against the 4B's
+    # in the same process, alternating rounds (scripts/bench_ratio.py), ~7.5 min
+    run candidates_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
+      -k "silu_forms_on_gpu or epilogue_pieces_of_128_rows_change_nothing_on_gpu"
+    run ratio_fp8_candidates $((560 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-silu-rsqrt fp8-moe-epi128 fp8-moe-silu-exp \
+      --out "$out/ratio_fp8_candidates.json"
+    ;;
   rounds)
     # the encoders' ratio with both models in one process, timed in alternating rounds (scripts/bench_ratio.py):
     # fp8, then bf16, ~9 min
@@ -271,7 +284,7 @@ case $stage in
       qwen3-4b --dtype bfloat16 --rounds 4 --out "$out/ratio_bfloat16.json"
     ;;
   silu)
-    # the SwiGLU epilogue's exponential as one ex2.approx (grouped_gemm.SILU_EXP2, the default) against CUDA's
+    # the SwiGLU epilogue's exponential as one ex2.approx (grouped_gemm.SILU "exp2", the default) against CUDA's
     # expf: the GPU tests, the gate+up kernels both ways with calls back to back (fp8 and bf16), the 30B's fp8
     # encoder both ways (one process), the 4B's fp8 encoder, ~9.5 min
     run silu_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k "silu_by_exp2_on_gpu or fp8_swiglu_epilogue_on_gpu"

@@ -79,17 +79,25 @@ def test_bench_encoder_ragged_moe_rows_smoke():
 
 
 def test_bench_ratio_smoke(tmp_path):
-    """Both models' stand-ins compiled once in one process, timed in rounds whose order alternates: one time per
-    model per round, and the ratio the median of the rounds' ratios (the first model's prompts/s over the
-    second's)."""
+    """Both models' stand-ins (and the first with a variant's settings) compiled once in one process, timed in
+    rounds whose order alternates: one time per row per round, each first-model row's ratio the median of the
+    rounds' ratios to the second model (its prompts/s over the second's); a variant of another dtype is refused."""
     import bench_ratio
 
-    res = bench_ratio.main(["--smoke", "--rounds", "3", "--iters", "1", "--out", str(tmp_path / "r.json")])
+    variant = "fp8-moe-silu-exp"
+    res = bench_ratio.main(["--smoke", "--rounds", "3", "--iters", "1", "--variants", variant,
+                            "--out", str(tmp_path / "r.json")])
     ms = res["ms"]
-    assert list(ms) == ["qwen3-30b-a3b", "qwen3-4b"] and all(len(v) == 3 and min(v) > 0 for v in ms.values())
-    ratios = sorted(b / a for a, b in zip(ms["qwen3-30b-a3b"], ms["qwen3-4b"]))
-    assert res["ratio"] == pytest.approx(ratios[1]) and res["ratio_min"] == pytest.approx(ratios[0])
+    rows = ["qwen3-30b-a3b", f"qwen3-30b-a3b {variant}", "qwen3-4b"]
+    assert list(ms) == rows and all(len(v) == 3 and min(v) > 0 for v in ms.values())
+    for row in rows[:2]:
+        ratios = sorted(b / a for a, b in zip(ms[row], ms["qwen3-4b"]))
+        assert res["ratios"][row]["median"] == pytest.approx(ratios[1])
+        assert res["ratios"][row]["min"] == pytest.approx(ratios[0])
+    assert res["ratio"] == res["ratios"][rows[0]]["median"] and "qwen3-4b" not in res["ratios"]
     assert json.loads((tmp_path / "r.json").read_text())["ratio"] == pytest.approx(res["ratio"])
+    with pytest.raises(SystemExit):
+        bench_ratio.parse_args(["--dtype", "bfloat16", "--variants", variant])
 
 
 def test_bench_template_smoke(tmp_path):

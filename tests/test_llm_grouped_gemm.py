@@ -456,31 +456,65 @@ def test_fp8_block_takes_the_modes_it_names_interpreted(monkeypatch):
         assert cosine.min() > 0.995, (mode, cosine.min())
 
 
-def test_silu_by_exp2_is_silu():
-    """The epilogue's SiLU with its exponential as exp2 (`grouped_gemm.SILU_EXP2`, the default) and as exp equals
-    x * sigmoid(x) in float64 within float32 rounding, out to where exp overflows (large |x|)."""
+def test_every_silu_form_is_silu():
+    """Each way the epilogue may compute its SiLU (`grouped_gemm.SILU_FORMS`; "exp2" the default) equals
+    x * sigmoid(x) in float64 within float32 rounding, out to where e^-x overflows (large -x); an unknown form is
+    refused by name."""
     x = np.concatenate([np.linspace(-120, 120, 4001), [-1e-30, 0.0, 1e-30, -88.8, 88.8]]).astype(np.float32)
     want = x.astype(np.float64) / (1 + np.exp(-x.astype(np.float64)))
-    for exp2 in (True, False):
+    assert grouped_gemm.SILU == "exp2"
+    for form in grouped_gemm.SILU_FORMS:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(grouped_gemm, "SILU_EXP2", exp2)
+            patch.setattr(grouped_gemm, "SILU", form)
             got = np.asarray(grouped_gemm.silu(jnp.asarray(x)), np.float64)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30, err_msg=f"SILU_EXP2={exp2}")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30, err_msg=form)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grouped_gemm, "SILU", "tanh")
+        with pytest.raises(ValueError, match="SILU is 'tanh'"):
+            grouped_gemm.silu(jnp.asarray(x))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-def test_silu_by_exp2_on_gpu(monkeypatch):
-    """At Qwen3-30B-A3B's gate+up shape and the model's configs (fp8 scaled, bf16): the SwiGLU epilogue with its
-    exponential as one ex2.approx (the default) gives the outputs it gave with CUDA's expf, within one bf16
-    rounding of each (the two float32 SiLUs differ by ~1e-6 relative)."""
+def test_silu_forms_on_gpu(monkeypatch):
+    """At Qwen3-30B-A3B's gate+up shape and the model's configs (fp8 scaled, bf16): the SwiGLU epilogue with each
+    SiLU form (ex2.approx; ex2.approx and rsqrt.approx) gives the outputs it gave with CUDA's expf and a division,
+    within one bf16 rounding of each (the float32 SiLUs differ by ~1e-6 relative)."""
     sizes = np.bincount(np.random.default_rng(12).integers(0, 16, 3001), minlength=16)
     for seed, (dtype, config) in enumerate(((jnp.float8_e4m3fn, moe.TILED_FP8_SWIGLU_CONFIG),
                                             (jnp.bfloat16, moe.TILED_CONFIGS[0][0]))):
-        outs = []
-        for exp2 in (True, False):
-            monkeypatch.setattr(grouped_gemm, "SILU_EXP2", exp2)
-            [out] = _outputs_of_configs((config,), 2048, 1536, True, dtype, sizes, seed)
-            outs.append(out)
-        assert np.abs(outs[1]).max() > 0
-        np.testing.assert_allclose(outs[0], outs[1], rtol=2 ** -7, atol=1e-6 * np.abs(outs[1]).max(),
-                                   err_msg=str(dtype))
+        outs = {}
+        for form in grouped_gemm.SILU_FORMS:
+            monkeypatch.setattr(grouped_gemm, "SILU", form)
+            [outs[form]] = _outputs_of_configs((config,), 2048, 1536, True, dtype, sizes, seed)
+        want = outs.pop("exp")
+        assert np.abs(want).max() > 0
+        for form, got in outs.items():
+            np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-6 * np.abs(want).max(),
+                                       err_msg=f"{dtype} {form}")
+
+
+def test_epilogue_pieces_of_128_rows_change_nothing_interpreted():
+    """The epilogue stored in 128-row pieces (`TileConfig.epi_m` 128, half the pieces of 64) gives the same
+    output bit for bit, interpreted at the model's fp8 gate+up config (scales + SwiGLU) and fp8 down at 64-wide
+    tiles."""
+    sizes = np.array([200, 0, 129, 5])
+    cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 256, 256, True),
+             (moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64), 256, 128, False))
+    for seed, (config, k, n, swiglu) in enumerate(cases):
+        off, on = _outputs_of_configs((config, config._replace(epi_m=128)), k, n, swiglu, jnp.float8_e4m3fn,
+                                      sizes, seed, interpreter())
+        assert np.abs(off).max() > 0
+        np.testing.assert_array_equal(on, off, err_msg=str(config))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
+def test_epilogue_pieces_of_128_rows_change_nothing_on_gpu():
+    """At Qwen3-30B-A3B's shapes and the model's fp8 configs (gate+up scaled with SwiGLU, down scaled and
+    pipelined): 128-row epilogue pieces give the same output bit for bit."""
+    sizes = np.bincount(np.random.default_rng(10).integers(0, 16, 3001), minlength=16)
+    cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, True),
+             (moe._down_config(moe.TILED_FP8_DOWN_SCALED_CONFIG, 768), 768, 2048, False))
+    for seed, (config, k, n, swiglu) in enumerate(cases):
+        off, on = _outputs_of_configs((config, config._replace(epi_m=128)), k, n, swiglu, jnp.float8_e4m3fn,
+                                      sizes, seed)
+        np.testing.assert_array_equal(on, off, err_msg=str(config))
