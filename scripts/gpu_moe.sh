@@ -270,7 +270,7 @@ case $stage in
     # in the same process, alternating rounds (scripts/bench_ratio.py), ~7.5 min
     run candidates_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
       -k "silu_forms_on_gpu or epilogue_pieces_of_128_rows_change_nothing_on_gpu"
-    run ratio_fp8_candidates $((560 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+    run ratio_fp8_candidates $((480 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-silu-rsqrt fp8-moe-epi128 fp8-moe-silu-exp \
       --out "$out/ratio_fp8_candidates.json"
     ;;
