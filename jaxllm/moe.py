@@ -98,12 +98,14 @@ TILED_FP8_CONFIGS = (
 # float32 accumulators per compute warpgroup (gate and up), so tile_n 64 as the bf16 SwiGLU config; 128-deep k
 # steps of e4m3; 3 stages of 48 KiB. Kept after a sweep of the 14 configs that fit on an H200 (bench_moe.py --fp8
 # --tune-tiled, 2026-11-29, 262,144 rows): this one 1.56 ms in the run's candidate row and 1.77 in its sweep row,
-# the sweep's best 1.60 (band 8): within that noise
-TILED_FP8_SWIGLU_CONFIG = TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=3, band=16)
+# the sweep's best 1.60 (band 8): within that noise. Both fp8 epilogue configs store 128-row pieces (epi_m 128:
+# half the pieces of 64, so half the epilogue's barrier rounds, for 32 KiB more shared memory): the 30B's fp8
+# encoder 0.2% faster in each of 4 alternating rounds on an H200 (scripts/bench_ratio.py, 2026-11-29)
+TILED_FP8_SWIGLU_CONFIG = TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=3, epi_m=128, band=16)
 
 # fp8 down with its scales in the kernel's epilogue (`FP8_DOWN_SCALES`="epilogue"): the best of a sweep on an H200
 # (scripts/bench_moe.py --fp8 --tune-tiled, 2026-11-29): 1.09 ms at 262,144 rows, the unscaled kernel 1.02-1.08
-TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=4, band=16)
+TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=4, epi_m=128, band=16)
 
 # where the fp8 experts apply down's scales on the tiled kernel: "epilogue" (the GEMM multiplies its float32
 # accumulators by the row and column scales and writes scaled bf16 rows: the combine then reads only the rows, as

@@ -62,9 +62,8 @@ VARIANTS = {
     "fp8-moe-silu-exp": "the expert gate+up kernel's SiLU with CUDA's expf and a full division, as before "
                         "2026-11-29's fourteenth session, instead of one ex2.approx (grouped_gemm.SILU = 'exp')",
     "bfloat16-moe-silu-exp": "as fp8-moe-silu-exp, in bf16",
-    "fp8-moe-silu-rsqrt": "the SiLU's division as rsqrt(1 + e^-x)^2 (grouped_gemm.SILU = 'exp2-rsqrt')",
-    "fp8-moe-epi128": "the fp8 expert GEMMs' epilogues store 128-row pieces (TileConfig.epi_m 128: half the "
-                      "pieces, so half the epilogue's barrier rounds; 32 KiB more shared memory)",
+    "fp8-moe-epi64": "the fp8 expert GEMMs' epilogues store 64-row pieces, as before 2026-11-29's fourteenth "
+                     "session, instead of 128 (TileConfig.epi_m)",
 }
 
 
@@ -100,9 +99,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-unpipelined": unpipelined,
         "fp8-moe-silu-exp": silu_exp,
         "bfloat16-moe-silu-exp": silu_exp,
-        "fp8-moe-silu-rsqrt": [(grouped_gemm, "SILU", "exp2-rsqrt")],
-        "fp8-moe-epi128": [(moe, name, getattr(moe, name)._replace(epi_m=128))
-                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
+        "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
+                          for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }
     if variant not in patches and variant not in ("bfloat16", "fp8", "float32"):
         raise ValueError(f"--dtypes {variant!r}: not a dtype and not in variant_patches' table")

@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pipeline-tiles", type=int, nargs="+", default=[0], choices=[0, 1],
                    help="tiled: time the model's kernel forms without (0) and with (1) TileConfig.pipeline_tiles "
                         "(grouped_gemm.pipelined: a CTA's tiles as one pipeline)")
-    p.add_argument("--silu", nargs="+", default=None, choices=["exp", "exp2", "exp2-rsqrt"],
+    p.add_argument("--silu", nargs="+", default=None, choices=["exp", "exp2"],
                    help="tiled, gate+up with SwiGLU: time its kernel forms with each of these ways to compute the "
                         "SiLU (grouped_gemm.SILU; default: its value)")
     p.add_argument("--pipeline-stages", type=int, default=None,

@@ -51,9 +51,10 @@
 #                                         # fp8 encoder, ~6 min (bench_moe.py --pipeline-tiles 0 1: the kernels)
 #   bash scripts/gpu_moe.sh rounds OUT    # the encoders' ratio, both models in one process in alternating rounds
 #                                         # (scripts/bench_ratio.py): fp8, then bf16, ~9 min
-#   bash scripts/gpu_moe.sh candidates OUT  # SiLU by ex2 + rsqrt, 128-row epilogue pieces, SiLU by expf: GPU
-#                                         # tests, then each in the 30B's fp8 encoder against the 4B's (bench_ratio
-#                                         # rounds, one process), ~7.5 min
+#   bash scripts/gpu_moe.sh candidates OUT  # the GPU tests of the SiLU forms and epilogue pieces, then the 30B's
+#                                         # fp8 encoder as it is and with bench_encoder variants (VARIANTS, default:
+#                                         # the SiLU by expf, 64-row pieces) against the 4B's (bench_ratio rounds,
+#                                         # one process), ~6 min
 #   bash scripts/gpu_moe.sh silu OUT      # gate+up's SiLU by ex2.approx (the default) vs expf: the GPU tests, the
 #                                         # gate+up kernels both ways (fp8, bf16), the 30B's fp8 encoder both ways
 #                                         # (one process), the 4B's, ~9.5 min
@@ -265,13 +266,14 @@ case $stage in
       --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
     ;;
   candidates)
-    # gate+up's SiLU by ex2.approx and rsqrt.approx, 128-row epilogue pieces for both fp8 expert GEMMs, and the
-    # SiLU by expf as before: their GPU tests, then the 30B's fp8 encoder as it is and with each, against the 4B's
-    # in the same process, alternating rounds (scripts/bench_ratio.py), ~7.5 min
+    # the GPU tests of gate+up's SiLU forms and of the fp8 epilogues' 128-row pieces, then the 30B's fp8 encoder
+    # as it is and with each of $VARIANTS (bench_encoder's), against the 4B's in the same process, alternating
+    # rounds (scripts/bench_ratio.py); ran at 74bb9ca with the variants of that commit (the SiLU by ex2 + rsqrt,
+    # 128-row pieces, the SiLU by expf)
     run candidates_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
       -k "silu_forms_on_gpu or epilogue_pieces_of_128_rows_change_nothing_on_gpu"
     run ratio_fp8_candidates $((480 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-silu-rsqrt fp8-moe-epi128 fp8-moe-silu-exp \
+      --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-moe-silu-exp fp8-moe-epi64} \
       --out "$out/ratio_fp8_candidates.json"
     ;;
   rounds)

@@ -27,8 +27,9 @@ def test_bench_train_smoke(tmp_path):
 
 
 def test_gpu_stage_scripts_name_dtypes_bench_encoder_takes():
-    """Every literal `--dtypes` value in scripts/gpu_*.sh is one bench_encoder takes (a renamed variant would
-    otherwise fail only on the GPU machine, after its start-up)."""
+    """Every literal `--dtypes` value in scripts/gpu_*.sh (and every `--variants` value bench_ratio passes on,
+    a default in `${VARIANTS:-...}` included) is one bench_encoder takes (a renamed variant would otherwise fail
+    only on the GPU machine, after its start-up)."""
     import re
 
     import bench_encoder
@@ -36,9 +37,10 @@ def test_gpu_stage_scripts_name_dtypes_bench_encoder_takes():
     named = set()
     for script in (ROOT / "scripts").glob("gpu_*.sh"):
         text = script.read_text().replace("\\\n", " ")  # continued lines joined
-        for match in re.finditer(r"--dtypes((?:[ \t]+[^\s-]\S*)+)", text):
+        text = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)  # a variable's default, as its words
+        for match in re.finditer(r"--(?:dtypes|variants)((?:[ \t]+[^\s-]\S*)+)", text):
             named |= {v for v in match.group(1).split() if not v.startswith(("$", '"$'))}
-    assert {"fp8", "fp8-moe-swiglu-kernel"} <= named
+    assert {"fp8", "fp8-moe-swiglu-kernel", "fp8-moe-epi64"} <= named
     for value in sorted(named):
         try:
             bench_encoder.parse_args(["--ragged", "--dtypes", value])

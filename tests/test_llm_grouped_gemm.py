@@ -476,9 +476,9 @@ def test_every_silu_form_is_silu():
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
 def test_silu_forms_on_gpu(monkeypatch):
-    """At Qwen3-30B-A3B's gate+up shape and the model's configs (fp8 scaled, bf16): the SwiGLU epilogue with each
-    SiLU form (ex2.approx; ex2.approx and rsqrt.approx) gives the outputs it gave with CUDA's expf and a division,
-    within one bf16 rounding of each (the float32 SiLUs differ by ~1e-6 relative)."""
+    """At Qwen3-30B-A3B's gate+up shape and the model's configs (fp8 scaled, bf16): the SwiGLU epilogue with its
+    SiLU's exponential as one ex2.approx (the default) gives the outputs it gave with CUDA's expf, within one bf16
+    rounding of each (the float32 SiLUs differ by ~1e-6 relative)."""
     sizes = np.bincount(np.random.default_rng(12).integers(0, 16, 3001), minlength=16)
     for seed, (dtype, config) in enumerate(((jnp.float8_e4m3fn, moe.TILED_FP8_SWIGLU_CONFIG),
                                             (jnp.bfloat16, moe.TILED_CONFIGS[0][0]))):
@@ -494,14 +494,15 @@ def test_silu_forms_on_gpu(monkeypatch):
 
 
 def test_epilogue_pieces_of_128_rows_change_nothing_interpreted():
-    """The epilogue stored in 128-row pieces (`TileConfig.epi_m` 128, half the pieces of 64) gives the same
-    output bit for bit, interpreted at the model's fp8 gate+up config (scales + SwiGLU) and fp8 down at 64-wide
-    tiles."""
+    """The fp8 epilogues stored in 128-row pieces (the model's configs: `TileConfig.epi_m` 128, half the pieces
+    of 64) give the same output bit for bit as in 64-row pieces, interpreted at the model's fp8 gate+up config
+    (scales + SwiGLU) and fp8 down at 64-wide tiles."""
     sizes = np.array([200, 0, 129, 5])
     cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 256, 256, True),
              (moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64), 256, 128, False))
     for seed, (config, k, n, swiglu) in enumerate(cases):
-        off, on = _outputs_of_configs((config, config._replace(epi_m=128)), k, n, swiglu, jnp.float8_e4m3fn,
+        assert config.epi_m == 128
+        off, on = _outputs_of_configs((config._replace(epi_m=64), config), k, n, swiglu, jnp.float8_e4m3fn,
                                       sizes, seed, interpreter())
         assert np.abs(off).max() > 0
         np.testing.assert_array_equal(on, off, err_msg=str(config))
@@ -510,11 +511,12 @@ def test_epilogue_pieces_of_128_rows_change_nothing_interpreted():
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
 def test_epilogue_pieces_of_128_rows_change_nothing_on_gpu():
     """At Qwen3-30B-A3B's shapes and the model's fp8 configs (gate+up scaled with SwiGLU, down scaled and
-    pipelined): 128-row epilogue pieces give the same output bit for bit."""
+    pipelined): their 128-row epilogue pieces give the same output bit for bit as 64-row pieces."""
     sizes = np.bincount(np.random.default_rng(10).integers(0, 16, 3001), minlength=16)
     cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, True),
              (moe._down_config(moe.TILED_FP8_DOWN_SCALED_CONFIG, 768), 768, 2048, False))
     for seed, (config, k, n, swiglu) in enumerate(cases):
-        off, on = _outputs_of_configs((config, config._replace(epi_m=128)), k, n, swiglu, jnp.float8_e4m3fn,
+        assert config.epi_m == 128
+        off, on = _outputs_of_configs((config._replace(epi_m=64), config), k, n, swiglu, jnp.float8_e4m3fn,
                                       sizes, seed)
         np.testing.assert_array_equal(on, off, err_msg=str(config))
