@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.batch = args.batch or (4 if args.smoke else 128)
     if args.rounds < 1 or args.iters < 1:
         p.error("--rounds and --iters must be at least 1")
+    if args.models[0] == args.models[1]:
+        p.error(f"--models names {args.models[0]} twice; to compare a setting of one model, use --variants")
     for variant in args.variants:
         if variant.split("-")[0] != args.dtype:
             p.error(f"--variants {variant} is a variant of {variant.split('-')[0]}, not of --dtype {args.dtype}")

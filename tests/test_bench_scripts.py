@@ -83,7 +83,8 @@ def test_bench_encoder_ragged_moe_rows_smoke():
 def test_bench_ratio_smoke(tmp_path):
     """Both models' stand-ins (and the first with a variant's settings) compiled once in one process, timed in
     rounds whose order alternates: one time per row per round, each first-model row's ratio the median of the
-    rounds' ratios to the second model (its prompts/s over the second's); a variant of another dtype is refused."""
+    rounds' ratios to the second model (its prompts/s over the second's); a variant of another dtype, or one model
+    named twice, is refused."""
     import bench_ratio
 
     variant = "fp8-moe-silu-exp"
@@ -100,6 +101,8 @@ def test_bench_ratio_smoke(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["ratio"] == pytest.approx(res["ratio"])
     with pytest.raises(SystemExit):
         bench_ratio.parse_args(["--dtype", "bfloat16", "--variants", variant])
+    with pytest.raises(SystemExit):
+        bench_ratio.parse_args(["--models", "qwen3-4b", "qwen3-4b"])
 
 
 def test_bench_template_smoke(tmp_path):
