@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -105,6 +105,16 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
     if variant not in patches and variant not in ("bfloat16", "fp8", "float32"):
         raise ValueError(f"--dtypes {variant!r}: not a dtype and not in variant_patches' table")
     return patches.get(variant, [])
+
+
+@contextlib.contextmanager
+def variant_settings(variant: str | None) -> Iterator[None]:
+    """jaxllm's module settings as `variant` (a --dtypes name; None: as they are) has them, for the block's
+    duration (what is traced and compiled inside it keeps them)."""
+    with contextlib.ExitStack() as patches:
+        for module, name, value in variant_patches(variant) if variant else []:
+            patches.enter_context(mock.patch.object(module, name, value))
+        yield
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -340,9 +350,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     useful = real * flops_per_token(config, len(prefix_ids), float(lengths.mean()))
     rows, reference = [], {}
     for dtype in args.dtypes:
-        with contextlib.ExitStack() as patches:  # the variant's module settings, undone even when a model fails
-            for module, name, value in variant_patches(dtype):
-                patches.enter_context(mock.patch.object(module, name, value))
+        with variant_settings(dtype):  # undone even when a model fails
             if config.is_moe:
                 params = init_params(config, base_dtype, 0, fp8_experts=dtype.startswith("fp8"))
                 params = jax.block_until_ready(quantize_params(params) if dtype.startswith("fp8") else params)

@@ -17,20 +17,18 @@ timed in the same rounds, each with its own ratio: an A/B of a kernel change aga
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_encoder import (SMOKE_CONFIG, SMOKE_MOE_CONFIG, VARIANTS, template_prompts, time_calls,  # noqa: E402
-                           variant_patches)
+                           variant_settings)
 
 from jaxllm.config import PRESETS  # noqa: E402
 
@@ -79,9 +77,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                for name in args.models}
     ids, lengths, prefix_ids = template_prompts(args.env, args.batch)
     capacity = default_capacity(args.batch, ids.shape[1])
+    real_tokens, lengths = int(lengths.sum()), jnp.asarray(lengths)  # on the device once, not in every timed call
     base_dtype = jnp.float32 if args.smoke else jnp.bfloat16
     fp8 = args.dtype == "fp8"
-    log(f"{args.env}: {args.batch} prompts, {int(lengths.sum())} real tokens, prefix {len(prefix_ids)}, "
+    log(f"{args.env}: {args.batch} prompts, {real_tokens} real tokens, prefix {len(prefix_ids)}, "
         f"capacity {capacity}; {args.dtype}")
     calls = {}
     for name, config in configs.items():
@@ -94,15 +93,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # the first model: as it is, then with each variant's settings while its call compiles
         for variant in [None] + (args.variants if name == args.models[0] else []):
             row = name if variant is None else f"{name} {variant}"
-            with contextlib.ExitStack() as patches:
-                for module, attribute, value in variant_patches(variant) if variant else []:
-                    patches.enter_context(mock.patch.object(module, attribute, value))
+            with variant_settings(variant):
                 fn = jit(lambda p, c, i, n, config=config: encode_packed(p, config, i, n, prefix=c,
                                                                          capacity=capacity),
                          compiler_options=compiler_options())
                 start = time.perf_counter()
                 try:
-                    vec = np.asarray(fn(params, cache, model_ids, jnp.asarray(lengths)))
+                    vec = np.asarray(fn(params, cache, model_ids, lengths))
                 except Exception as err:  # a variant that fails (e.g. a kernel that does not fit): reported, left out
                     if variant is None:
                         raise
@@ -110,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
             log(f"{row}: compiled and called once in {time.perf_counter() - start:.1f} s, finite "
                 f"{bool(np.isfinite(vec).all())}")
-            calls[row] = (lambda fn=fn, p=params, c=cache, i=model_ids: fn(p, c, i, jnp.asarray(lengths)))
+            calls[row] = (lambda fn=fn, p=params, c=cache, i=model_ids: fn(p, c, i, lengths))
     names = list(calls)
     ms: dict[str, list[float]] = {name: [] for name in names}
     yardstick = args.models[1]
