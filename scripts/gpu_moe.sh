@@ -289,7 +289,7 @@ case $stage in
     # the SwiGLU epilogue's exponential as one ex2.approx (grouped_gemm.SILU "exp2", the default) against CUDA's
     # expf: the GPU tests, the gate+up kernels both ways with calls back to back (fp8 and bf16), the 30B's fp8
     # encoder both ways (one process), the 4B's fp8 encoder, ~9.5 min
-    run silu_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k "silu_by_exp2_on_gpu or fp8_swiglu_epilogue_on_gpu"
+    run silu_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k "silu_forms_on_gpu or fp8_swiglu_epilogue_on_gpu"
     for dtype in fp8 bf16; do
       run "silu_kernels_$dtype" 100 python3 -u scripts/bench_moe.py $([ $dtype = fp8 ] && echo --fp8) --shapes gate_up \
         --candidates dense tiled --routings uniform --iters 10 --back-to-back 10 --silu exp2 exp exp2 \
