@@ -153,6 +153,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="--ragged: trace one more call of each row into DIR/<row> and print where its GPU time goes "
                         "(scripts/kernel_times.py)")
+    p.add_argument("--profile-top", type=int, default=25,
+                   help="--profile: how many kernels to list by total time (the rest summed on one line)")
     p.add_argument("--hlo-dir", type=Path, default=None,
                    help="write each row's optimised HLO (the compiled program, as text) to DIR/DTYPE-METHOD.hlo.txt")
     p.add_argument("--xla-option", nargs="+", default=[], metavar="NAME=VALUE",
@@ -394,7 +396,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                     from scripts.kernel_times import print_summary, profile_call
 
                     summary = profile_call(lambda p=params, c=cache: calls[method](p, c, ids, lengths),
-                                           Path(args.profile) / f"{dtype}-{method}")
+                                           Path(args.profile) / f"{dtype}-{method}", args.profile_top)
                     print_summary(summary, f"{dtype} {method}")
                     row["kernel_ms_by_kind"] = {line: s["by_kind_ms"] for line, s in summary.items()}
                     row["kernel_idle_ms"] = {line: round(s["idle_ms"], 3) for line, s in summary.items()}

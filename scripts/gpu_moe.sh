@@ -58,6 +58,8 @@
 #   bash scripts/gpu_moe.sh silu OUT      # gate+up's SiLU by ex2.approx (the default) vs expf: the GPU tests, the
 #                                         # gate+up kernels both ways (fp8, bf16), the 30B's fp8 encoder both ways
 #                                         # (one process), the 4B's, ~9.5 min
+#   bash scripts/gpu_moe.sh breakdown OUT # both fp8 encoders profiled, every kernel listed (OUT/*.log), and the
+#                                         # 30B's compiled HLO (OUT/hlo.tar.gz: which ops each fusion holds), ~6 min
 #   bash scripts/gpu_moe.sh spills OUT    # ptxas on the fp8 expert kernels (registers, spills; PTX in
 #                                         # OUT/dumps.tar.gz), then the forms timed back to back, ~5 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
@@ -67,7 +69,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | spills | ncu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | spills | ncu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -302,6 +304,19 @@ case $stage in
     left=$((575 - SECONDS))
     [ "$left" -ge 100 ] && run encoder_qwen3-4b "$left" python3 -u scripts/bench_encoder.py --ragged \
       --model qwen3-4b --dtypes fp8 --methods packed --no-hf --no-gemm-ceiling --out "$out/encoder_qwen3-4b.json"
+    ;;
+  breakdown)
+    # where each fp8 encoder's GPU time goes, kernel by kernel (400 listed), one process per model; the 30B's
+    # optimised HLO names what each XLA fusion computes
+    for model in qwen3-30b-a3b qwen3-4b; do
+      limit=$([ "$model" = qwen3-4b ] && echo 170 || echo 230)
+      hlo=$([ "$model" = qwen3-4b ] || echo "--hlo-dir /tmp/hlo")
+      # shellcheck disable=SC2086
+      run "breakdown_$model" "$limit" python3 -u scripts/bench_encoder.py --ragged --model "$model" --dtypes fp8 \
+        --methods packed --no-hf --no-gemm-ceiling --profile "/tmp/encoder-profile-$model" --profile-top 400 \
+        $hlo --out "$out/breakdown_$model.json"
+    done
+    [ -d /tmp/hlo ] && tar -C /tmp -czf "$out/hlo.tar.gz" hlo
     ;;
   spills)
     # what ptxas makes of the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, its SiLU's
