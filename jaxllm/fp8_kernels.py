@@ -4,7 +4,9 @@ An fp8 GEMM's input is quantised per token row: abs-max over the row, divide, ca
 the op producing the row when it can (RMSNorm); where it cannot, it reads the row twice, once for the abs-max and
 once to scale and cast: the MLP's SwiGLU product (9,728 wide for Qwen3-4B, the widest tensor of a layer) and the
 attention output (produced by a cuDNN call). These kernels give each program a few token rows, held on chip
-between the abs-max and the cast: every input element is read once.
+between the abs-max and the cast: every input element is read once. Packed attention's output comes in two
+halves (against the cached prefix, within each prompt) that XLA would merge into rows it writes and the
+quantisation reads back: `merge_quantize_pallas` merges them inside the quantisation instead.
 
 Two more steps hold a row on chip between dependent reductions: the residual add with the next RMSNorm and its
 quantisation (`residual_norm_quantize_pallas`: sum of squares, then abs-max; XLA made three kernels of it) and
@@ -86,6 +88,27 @@ def _expert_swiglu_quantize_kernel(gate_up_ref, row_scale_ref, group_ref, col_sc
     _quantize_block(values_of, q_ref, scale_ref, width, chunk)
 
 
+def _merge_quantize_kernel(prefix_ref, rest_ref, prefix_weight_ref, rest_weight_ref, q_ref, scale_ref, *,
+                           heads_per: int):
+    # blocks [rows, heads, head_dim]: each load is `heads_per` whole heads, so each thread moves several
+    # consecutive values, and a head's two weights broadcast along its columns
+    dtype = prefix_ref.dtype
+    merged = []
+    for start in range(0, prefix_ref.shape[1], heads_per):
+        heads = pl.ds(start, heads_per)
+        w_p = pltriton.load(prefix_weight_ref.at[:, heads])[:, :, None]  # [rows, heads_per, 1] float32
+        w_r = pltriton.load(rest_weight_ref.at[:, heads])[:, :, None]
+        rest = jnp.where(w_r > 0, pltriton.load(rest_ref.at[:, heads, :]).astype(jnp.float32) * w_r, 0.0)
+        value = pltriton.load(prefix_ref.at[:, heads, :]).astype(jnp.float32) * w_p + rest
+        merged.append((heads, value.astype(dtype).astype(jnp.float32)))  # the merged rows' rounding, as XLA's
+    absmax = functools.reduce(jnp.maximum, [jnp.max(jnp.max(jnp.abs(v), axis=2), axis=1, keepdims=True)
+                                            for _, v in merged])  # [rows, 1]
+    scale = jnp.maximum(absmax / E4M3_MAX, TINY)
+    for heads, v in merged:
+        pltriton.store(q_ref.at[:, heads, :], (v / scale[:, :, None]).astype(E4M3))
+    scale_ref[...] = scale
+
+
 def residual_norm_quantize_block(h_of: Callable[[pl.Slice], jax.Array], delta_of: Callable[[pl.Slice], jax.Array],
                                  weight_ref, h_out_ref, *refs, width: int, chunk: int, eps: float) -> None:
     """A program's rows of `residual_norm_quantize_pallas`: h_of(cols) / delta_of(cols) give a column slice of the
@@ -157,7 +180,7 @@ def row_blocks(per_row: list[jax.Array], rows: int) -> tuple[int, int, list[jax.
     padded = -(-n // rows) * rows
     per_row = [a.reshape(n, 1) if a.ndim == 1 else a for a in per_row]
     if padded != n:
-        per_row = [jnp.pad(a, ((0, padded - n), (0, 0))) for a in per_row]
+        per_row = [jnp.pad(a, [(0, padded - n)] + [(0, 0)] * (a.ndim - 1)) for a in per_row]
     return rows, padded, per_row
 
 
@@ -244,6 +267,41 @@ def expert_swiglu_quantize_pallas(gate_up: jax.Array, row_scale: jax.Array, tile
     )(gate_up, row_scale.astype(jnp.float32).reshape(n, 1), tile_groups.astype(jnp.int32),
       col_scale.astype(jnp.float32))
     return q, scale[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "rows", "num_warps", "heads_per"))
+def merge_quantize_pallas(prefix_half: jax.Array, rest_half: jax.Array, prefix_weight: jax.Array,
+                          rest_weight: jax.Array, interpret: bool = False, rows: int = 1, num_warps: int = 4,
+                          heads_per: int = 8) -> tuple[jax.Array, jax.Array]:
+    """Attention's two halves merged and quantised per row for an fp8 GEMM (o_proj), each half read once.
+
+    prefix_half, rest_half [N, H, head_dim] (16-bit: cuDNN's outputs against the cached prefix and within each
+    packed prompt), prefix_weight, rest_weight [N, H] float32 (each head's softmax weights; a rest half of weight
+    0 counts 0 whatever its bits). Returns (e4m3 [N, H * head_dim], float32 scale [N]): `jaxllm.fp8.quantize_rows`
+    of `jaxllm.packed_attention.merge_halves`'s rows, rounded to the halves' dtype as XLA's merge writes them.
+    `interpret`: Pallas's interpreter (CPU tests). Tuning: `rows` per program, Triton `num_warps`, `heads_per`
+    heads per load (powers of two; H and head_dim too)."""
+    n, heads, head_dim = prefix_half.shape
+    heads_per = min(heads_per, heads)
+    if any(v & (v - 1) for v in (heads, head_dim, heads_per)) or rest_half.shape != prefix_half.shape:
+        raise ValueError(f"merge_quantize_pallas: halves {prefix_half.shape} and {rest_half.shape} must match, "
+                         f"with a power-of-two number of heads and head_dim; heads_per {heads_per} a power of two")
+    rows, padded, (prefix_half, rest_half, prefix_weight, rest_weight) = row_blocks(
+        [prefix_half, rest_half, prefix_weight.astype(jnp.float32), rest_weight.astype(jnp.float32)], rows)
+    halves = pl.BlockSpec((rows, heads, head_dim), lambda i: (i, 0, 0))
+    per_head = pl.BlockSpec((rows, heads), lambda i: (i, 0))
+    q, scale = pl.pallas_call(
+        functools.partial(_merge_quantize_kernel, heads_per=heads_per),
+        out_shape=(jax.ShapeDtypeStruct((padded, heads, head_dim), E4M3),
+                   jax.ShapeDtypeStruct((padded, 1), jnp.float32)),
+        grid=(padded // rows,),
+        in_specs=[halves, halves, per_head, per_head],
+        out_specs=(halves, pl.BlockSpec((rows, 1), lambda i: (i, 0))),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="merge_quantize",
+    )(prefix_half, rest_half, prefix_weight, rest_weight)
+    return q[:n].reshape(n, heads * head_dim), scale[:n, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "keep_normed") + _TUNING)

@@ -29,7 +29,8 @@ from .fp8 import Fp8Matrix, QuantizedRows, mlp_product, project, quantize
 from .moe import moe_expert_outputs
 from .params import layer_stacks
 from .layer_ops import head_norm_rope, norm_input, residual_norm, rms_norm, rope_cos_sin, value
-from .packed_attention import Segments, default_packed_attention_impl, merge_halves, packed_attention
+from .packed_attention import (Segments, default_packed_attention_impl, merge_halves, packed_attention,
+                               packed_attention_quantized)
 from .private_jax import cudnn_attention_module, probe
 
 Params = dict[str, Any]
@@ -103,6 +104,11 @@ def _split_prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: 
     return merge_halves(out_p, out_r, jnp.exp(lse_p - lse), jnp.exp(lse_r - lse), q.dtype)
 
 
+def _packed_impl(implementation: str | None, dtype: Any) -> str:
+    """The packed attention implementation for an `attention` implementation name (its "_split" suffix dropped)."""
+    return (implementation or default_packed_attention_impl(dtype)).removesuffix("_split")
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None = None,
               prefix_v: jax.Array | None = None, implementation: str | None = None,
               segments: Segments | None = None) -> jax.Array:
@@ -117,8 +123,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | No
     suffix is ignored: the packed forms always handle the prefix apart), None = `default_packed_attention_impl`.
     """
     if segments is not None:
-        impl = (implementation or default_packed_attention_impl(q.dtype)).removesuffix("_split")
-        return packed_attention(q, k, v, prefix_k, prefix_v, segments, impl)
+        return packed_attention(q, k, v, prefix_k, prefix_v, segments, _packed_impl(implementation, q.dtype))
     impl = implementation or default_attention_impl(q.dtype)
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention implementation must be one of {ATTENTION_IMPLS} or None, got {impl!r}")
@@ -153,10 +158,14 @@ def decoder_layer(h: jax.Array, x: jax.Array | QuantizedRows, lp: Params, mp: Pa
     q = head_norm_rope(project(x, lp["q_proj"]), lp["q_norm"], cos, sin, eps, config.num_attention_heads)
     k = head_norm_rope(project(x, lp["k_proj"]), lp["k_norm"], cos, sin, eps, config.num_key_value_heads)
     v = value(project(x, lp["v_proj"])).reshape(batch, t, config.num_key_value_heads, hd)
-    attn = attention(q, k, v, prefix_k, prefix_v, attention_impl, segments).reshape(batch, t, config.q_size)
-    if isinstance(lp["o_proj"], Fp8Matrix):
-        # attention is a custom call (cuDNN) on a GPU: XLA cannot fuse o_proj's fp8 input quantisation into it
-        attn = quantize(attn, one_pass=True)
+    if isinstance(lp["o_proj"], Fp8Matrix) and segments is not None:
+        attn = packed_attention_quantized(q, k, v, prefix_k, prefix_v, segments,
+                                          _packed_impl(attention_impl, q.dtype))
+    else:
+        attn = attention(q, k, v, prefix_k, prefix_v, attention_impl, segments).reshape(batch, t, config.q_size)
+        if isinstance(lp["o_proj"], Fp8Matrix):
+            # attention is a custom call (cuDNN) on a GPU: XLA cannot fuse o_proj's fp8 input quantisation into it
+            attn = quantize(attn, one_pass=True)
     sparse = "router" in mp
     # fp8 experts take e4m3 rows and their router the 16-bit ones: both from the one step after the residual add
     mlp_quantized = isinstance(mp["gate_up" if sparse else "gate_proj"], Fp8Matrix)

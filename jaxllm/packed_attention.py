@@ -18,9 +18,15 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from .fp8 import QuantizedRows, native_fp8_available, quantize
 from .private_jax import cudnn_attention_module, probe
 
 PACKED_ATTENTION_IMPLS = ("xla", "cudnn")
+
+# whether an fp8 model's packed attention with cuDNN and a prefix merges its two halves inside o_proj's input
+# quantisation (one Pallas kernel, `fp8_kernels.merge_quantize_pallas`: the merged 16-bit rows never go to memory)
+# instead of XLA's merge fusion followed by the one-pass quantisation kernel. Same values. Read at trace time.
+FUSED_MERGE_QUANTIZE = True
 
 
 @flax.struct.dataclass
@@ -147,6 +153,23 @@ def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Arr
         return _windowed_attention(q, k, v, prefix_k, prefix_v, segments)
     raise ValueError(f"packed attention implementation must be one of {PACKED_ATTENTION_IMPLS}, got "
                      f"{implementation!r}")
+
+
+def packed_attention_quantized(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array | None,
+                               prefix_v: jax.Array | None, segments: Segments,
+                               implementation: str = "xla") -> QuantizedRows:
+    """`packed_attention`'s output as o_proj's fp8 input: rows [1, C, Hq * hd] quantised (`fp8.quantize` in one
+    pass). With cuDNN, a prefix, FP8 tensor cores and `FUSED_MERGE_QUANTIZE`, the two halves merge inside the
+    quantisation kernel."""
+    _, c, hq, hd = q.shape
+    if implementation == "cudnn" and prefix_k is not None and FUSED_MERGE_QUANTIZE and native_fp8_available():
+        from .fp8_kernels import merge_quantize_pallas
+
+        out_p, out_r, w_p, w_r = _cudnn_halves(q, k, v, prefix_k, prefix_v, segments)
+        values, scale = merge_quantize_pallas(out_p[0], out_r[0], w_p[0], w_r[0])
+        return QuantizedRows(values.reshape(1, c, hq * hd), scale.reshape(1, c), q.dtype)
+    out = packed_attention(q, k, v, prefix_k, prefix_v, segments, implementation)
+    return quantize(out.reshape(1, c, hq * hd), one_pass=True)
 
 
 @functools.cache

@@ -64,12 +64,14 @@ VARIANTS = {
     "bfloat16-moe-silu-exp": "as fp8-moe-silu-exp, in bf16",
     "fp8-moe-epi64": "the fp8 expert GEMMs' epilogues store 64-row pieces, as before 2026-11-29's fourteenth "
                      "session, instead of 128 (TileConfig.epi_m)",
+    "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
+                     "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
 
 
 def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
     """(module, attribute, value): the settings `variant` (a --dtypes name) changes from its base dtype's."""
-    from jaxllm import fp8, grouped_gemm, layer_ops, moe, moe_rows
+    from jaxllm import fp8, grouped_gemm, layer_ops, moe, moe_rows, packed_attention
     from jaxllm import model as model_module
 
     top_k_rows, residual_norm = moe.top_k_rows, model_module.residual_norm
@@ -99,6 +101,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-unpipelined": unpipelined,
         "fp8-moe-silu-exp": silu_exp,
         "bfloat16-moe-silu-exp": silu_exp,
+        "fp8-xla-merge": [(packed_attention, "FUSED_MERGE_QUANTIZE", False)],
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

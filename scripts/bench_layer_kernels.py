@@ -1,8 +1,11 @@
 """The fp8 layer's one-pass kernels at the Qwen3-4B shape against their XLA forms, and a sweep of their tuning.
 
-Rows: the residual add + RMSNorm + e4m3 quantisation (`residual_norm_quantize_pallas`, ROWS:WARPS:CHUNK) and the
+Rows: the residual add + RMSNorm + e4m3 quantisation (`residual_norm_quantize_pallas`, ROWS:WARPS:CHUNK), the
 q/k scale + per-head RMSNorm + RoPE (`head_norm_rope_pallas`, ROWS:WARPS, for q's 32 heads and k's 8), each
-against its jitted XLA form (`jaxllm.layer_ops`), in ms and GB/s of the bytes it must move. Steady state: the
+against its jitted XLA form (`jaxllm.layer_ops`), and packed attention's two halves merged and quantised for
+o_proj (`merge_quantize_pallas`, ROWS:WARPS:HEADS) against XLA's merge followed by the quantisation kernel (the
+fp8 model without `packed_attention.FUSED_MERGE_QUANTIZE`), in ms and GB/s of the bytes each must move
+(`--sections` picks which). Steady state: the
 median of `--iters` synchronised calls after two warm-ups.
 
     python scripts/bench_layer_kernels.py --out layer_kernels.json    # GPU (FP8 tensor cores)
@@ -32,12 +35,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="residual_norm_quantize_pallas settings, each ROWS:WARPS:CHUNK")
     p.add_argument("--head-configs", nargs="+", default=["8:2", "8:4", "16:2", "16:4", "16:8", "32:4", "32:8", "64:8"],
                    help="head_norm_rope_pallas settings, each ROWS:WARPS")
+    p.add_argument("--merge-configs", nargs="+", default=["1:4:8", "1:4:4", "1:8:8", "1:4:16", "2:8:8", "1:2:4"],
+                   help="merge_quantize_pallas settings, each ROWS:WARPS:HEADS (heads per load)")
+    p.add_argument("--sections", nargs="+", default=["residual", "head", "merge"],
+                   choices=["residual", "head", "merge"], help="which kernels to time")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, 2 iterations (CPU: the kernels interpreted)")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
     if args.smoke:
         args.tokens, args.hidden, args.heads, args.head_dim, args.iters = 40, 96, [4, 2], 16, 2
-        args.residual_configs, args.head_configs = ["2:4:64"], ["8:4"]
+        args.residual_configs, args.head_configs, args.merge_configs = ["2:4:64"], ["8:4"], ["2:4:2"]
     return args
 
 
@@ -65,38 +72,62 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         rows_out.append(row)
         print(f"{row['kernel']:>22} {row['setting']:>10}  {row['ms']:7.3f} ms  {row['gb_per_s']:7.0f} GB/s", flush=True)
 
-    moved = n * d * (2 + 2 + 2 + 1)  # h and the product in, the new h and e4m3 out
-    ref = jax.jit(residual_norm_reference, static_argnums=(3, 4))
-    product = Fp8Product(y, row_scale, col_scale, bf16)
-    s = time_call(lambda: ref(h, product, weight, 1e-6, True), args.iters)
-    report(dict(kernel="residual_norm_quantize", setting="xla", ms=s * 1e3, gb_per_s=moved / s / 1e9))
-    h2, y2, rs1 = jax.block_until_ready((h[0], y[0], row_scale[0]))  # sliced once, outside the timed calls
-    for config in args.residual_configs:
-        rows, warps, chunk = (int(v) for v in config.split(":"))
-        call = lambda: fp8_kernels.residual_norm_quantize_pallas(h2, y2, rs1, col_scale, weight, eps=1e-6,
-                                                                 interpret=interpret, rows=rows, num_warps=warps,
-                                                                 chunk=chunk)
-        s = time_call(call, args.iters)
-        report(dict(kernel="residual_norm_quantize", setting=config, ms=s * 1e3, gb_per_s=moved / s / 1e9))
-
-    cos, sin = rope_cos_sin(jnp.arange(n) + 877, hd, 1e6, bf16)
-    ref = jax.jit(head_norm_rope_reference, static_argnums=(4, 5))
-    for name, heads in zip(("q", "k"), args.heads):
-        width = heads * hd
-        yq = jax.random.normal(keys[4], (1, n, width), bf16) * 100
-        cs = jax.random.uniform(keys[5], (width,), minval=0.1, maxval=1.0)
-        moved = n * width * 4 + n * hd * 4  # the product in, the result out, cos and sin
-        product = Fp8Product(yq, row_scale, cs, bf16)
-        s = time_call(lambda: ref(product, weight[:hd], cos, sin, 1e-6, heads), args.iters)
-        report(dict(kernel=f"head_norm_rope ({name})", setting="xla", ms=s * 1e3, gb_per_s=moved / s / 1e9))
-        yq2, w1 = jax.block_until_ready((yq[0], weight[:hd]))
-        for config in args.head_configs:
-            rows, warps = (int(v) for v in config.split(":"))
-            call = lambda: fp8_kernels.head_norm_rope_pallas(yq2, rs1, cs, w1, cos, sin,
-                                                             head_dim=hd, eps=1e-6, dtype=bf16, interpret=interpret,
-                                                             rows=rows, num_warps=warps)
+    if "residual" in args.sections:
+        moved = n * d * (2 + 2 + 2 + 1)  # h and the product in, the new h and e4m3 out
+        ref = jax.jit(residual_norm_reference, static_argnums=(3, 4))
+        product = Fp8Product(y, row_scale, col_scale, bf16)
+        s = time_call(lambda: ref(h, product, weight, 1e-6, True), args.iters)
+        report(dict(kernel="residual_norm_quantize", setting="xla", ms=s * 1e3, gb_per_s=moved / s / 1e9))
+        h2, y2, rs1 = jax.block_until_ready((h[0], y[0], row_scale[0]))  # sliced once, outside the timed calls
+        for config in args.residual_configs:
+            rows, warps, chunk = (int(v) for v in config.split(":"))
+            call = lambda: fp8_kernels.residual_norm_quantize_pallas(h2, y2, rs1, col_scale, weight, eps=1e-6,
+                                                                     interpret=interpret, rows=rows, num_warps=warps,
+                                                                     chunk=chunk)
             s = time_call(call, args.iters)
-            report(dict(kernel=f"head_norm_rope ({name})", setting=config, ms=s * 1e3, gb_per_s=moved / s / 1e9))
+            report(dict(kernel="residual_norm_quantize", setting=config, ms=s * 1e3, gb_per_s=moved / s / 1e9))
+
+    if "head" in args.sections:
+        cos, sin = rope_cos_sin(jnp.arange(n) + 877, hd, 1e6, bf16)
+        ref = jax.jit(head_norm_rope_reference, static_argnums=(4, 5))
+        for name, heads in zip(("q", "k"), args.heads):
+            width = heads * hd
+            yq = jax.random.normal(keys[4], (1, n, width), bf16) * 100
+            cs = jax.random.uniform(keys[5], (width,), minval=0.1, maxval=1.0)
+            moved = n * width * 4 + n * hd * 4  # the product in, the result out, cos and sin
+            product = Fp8Product(yq, row_scale, cs, bf16)
+            s = time_call(lambda: ref(product, weight[:hd], cos, sin, 1e-6, heads), args.iters)
+            report(dict(kernel=f"head_norm_rope ({name})", setting="xla", ms=s * 1e3, gb_per_s=moved / s / 1e9))
+            yq2, w1 = jax.block_until_ready((yq[0], weight[:hd]))
+            for config in args.head_configs:
+                rows, warps = (int(v) for v in config.split(":"))
+                call = lambda: fp8_kernels.head_norm_rope_pallas(yq2, rs1, cs, w1, cos, sin,
+                                                                 head_dim=hd, eps=1e-6, dtype=bf16, interpret=interpret,
+                                                                 rows=rows, num_warps=warps)
+                s = time_call(call, args.iters)
+                report(dict(kernel=f"head_norm_rope ({name})", setting=config, ms=s * 1e3, gb_per_s=moved / s / 1e9))
+    if "merge" in args.sections:
+        from jaxllm.fp8_kernels import merge_quantize_pallas, quantize_rows_pallas
+        from jaxllm.packed_attention import merge_halves
+
+        heads = args.heads[0]
+        halves = [jax.random.normal(keys[i], (n, heads, hd), bf16) for i in (0, 1)]
+        w_p = jax.random.uniform(keys[2], (n, heads))
+        w_r = 1.0 - w_p
+        moved = n * heads * hd * (2 + 2 + 1) + n * heads * 8  # both halves in, e4m3 out, the weights
+        merge = jax.jit(lambda *a: merge_halves(*a, bf16).reshape(n, heads * hd))
+
+        def xla_merge_then_kernel():
+            return quantize_rows_pallas(merge(*halves, w_p, w_r), interpret=interpret)
+
+        s = time_call(xla_merge_then_kernel, args.iters)
+        report(dict(kernel="merge_quantize", setting="xla+kernel", ms=s * 1e3, gb_per_s=moved / s / 1e9))
+        for config in args.merge_configs:
+            rows, warps, per = (int(v) for v in config.split(":"))
+            call = lambda: merge_quantize_pallas(*halves, w_p, w_r, interpret=interpret, rows=rows,
+                                                 num_warps=warps, heads_per=per)
+            s = time_call(call, args.iters)
+            report(dict(kernel="merge_quantize", setting=config, ms=s * 1e3, gb_per_s=moved / s / 1e9))
     if args.out:
         Path(args.out).write_text(json.dumps(dict(device=jax.devices()[0].device_kind, tokens=n, rows=rows_out),
                                              indent=2))

@@ -9,9 +9,12 @@ Here both models' weights, prefix caches and compiled calls live in one process;
 falls on both; the ratio is the median of the per-round ratios, reported with their min and max. `--variants`
 (bench_encoder's --dtypes variants of --dtype) adds the first model compiled with each variant's module settings,
 timed in the same rounds, each with its own ratio: an A/B of a kernel change against the same yardstick.
+`--variants-on both` compiles the second model with them too, and each variant's ratio is then that of the two
+models with the same settings (for a change that both models run, such as the attention's).
 
     python scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 6 --out ratio.json
     python scripts/bench_ratio.py --dtype fp8 --variants fp8-moe-silu-exp   # + the 30B as it was, same rounds
+    python scripts/bench_ratio.py --dtype fp8 --variants fp8-xla-merge --variants-on both   # both models as were
     python scripts/bench_ratio.py --smoke                     # their tiny stand-ins on a CPU
 """
 from __future__ import annotations
@@ -42,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variants", nargs="+", default=[], choices=sorted(VARIANTS),
                    help="also the first model with each of these bench_encoder variants of --dtype (its module "
                         "settings while it compiles), timed in the same rounds")
+    p.add_argument("--variants-on", choices=["first", "both"], default="first",
+                   help="which models --variants applies to: the first only (compared with the second as it is) "
+                        "or both (each variant's ratio between the two models with its settings)")
     p.add_argument("--rounds", type=int, default=6, help="alternating rounds (each times every model)")
     p.add_argument("--iters", type=int, default=10, help="synchronised calls per model per round (their median)")
     p.add_argument("--batch", type=int, default=None, help="prompts per call (default 128; smoke 4)")
@@ -90,8 +96,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model_ids, model_prefix = (jnp.asarray(x % config.vocab_size) for x in (ids, prefix_ids))  # smoke vocab
         cache = jax.block_until_ready(jit(prefill, compiler_options=compiler_options(), static_argnums=1)(
             params, config, model_prefix))
-        # the first model: as it is, then with each variant's settings while its call compiles
-        for variant in [None] + (args.variants if name == args.models[0] else []):
+        # the model as it is, then with each variant's settings while its call compiles (the first model only,
+        # unless --variants-on both)
+        for variant in [None] + (args.variants if name == args.models[0] or args.variants_on == "both" else []):
             row = name if variant is None else f"{name} {variant}"
             with variant_settings(variant):
                 fn = jit(lambda p, c, i, n, config=config: encode_packed(p, config, i, n, prefix=c,
@@ -111,12 +118,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     names = list(calls)
     ms: dict[str, list[float]] = {name: [] for name in names}
     yardstick = args.models[1]
-    ratios: dict[str, list[float]] = {name: [] for name in names if name != yardstick}
+    # each first-model row against the yardstick row with its settings where there is one (--variants-on both)
+    against = {name: f"{yardstick}{name[len(args.models[0]):]}" for name in names
+               if name.split(" ")[0] == args.models[0]}
+    against = {name: other if other in calls else yardstick for name, other in against.items()}
+    ratios: dict[str, list[float]] = {name: [] for name in against}
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             ms[name].append(time_calls(calls[name], jax.block_until_ready, args.iters) * 1e3)
-        for name in ratios:  # prompts/s of each first-model row over the yardstick's
-            ratios[name].append(ms[yardstick][-1] / ms[name][-1])
+        for name in ratios:  # prompts/s of each first-model row over its yardstick row's
+            ratios[name].append(ms[against[name]][-1] / ms[name][-1])
         log(f"round {r + 1}: " + ", ".join(f"{n} {ms[n][-1]:.1f} ms" for n in names) + "; ratios "
             + ", ".join(f"{v[-1]:.4f}" for v in ratios.values()))
     result = {
@@ -124,13 +135,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "device": str(jax.devices()[0].device_kind), "date": time.strftime("%Y-%m-%d"), "yardstick": yardstick,
         "ms": ms, "median_ms": {n: statistics.median(v) for n, v in ms.items()},
         "prompts_per_s": {n: args.batch / statistics.median(v) * 1e3 for n, v in ms.items()},
-        "ratios": {n: {"median": statistics.median(v), "min": min(v), "max": max(v)} for n, v in ratios.items()},
+        "ratios": {n: {"median": statistics.median(v), "min": min(v), "max": max(v), "against": against[n]}
+                   for n, v in ratios.items()},
     }
     first = result["ratios"][args.models[0]]
     result |= {"ratio": first["median"], "ratio_min": first["min"], "ratio_max": first["max"]}
     for name, ratio in result["ratios"].items():
-        log(f"{name} / {yardstick} prompts/s: median {ratio['median']:.4f} (rounds {ratio['min']:.4f}-"
-            f"{ratio['max']:.4f}); median {result['median_ms'][name]:.1f} ms vs {result['median_ms'][yardstick]:.1f}")
+        log(f"{name} / {against[name]} prompts/s: median {ratio['median']:.4f} (rounds {ratio['min']:.4f}-"
+            f"{ratio['max']:.4f}); median {result['median_ms'][name]:.1f} ms vs "
+            f"{result['median_ms'][against[name]]:.1f}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return result

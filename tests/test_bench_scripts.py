@@ -99,6 +99,13 @@ def test_bench_ratio_smoke(tmp_path):
         assert res["ratios"][row]["min"] == pytest.approx(ratios[0])
     assert res["ratio"] == res["ratios"][rows[0]]["median"] and "qwen3-4b" not in res["ratios"]
     assert json.loads((tmp_path / "r.json").read_text())["ratio"] == pytest.approx(res["ratio"])
+    # --variants-on both: the second model with the variant too, and the variant's ratio between the two of them
+    both = bench_ratio.main(["--smoke", "--rounds", "2", "--iters", "1", "--variants", "fp8-xla-merge",
+                             "--variants-on", "both"])
+    pair = ["qwen3-30b-a3b fp8-xla-merge", "qwen3-4b fp8-xla-merge"]
+    assert set(both["ms"]) == {"qwen3-30b-a3b", "qwen3-4b", *pair}
+    assert both["ratios"][pair[0]]["against"] == pair[1] and both["ratios"]["qwen3-30b-a3b"]["against"] == "qwen3-4b"
+    assert both["ratios"][pair[0]]["max"] == pytest.approx(max(b / a for a, b in zip(*(both["ms"][r] for r in pair))))
     with pytest.raises(SystemExit):
         bench_ratio.parse_args(["--dtype", "bfloat16", "--variants", variant])
     with pytest.raises(SystemExit):
@@ -204,8 +211,11 @@ def test_bench_layer_kernels_smoke(tmp_path):
     rows = bench_layer_kernels.main(["--smoke", "--out", str(out)])
     assert [(r["kernel"], r["setting"]) for r in rows] == [
         ("residual_norm_quantize", "xla"), ("residual_norm_quantize", "2:4:64"), ("head_norm_rope (q)", "xla"),
-        ("head_norm_rope (q)", "8:4"), ("head_norm_rope (k)", "xla"), ("head_norm_rope (k)", "8:4")]
+        ("head_norm_rope (q)", "8:4"), ("head_norm_rope (k)", "xla"), ("head_norm_rope (k)", "8:4"),
+        ("merge_quantize", "xla+kernel"), ("merge_quantize", "2:4:2")]
     assert all(r["ms"] > 0 for r in rows) and json.loads(out.read_text())["tokens"] == 40
+    only = bench_layer_kernels.main(["--smoke", "--sections", "merge"])
+    assert [r["kernel"] for r in only] == ["merge_quantize"] * 2
 
 
 def test_bench_moe_smoke(tmp_path):

@@ -505,3 +505,78 @@ def test_compiled_one_pass_kernels_match_xla_forms_at_the_4b_widths():
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32).reshape(n, heads * head_dim)
     assert (got != want).mean() <= 0.01
     np.testing.assert_allclose(got, want, rtol=0, atol=2.0 ** -7 * np.abs(want).max())
+
+
+def _attention_halves(tokens: int, heads: int, head_dim: int, seed: int = 0):
+    """Two halves of packed attention as cuDNN gives them ([N, H, hd] bf16) and their softmax weights ([N, H]
+    float32, summing to 1 per head); every fifth row an empty slot: weight 0 on a packed half of NaN bits."""
+    keys = jax.random.split(jax.random.key(seed), 3)
+    prefix = jax.random.normal(keys[0], (tokens, heads, head_dim), jnp.bfloat16)
+    rest = jax.random.normal(keys[1], (tokens, heads, head_dim), jnp.bfloat16) * 3
+    w_p = jax.random.uniform(keys[2], (tokens, heads), minval=0.0, maxval=1.0)
+    empty = (jnp.arange(tokens) % 5 == 4)[:, None]
+    w_p = jnp.where(empty, 1.0, w_p)
+    rest = jnp.where(empty[..., None], jnp.nan, rest)
+    return prefix, rest, w_p, 1.0 - w_p
+
+
+def _merged_then_quantized(prefix, rest, w_p, w_r):
+    """XLA's form, as the model runs it without the fused kernel: the merged bf16 rows written (their own jit, so
+    the bf16 rounding is not elided as excess precision), then quantised."""
+    from jaxllm.packed_attention import merge_halves
+
+    merged = jax.jit(lambda *a: merge_halves(*a, jnp.bfloat16))(prefix, rest, w_p, w_r)
+    return jax.jit(fp8.quantize_rows)(merged.reshape(merged.shape[0], -1))
+
+
+@pytest.mark.parametrize("tokens, heads, head_dim, rows, heads_per", [(13, 4, 64, 1, 2), (9, 2, 128, 4, 8),
+                                                                      (6, 8, 16, 2, 4)])
+def test_pallas_merge_quantize_kernel_equals_merge_then_quantise(tokens, heads, head_dim, rows, heads_per, on_cpu):
+    """`merge_quantize_pallas` (Pallas's interpreter) against XLA's merge of the two halves followed by the rows'
+    quantisation, bit for bit; an empty slot's NaN packed half (weight 0) leaves no trace."""
+    prefix, rest, w_p, w_r = _attention_halves(tokens, heads, head_dim)
+    got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, interpret=True, rows=rows, heads_per=heads_per)
+    want = _merged_then_quantized(prefix, rest, w_p, w_r)
+    assert got[0].shape == (tokens, heads * head_dim) and np.isfinite(np.asarray(got[1])).all()
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
+    with pytest.raises(ValueError, match="power-of-two number of heads and head_dim"):
+        fp8_kernels.merge_quantize_pallas(prefix[..., 4:], rest[..., 4:], w_p, w_r, interpret=True)
+
+
+@pytest.mark.skipif(not native_fp8_available(), reason="the compiled Pallas kernels need a GPU with FP8 tensor cores")
+def test_compiled_merge_quantize_kernel_matches_its_xla_form_at_the_attention_width():
+    """On the GPU: the compiled kernel against XLA's merge then quantisation at the 4B's and the 30B's attention
+    width (32 heads of 128), for a token count that is no power of two. The merge's multiply-add may be contracted
+    to an FMA on one side only, which can move a merged value across a bf16 rounding boundary (about 2^-16 of
+    them) and with it, rarely, its row's scale."""
+    prefix, rest, w_p, w_r = _attention_halves(4099, 32, 128, seed=5)
+    got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r)
+    assert_quantized_close(got, _merged_then_quantized(prefix, rest, w_p, w_r), max_changed=1e-3)
+
+
+def test_packed_attention_quantized_merges_in_the_kernel_as_xla_does(monkeypatch, on_cpu):
+    """`packed_attention_quantized` with cuDNN's halves (made up here on the CPU): the fused kernel's rows
+    (`FUSED_MERGE_QUANTIZE`, interpreted) equal XLA's merge then quantisation, in o_proj's [1, C, Hq * hd] layout."""
+    from jaxllm import packed_attention as pa
+
+    tokens, heads, head_dim = 11, 4, 32
+    prefix, rest, w_p, w_r = _attention_halves(tokens, heads, head_dim, seed=2)
+    monkeypatch.setattr(pa, "_cudnn_halves", lambda *a: (prefix[None], rest[None], w_p[None], w_r[None]))
+    monkeypatch.setattr(pa, "_cudnn_attention", lambda *a: pa.merge_halves(*pa._cudnn_halves(*a), jnp.bfloat16))
+    monkeypatch.setattr(pa, "native_fp8_available", lambda: True)
+    monkeypatch.setattr(fp8, "native_fp8_available", lambda: False)  # the unfused form's quantisation: XLA's
+    kernel, calls = fp8_kernels.merge_quantize_pallas, []
+    monkeypatch.setattr(fp8_kernels, "merge_quantize_pallas",
+                        lambda *a, **kw: calls.append(1) or kernel(*a, **kw, interpret=True))
+    q = jnp.zeros((1, tokens, heads, head_dim), jnp.bfloat16)
+    kv = jnp.zeros((1, tokens, 1, head_dim), jnp.bfloat16)
+    prefix_kv = jnp.zeros((3, 1, head_dim), jnp.bfloat16)
+    rows = {}
+    for fused in (True, False):
+        monkeypatch.setattr(pa, "FUSED_MERGE_QUANTIZE", fused)
+        rows[fused] = pa.packed_attention_quantized(q, kv, kv, prefix_kv, prefix_kv, None, "cudnn")
+    assert calls == [1]  # the fused form ran the kernel, the other did not
+    assert rows[True].values.shape == (1, tokens, heads * head_dim) and rows[True].scale.shape == (1, tokens)
+    for got, want in ((rows[True].values, rows[False].values), (rows[True].scale, rows[False].scale)):
+        np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))

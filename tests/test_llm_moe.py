@@ -161,6 +161,21 @@ def test_dispatch_is_a_permutation_grouped_by_expert():
     np.testing.assert_array_equal(np.asarray(plan.expert), flat[order])  # each sorted row's expert
 
 
+@pytest.mark.parametrize("used", [[0, 1, 2, 3, 4, 5, 6], [2, 3, 5], [0, 6], [4]])
+def test_group_sizes_count_every_expert_with_empty_ones_anywhere(used):
+    """Empty experts first, between used ones and last, and every slot on one expert: the group sizes equal a
+    count of each expert's slots, and the tile layout names every slot's row once."""
+    rng = np.random.default_rng(len(used))
+    experts = jnp.asarray(rng.choice(used, (23, 3)), jnp.int32)
+    plan = moe.dispatch(experts, 7)
+    flat = np.asarray(experts).reshape(-1)
+    np.testing.assert_array_equal(np.asarray(plan.group_sizes), np.bincount(flat, minlength=7))
+    _, source, row_of_slot = moe._tile_layout(plan, 23, 3, 8, 0)
+    row_of_slot = np.asarray(row_of_slot)
+    assert len(set(row_of_slot)) == flat.size  # a row per slot
+    np.testing.assert_array_equal(np.asarray(source)[row_of_slot], np.arange(flat.size) // 3)  # its token
+
+
 def test_fused_expert_checkpoint_and_streamed_load_equal_per_expert(ckpts, tmp_path):
     """transformers' fused layout (experts.gate_up_proj / experts.down_proj) loads to the same params, and so does
     the layer-by-layer streamed path for big stacks."""

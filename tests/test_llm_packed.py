@@ -254,6 +254,36 @@ def test_cudnn_packed_equals_windowed_on_gpu(pooling):
     assert np.abs(padded - ref).max() <= 2e-2 * scale
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's packed attention and fp8 kernels need a GPU")
+def test_fp8_packed_attention_merged_in_the_quantisation_on_gpu(monkeypatch):
+    """fp8 on the GPU: o_proj's input from the kernel that merges cuDNN's two halves as it quantises them
+    (`FUSED_MERGE_QUANTIZE`, the default) gives the vectors of XLA's merge followed by the quantisation kernel, up to
+    the rare value a contracted multiply-add rounds to the neighbouring bf16 step."""
+    from jaxllm import packed_attention
+    from jaxllm.fp8 import native_fp8_available, quantize_params
+
+    if not native_fp8_available() or packed_attention.default_packed_attention_impl(jnp.bfloat16) != "cudnn":
+        pytest.skip("needs FP8 tensor cores and cuDNN's packed layout (Hopper)")
+    config = Qwen3Config(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=10_000.0)
+    params = quantize_params(init_params(config, jnp.bfloat16, 0))
+    rng = np.random.default_rng(9)
+    cache = jax.jit(prefill, static_argnums=1)(params, config, jnp.asarray(rng.integers(0, 256, 40), jnp.int32))
+    ids = jnp.asarray(rng.integers(0, 256, size=(16, 96)), jnp.int32)
+    lengths = jnp.asarray(rng.integers(1, 97, size=16), jnp.int32)
+    vectors = {}
+    for fused in (True, False):
+        monkeypatch.setattr(packed_attention, "FUSED_MERGE_QUANTIZE", fused)
+        run = jax.jit(lambda p, i, n, c: encode_packed(p, config, i, n, prefix=c, capacity=512))
+        text = run.lower(params, ids, lengths, cache).as_text()
+        assert ("merge_quantize" in text) == fused
+        vectors[fused] = np.asarray(run(params, ids, lengths, cache), np.float64)
+    got, want = vectors[True], vectors[False]
+    assert np.isfinite(got).all()
+    cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert cosine.min() >= 0.9999
+
+
 def test_cudnn_packed_probe_falls_back_with_one_warning(monkeypatch):
     """A JAX whose private cuDNN call changed: the probe says so once and packed attention takes the XLA form."""
     from jaxllm import packed_attention
