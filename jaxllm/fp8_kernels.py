@@ -89,24 +89,28 @@ def _expert_swiglu_quantize_kernel(gate_up_ref, row_scale_ref, group_ref, col_sc
 
 
 def _merge_quantize_kernel(prefix_ref, rest_ref, prefix_weight_ref, rest_weight_ref, q_ref, scale_ref, *,
-                           heads_per: int):
-    # blocks [rows, heads, head_dim]: each load is `heads_per` whole heads, so each thread moves several
-    # consecutive values, and a head's two weights broadcast along its columns
+                           heads_per: int, layout: str):
+    """A program's token: "rows" blocks hold its heads as rows ([heads, head_dim], weights [heads, 1]), "heads"
+    blocks a 3-d [1, heads, head_dim] (weights [1, heads]); each load is `heads_per` whole heads."""
+    rows = layout == "rows"
     dtype = prefix_ref.dtype
+    at = (lambda ref, heads: ref.at[heads, :]) if rows else (lambda ref, heads: ref.at[:, heads, :])
+    weight_at = (lambda ref, heads: ref.at[heads, :]) if rows else (lambda ref, heads: ref.at[:, heads])
     merged = []
-    for start in range(0, prefix_ref.shape[1], heads_per):
+    for start in range(0, prefix_ref.shape[0 if rows else 1], heads_per):
         heads = pl.ds(start, heads_per)
-        w_p = pltriton.load(prefix_weight_ref.at[:, heads])[:, :, None]  # [rows, heads_per, 1] float32
-        w_r = pltriton.load(rest_weight_ref.at[:, heads])[:, :, None]
-        rest = jnp.where(w_r > 0, pltriton.load(rest_ref.at[:, heads, :]).astype(jnp.float32) * w_r, 0.0)
-        value = pltriton.load(prefix_ref.at[:, heads, :]).astype(jnp.float32) * w_p + rest
+        w_p, w_r = (pltriton.load(weight_at(ref, heads)) for ref in (prefix_weight_ref, rest_weight_ref))
+        if not rows:  # [1, heads_per] -> [1, heads_per, 1]: a head's weight along its columns
+            w_p, w_r = w_p[:, :, None], w_r[:, :, None]
+        rest = jnp.where(w_r > 0, pltriton.load(at(rest_ref, heads)).astype(jnp.float32) * w_r, 0.0)
+        value = pltriton.load(at(prefix_ref, heads)).astype(jnp.float32) * w_p + rest
         merged.append((heads, value.astype(dtype).astype(jnp.float32)))  # the merged rows' rounding, as XLA's
-    absmax = functools.reduce(jnp.maximum, [jnp.max(jnp.max(jnp.abs(v), axis=2), axis=1, keepdims=True)
-                                            for _, v in merged])  # [rows, 1]
+    absmax = functools.reduce(jnp.maximum, [jnp.max(jnp.max(jnp.abs(v), axis=-1), axis=-1, keepdims=True)
+                                            for _, v in merged])  # [1] ("rows") or [1, 1]
     scale = jnp.maximum(absmax / E4M3_MAX, TINY)
     for heads, v in merged:
-        pltriton.store(q_ref.at[:, heads, :], (v / scale[:, :, None]).astype(E4M3))
-    scale_ref[...] = scale
+        pltriton.store(at(q_ref, heads), (v / (scale[:, None] if rows else scale[:, :, None])).astype(E4M3))
+    scale_ref[...] = scale.reshape(1, 1)
 
 
 def residual_norm_quantize_block(h_of: Callable[[pl.Slice], jax.Array], delta_of: Callable[[pl.Slice], jax.Array],
@@ -180,7 +184,7 @@ def row_blocks(per_row: list[jax.Array], rows: int) -> tuple[int, int, list[jax.
     padded = -(-n // rows) * rows
     per_row = [a.reshape(n, 1) if a.ndim == 1 else a for a in per_row]
     if padded != n:
-        per_row = [jnp.pad(a, [(0, padded - n)] + [(0, 0)] * (a.ndim - 1)) for a in per_row]
+        per_row = [jnp.pad(a, ((0, padded - n), (0, 0))) for a in per_row]
     return rows, padded, per_row
 
 
@@ -269,39 +273,57 @@ def expert_swiglu_quantize_pallas(gate_up: jax.Array, row_scale: jax.Array, tile
     return q, scale[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "rows", "num_warps", "heads_per"))
+# merge_quantize_pallas' settings where its caller gives none (read at trace time): measured on an H200 at 36,864
+# tokens x 32 heads of 128 (scripts/bench_layer_kernels.py --sections merge, 2026-11-29)
+MERGE_QUANTIZE_SETTINGS = {"layout": "rows", "num_warps": 4, "heads_per": 32}
+
+
 def merge_quantize_pallas(prefix_half: jax.Array, rest_half: jax.Array, prefix_weight: jax.Array,
-                          rest_weight: jax.Array, interpret: bool = False, rows: int = 1, num_warps: int = 4,
-                          heads_per: int = 8) -> tuple[jax.Array, jax.Array]:
+                          rest_weight: jax.Array, interpret: bool = False, **settings: Any) -> tuple[jax.Array, jax.Array]:
     """Attention's two halves merged and quantised per row for an fp8 GEMM (o_proj), each half read once.
 
     prefix_half, rest_half [N, H, head_dim] (16-bit: cuDNN's outputs against the cached prefix and within each
     packed prompt), prefix_weight, rest_weight [N, H] float32 (each head's softmax weights; a rest half of weight
     0 counts 0 whatever its bits). Returns (e4m3 [N, H * head_dim], float32 scale [N]): `jaxllm.fp8.quantize_rows`
     of `jaxllm.packed_attention.merge_halves`'s rows, rounded to the halves' dtype as XLA's merge writes them.
-    `interpret`: Pallas's interpreter (CPU tests). Tuning: `rows` per program, Triton `num_warps`, `heads_per`
-    heads per load (powers of two; H and head_dim too)."""
+    One program a token. `interpret`: Pallas's interpreter (CPU tests). `settings` (default
+    `MERGE_QUANTIZE_SETTINGS`): `layout` "rows" (a token's heads as the rows of a 2-d block) or "heads" (3-d
+    blocks), Triton `num_warps`, `heads_per` heads per load (powers of two; H and head_dim too)."""
+    settings = {**MERGE_QUANTIZE_SETTINGS, **settings}
+    return _merge_quantize(prefix_half, rest_half, prefix_weight, rest_weight, interpret=interpret, **settings)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "layout", "num_warps", "heads_per"))
+def _merge_quantize(prefix_half: jax.Array, rest_half: jax.Array, prefix_weight: jax.Array, rest_weight: jax.Array,
+                    interpret: bool, layout: str, num_warps: int, heads_per: int) -> tuple[jax.Array, jax.Array]:
     n, heads, head_dim = prefix_half.shape
     heads_per = min(heads_per, heads)
     if any(v & (v - 1) for v in (heads, head_dim, heads_per)) or rest_half.shape != prefix_half.shape:
         raise ValueError(f"merge_quantize_pallas: halves {prefix_half.shape} and {rest_half.shape} must match, "
                          f"with a power-of-two number of heads and head_dim; heads_per {heads_per} a power of two")
-    rows, padded, (prefix_half, rest_half, prefix_weight, rest_weight) = row_blocks(
-        [prefix_half, rest_half, prefix_weight.astype(jnp.float32), rest_weight.astype(jnp.float32)], rows)
-    halves = pl.BlockSpec((rows, heads, head_dim), lambda i: (i, 0, 0))
-    per_head = pl.BlockSpec((rows, heads), lambda i: (i, 0))
+    if layout not in ("rows", "heads"):
+        raise ValueError(f"merge_quantize_pallas: layout must be 'rows' or 'heads', got {layout!r}")
+    weights = [w.astype(jnp.float32) for w in (prefix_weight, rest_weight)]
+    if layout == "rows":  # [N * H, head_dim]: a token's heads are H consecutive rows
+        halves = [a.reshape(n * heads, head_dim) for a in (prefix_half, rest_half)]
+        weights = [w.reshape(n * heads, 1) for w in weights]
+        half_spec = pl.BlockSpec((heads, head_dim), lambda i: (i, 0))
+        weight_spec = pl.BlockSpec((heads, 1), lambda i: (i, 0))
+    else:
+        halves = [prefix_half, rest_half]
+        half_spec = pl.BlockSpec((1, heads, head_dim), lambda i: (i, 0, 0))
+        weight_spec = pl.BlockSpec((1, heads), lambda i: (i, 0))
     q, scale = pl.pallas_call(
-        functools.partial(_merge_quantize_kernel, heads_per=heads_per),
-        out_shape=(jax.ShapeDtypeStruct((padded, heads, head_dim), E4M3),
-                   jax.ShapeDtypeStruct((padded, 1), jnp.float32)),
-        grid=(padded // rows,),
-        in_specs=[halves, halves, per_head, per_head],
-        out_specs=(halves, pl.BlockSpec((rows, 1), lambda i: (i, 0))),
+        functools.partial(_merge_quantize_kernel, heads_per=heads_per, layout=layout),
+        out_shape=(jax.ShapeDtypeStruct(halves[0].shape, E4M3), jax.ShapeDtypeStruct((n, 1), jnp.float32)),
+        grid=(n,),
+        in_specs=[half_spec, half_spec, weight_spec, weight_spec],
+        out_specs=(half_spec, pl.BlockSpec((1, 1), lambda i: (i, 0))),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="merge_quantize",
-    )(prefix_half, rest_half, prefix_weight, rest_weight)
-    return q[:n].reshape(n, heads * head_dim), scale[:n, 0]
+    )(*halves, *weights)
+    return q.reshape(n, heads * head_dim), scale[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "keep_normed") + _TUNING)

@@ -62,8 +62,9 @@
 #                                         # 30B's compiled HLO (OUT/hlo.tar.gz: which ops each fusion holds), ~6 min
 #   bash scripts/gpu_moe.sh merge OUT     # packed attention's halves merged inside o_proj's quantisation (the
 #                                         # default) and the dispatch's group starts: the GPU tests, the merge
-#                                         # kernels alone (its tuning against XLA's merge + the quantisation kernel),
-#                                         # then both fp8 encoders with it and without (bench_ratio rounds), ~9 min
+#                                         # kernels alone (its settings against XLA's merge + the quantisation
+#                                         # kernel), then both fp8 encoders with it, without and with two other
+#                                         # settings (VARIANTS; bench_ratio rounds), ~8 min
 #   bash scripts/gpu_moe.sh spills OUT    # ptxas on the fp8 expert kernels (registers, spills; PTX in
 #                                         # OUT/dumps.tar.gz), then the forms timed back to back, ~5 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
@@ -325,13 +326,15 @@ case $stage in
   merge)
     # packed_attention.FUSED_MERGE_QUANTIZE (on) and moe._group_starts: their GPU tests and the fp8 block's, the
     # merge kernel's settings against XLA's merge + the quantisation kernel at 36,864 tokens x 32 heads of 128,
-    # then both fp8 encoders as they are and with the XLA merge (fp8-xla-merge on both models), alternating rounds
+    # then both fp8 encoders as they are, with the XLA merge and with two other kernel settings (each variant on
+    # both models), alternating rounds
     run merge_test 170 python3 -m pytest -q tests/test_llm_fp8.py tests/test_llm_packed.py \
       tests/test_llm_grouped_gemm.py -k "compiled_merge or merged_in_the_quantisation or fp8_tiled_kernel_and_block"
     run merge_kernels 100 python3 -u scripts/bench_layer_kernels.py --sections merge --tokens 36864 --iters 20 \
       --out "$out/merge_kernels.json"
     run ratio_fp8_merge $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 4 --iters 8 --variants fp8-xla-merge --variants-on both --out "$out/ratio_fp8_merge.json"
+      --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-xla-merge fp8-merge-heads4 fp8-merge-rows8} \
+      --variants-on both --out "$out/ratio_fp8_merge.json"
     ;;
   spills)
     # what ptxas makes of the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, its SiLU's

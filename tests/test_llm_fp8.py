@@ -529,13 +529,14 @@ def _merged_then_quantized(prefix, rest, w_p, w_r):
     return jax.jit(fp8.quantize_rows)(merged.reshape(merged.shape[0], -1))
 
 
-@pytest.mark.parametrize("tokens, heads, head_dim, rows, heads_per", [(13, 4, 64, 1, 2), (9, 2, 128, 4, 8),
-                                                                      (6, 8, 16, 2, 4)])
-def test_pallas_merge_quantize_kernel_equals_merge_then_quantise(tokens, heads, head_dim, rows, heads_per, on_cpu):
-    """`merge_quantize_pallas` (Pallas's interpreter) against XLA's merge of the two halves followed by the rows'
-    quantisation, bit for bit; an empty slot's NaN packed half (weight 0) leaves no trace."""
+@pytest.mark.parametrize("tokens, heads, head_dim, layout, heads_per", [
+    (13, 4, 64, "rows", 2), (9, 2, 128, "rows", 8), (6, 8, 16, "heads", 4), (5, 4, 32, "heads", 4)])
+def test_pallas_merge_quantize_kernel_equals_merge_then_quantise(tokens, heads, head_dim, layout, heads_per, on_cpu):
+    """`merge_quantize_pallas` (Pallas's interpreter, each block layout) against XLA's merge of the two halves
+    followed by the rows' quantisation, bit for bit; an empty slot's NaN packed half (weight 0) leaves no trace."""
     prefix, rest, w_p, w_r = _attention_halves(tokens, heads, head_dim)
-    got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, interpret=True, rows=rows, heads_per=heads_per)
+    got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, interpret=True, layout=layout,
+                                            heads_per=heads_per)
     want = _merged_then_quantized(prefix, rest, w_p, w_r)
     assert got[0].shape == (tokens, heads * head_dim) and np.isfinite(np.asarray(got[1])).all()
     for g, w in zip(got, want):
@@ -551,8 +552,10 @@ def test_compiled_merge_quantize_kernel_matches_its_xla_form_at_the_attention_wi
     to an FMA on one side only, which can move a merged value across a bf16 rounding boundary (about 2^-16 of
     them) and with it, rarely, its row's scale."""
     prefix, rest, w_p, w_r = _attention_halves(4099, 32, 128, seed=5)
-    got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r)
-    assert_quantized_close(got, _merged_then_quantized(prefix, rest, w_p, w_r), max_changed=1e-3)
+    want = _merged_then_quantized(prefix, rest, w_p, w_r)
+    for layout, heads_per in (("rows", 32), ("rows", 8), ("heads", 4)):
+        got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, layout=layout, heads_per=heads_per)
+        assert_quantized_close(got, want, max_changed=1e-3)
 
 
 def test_packed_attention_quantized_merges_in_the_kernel_as_xla_does(monkeypatch, on_cpu):

@@ -274,6 +274,7 @@ def test_fp8_packed_attention_merged_in_the_quantisation_on_gpu(monkeypatch):
     vectors = {}
     for fused in (True, False):
         monkeypatch.setattr(packed_attention, "FUSED_MERGE_QUANTIZE", fused)
+        jax.clear_caches()  # the setting is read while tracing: no trace of the other setting may be reused
         run = jax.jit(lambda p, i, n, c: encode_packed(p, config, i, n, prefix=c, capacity=512))
         text = run.lower(params, ids, lengths, cache).as_text()
         assert ("merge_quantize" in text) == fused
