@@ -66,15 +66,12 @@ VARIANTS = {
                      "session, instead of 128 (TileConfig.epi_m)",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
-    "fp8-merge-heads4": "the fused merge on 3-d [1, heads, head_dim] blocks of 4 heads, 4 warps "
-                        "(fp8_kernels.MERGE_QUANTIZE_SETTINGS)",
-    "fp8-merge-rows8": "the fused merge with a token's heads as rows, 8 heads a load, 4 warps",
 }
 
 
 def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
     """(module, attribute, value): the settings `variant` (a --dtypes name) changes from its base dtype's."""
-    from jaxllm import fp8, fp8_kernels, grouped_gemm, layer_ops, moe, moe_rows, packed_attention
+    from jaxllm import fp8, grouped_gemm, layer_ops, moe, moe_rows, packed_attention
     from jaxllm import model as model_module
 
     top_k_rows, residual_norm = moe.top_k_rows, model_module.residual_norm
@@ -84,10 +81,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         if keep_value or not isinstance(delta, fp8.Fp8Product):
             return layer_ops.residual_norm_reference(h, delta, weight, eps, quantized, keep_value)
         return residual_norm(h, delta, weight, eps, quantized, keep_value)
-
-    def merge_settings(layout: str, num_warps: int, heads_per: int) -> list[tuple[Any, str, Any]]:
-        settings = {"layout": layout, "num_warps": num_warps, "heads_per": heads_per}
-        return [(fp8_kernels, "MERGE_QUANTIZE_SETTINGS", settings)]
 
     gather = [(moe, "ROW_COPY", "gather")]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
@@ -109,8 +102,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-silu-exp": silu_exp,
         "bfloat16-moe-silu-exp": silu_exp,
         "fp8-xla-merge": [(packed_attention, "FUSED_MERGE_QUANTIZE", False)],
-        "fp8-merge-heads4": merge_settings("heads", 4, 4),
-        "fp8-merge-rows8": merge_settings("rows", 4, 8),
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

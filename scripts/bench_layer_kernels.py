@@ -3,7 +3,7 @@
 Rows: the residual add + RMSNorm + e4m3 quantisation (`residual_norm_quantize_pallas`, ROWS:WARPS:CHUNK), the
 q/k scale + per-head RMSNorm + RoPE (`head_norm_rope_pallas`, ROWS:WARPS, for q's 32 heads and k's 8), each
 against its jitted XLA form (`jaxllm.layer_ops`), and packed attention's two halves merged and quantised for
-o_proj (`merge_quantize_pallas`, LAYOUT:WARPS:HEADS) against XLA's merge followed by the quantisation kernel (the
+o_proj (`merge_quantize_pallas`, WARPS:HEADS) against XLA's merge followed by the quantisation kernel (the
 fp8 model without `packed_attention.FUSED_MERGE_QUANTIZE`), in ms and GB/s of the bytes each must move
 (`--sections` picks which). Steady state: the
 median of `--iters` synchronised calls after two warm-ups.
@@ -36,10 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-configs", nargs="+", default=["8:2", "8:4", "16:2", "16:4", "16:8", "32:4", "32:8", "64:8"],
                    help="head_norm_rope_pallas settings, each ROWS:WARPS")
     p.add_argument("--merge-configs", nargs="+",
-                   default=["rows:4:32", "rows:4:16", "rows:4:8", "rows:8:32", "rows:2:32", "rows:2:8", "heads:4:4",
-                            "heads:4:8", "heads:2:4"],
-                   help="merge_quantize_pallas settings, each LAYOUT:WARPS:HEADS (block layout, Triton warps, heads "
-                        "per load)")
+                   default=["4:32", "4:16", "4:8", "8:32", "2:32", "2:8"],
+                   help="merge_quantize_pallas settings, each WARPS:HEADS (Triton warps, heads per load)")
     p.add_argument("--sections", nargs="+", default=["residual", "head", "merge"],
                    choices=["residual", "head", "merge"], help="which kernels to time")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, 2 iterations (CPU: the kernels interpreted)")
@@ -47,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.tokens, args.hidden, args.heads, args.head_dim, args.iters = 40, 96, [4, 2], 16, 2
-        args.residual_configs, args.head_configs, args.merge_configs = ["2:4:64"], ["8:4"], ["rows:4:2"]
+        args.residual_configs, args.head_configs, args.merge_configs = ["2:4:64"], ["8:4"], ["4:2"]
     return args
 
 
@@ -126,9 +124,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         s = time_call(xla_merge_then_kernel, args.iters)
         report(dict(kernel="merge_quantize", setting="xla+kernel", ms=s * 1e3, gb_per_s=moved / s / 1e9))
         for config in args.merge_configs:
-            layout, warps, per = config.split(":")
-            call = lambda: merge_quantize_pallas(*halves, w_p, w_r, interpret=interpret, layout=layout,
-                                                 num_warps=int(warps), heads_per=int(per))
+            warps, per = (int(v) for v in config.split(":"))
+            call = lambda: merge_quantize_pallas(*halves, w_p, w_r, interpret=interpret, num_warps=warps,
+                                                 heads_per=per)
             s = time_call(call, args.iters)
             report(dict(kernel="merge_quantize", setting=config, ms=s * 1e3, gb_per_s=moved / s / 1e9))
     if args.out:

@@ -63,8 +63,10 @@
 #   bash scripts/gpu_moe.sh merge OUT     # packed attention's halves merged inside o_proj's quantisation (the
 #                                         # default) and the dispatch's group starts: the GPU tests, the merge
 #                                         # kernels alone (its settings against XLA's merge + the quantisation
-#                                         # kernel), then both fp8 encoders with it, without and with two other
-#                                         # settings (VARIANTS; bench_ratio rounds), ~8 min
+#                                         # kernel), then both fp8 encoders with it and without (VARIANTS;
+#                                         # bench_ratio rounds), ~7 min
+#   bash scripts/gpu_moe.sh confirm OUT   # the fp8 encoders' ratio (bench_ratio, 4 rounds), then the 30B fp8
+#                                         # trainer cold (128 envs, skip_n 8, 3 updates), ~7 min
 #   bash scripts/gpu_moe.sh spills OUT    # ptxas on the fp8 expert kernels (registers, spills; PTX in
 #                                         # OUT/dumps.tar.gz), then the forms timed back to back, ~5 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
@@ -74,7 +76,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | spills | ncu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | spills | ncu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -326,15 +328,23 @@ case $stage in
   merge)
     # packed_attention.FUSED_MERGE_QUANTIZE (on) and moe._group_starts: their GPU tests and the fp8 block's, the
     # merge kernel's settings against XLA's merge + the quantisation kernel at 36,864 tokens x 32 heads of 128,
-    # then both fp8 encoders as they are, with the XLA merge and with two other kernel settings (each variant on
-    # both models), alternating rounds
+    # then both fp8 encoders as they are and with each of $VARIANTS (on both models), alternating rounds; ran at
+    # 1e9d029 with that commit's variants (the merge on 3-d blocks of 4 heads, 8 heads a load)
     run merge_test 170 python3 -m pytest -q tests/test_llm_fp8.py tests/test_llm_packed.py \
       tests/test_llm_grouped_gemm.py -k "compiled_merge or merged_in_the_quantisation or fp8_tiled_kernel_and_block"
     run merge_kernels 100 python3 -u scripts/bench_layer_kernels.py --sections merge --tokens 36864 --iters 20 \
       --out "$out/merge_kernels.json"
     run ratio_fp8_merge $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-xla-merge fp8-merge-heads4 fp8-merge-rows8} \
+      --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-xla-merge} \
       --variants-on both --out "$out/ratio_fp8_merge.json"
+    ;;
+  confirm)
+    # the code as it stands: the fp8 encoders' ratio in alternating rounds, then the 30B fp8 trainer cold
+    run ratio_fp8 240 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 4 \
+      --iters 8 --out "$out/ratio_fp8.json"
+    run train_30b_fp8 $((585 - SECONDS)) python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 \
+      --skip-n 8 --num-envs 128 --max-updates 3 --compile-cache off --run-dir /tmp/run30b-fp8
+    cp /tmp/run30b-fp8/metrics.jsonl "$out/train_30b_fp8_metrics.jsonl" 2>/dev/null
     ;;
   spills)
     # what ptxas makes of the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, its SiLU's

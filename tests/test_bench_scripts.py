@@ -212,7 +212,7 @@ def test_bench_layer_kernels_smoke(tmp_path):
     assert [(r["kernel"], r["setting"]) for r in rows] == [
         ("residual_norm_quantize", "xla"), ("residual_norm_quantize", "2:4:64"), ("head_norm_rope (q)", "xla"),
         ("head_norm_rope (q)", "8:4"), ("head_norm_rope (k)", "xla"), ("head_norm_rope (k)", "8:4"),
-        ("merge_quantize", "xla+kernel"), ("merge_quantize", "rows:4:2")]
+        ("merge_quantize", "xla+kernel"), ("merge_quantize", "4:2")]
     assert all(r["ms"] > 0 for r in rows) and json.loads(out.read_text())["tokens"] == 40
     only = bench_layer_kernels.main(["--smoke", "--sections", "merge"])
     assert [r["kernel"] for r in only] == ["merge_quantize"] * 2

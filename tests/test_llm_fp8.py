@@ -529,14 +529,12 @@ def _merged_then_quantized(prefix, rest, w_p, w_r):
     return jax.jit(fp8.quantize_rows)(merged.reshape(merged.shape[0], -1))
 
 
-@pytest.mark.parametrize("tokens, heads, head_dim, layout, heads_per", [
-    (13, 4, 64, "rows", 2), (9, 2, 128, "rows", 8), (6, 8, 16, "heads", 4), (5, 4, 32, "heads", 4)])
-def test_pallas_merge_quantize_kernel_equals_merge_then_quantise(tokens, heads, head_dim, layout, heads_per, on_cpu):
-    """`merge_quantize_pallas` (Pallas's interpreter, each block layout) against XLA's merge of the two halves
-    followed by the rows' quantisation, bit for bit; an empty slot's NaN packed half (weight 0) leaves no trace."""
+@pytest.mark.parametrize("tokens, heads, head_dim, heads_per", [(13, 4, 64, 2), (9, 2, 128, 8), (6, 8, 16, 8)])
+def test_pallas_merge_quantize_kernel_equals_merge_then_quantise(tokens, heads, head_dim, heads_per, on_cpu):
+    """`merge_quantize_pallas` (Pallas's interpreter) against XLA's merge of the two halves followed by the rows'
+    quantisation, bit for bit; an empty slot's NaN packed half (weight 0) leaves no trace."""
     prefix, rest, w_p, w_r = _attention_halves(tokens, heads, head_dim)
-    got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, interpret=True, layout=layout,
-                                            heads_per=heads_per)
+    got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, interpret=True, heads_per=heads_per)
     want = _merged_then_quantized(prefix, rest, w_p, w_r)
     assert got[0].shape == (tokens, heads * head_dim) and np.isfinite(np.asarray(got[1])).all()
     for g, w in zip(got, want):
@@ -553,8 +551,8 @@ def test_compiled_merge_quantize_kernel_matches_its_xla_form_at_the_attention_wi
     them) and with it, rarely, its row's scale."""
     prefix, rest, w_p, w_r = _attention_halves(4099, 32, 128, seed=5)
     want = _merged_then_quantized(prefix, rest, w_p, w_r)
-    for layout, heads_per in (("rows", 32), ("rows", 8), ("heads", 4)):
-        got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, layout=layout, heads_per=heads_per)
+    for heads_per in (32, 8):
+        got = fp8_kernels.merge_quantize_pallas(prefix, rest, w_p, w_r, heads_per=heads_per)
         assert_quantized_close(got, want, max_changed=1e-3)
 
 

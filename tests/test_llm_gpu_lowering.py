@@ -144,14 +144,14 @@ def test_fp8_expert_kernel_variants_lower_for_a_hopper_gpu(form, variant, monkey
     assert "mosaic_gpu" in text
 
 
-@pytest.mark.parametrize("layout, heads_per", [("rows", 32), ("rows", 8), ("heads", 4)])
-def test_attention_merge_quantize_kernel_lowers_for_a_hopper_gpu(layout, heads_per):
+@pytest.mark.parametrize("heads_per", [32, 8])
+def test_attention_merge_quantize_kernel_lowers_for_a_hopper_gpu(heads_per):
     """Packed attention's halves merged inside o_proj's quantisation (`fp8_kernels.merge_quantize_pallas`, the fp8
-    encoders' default with cuDNN), each block layout, at the 4B's and the 30B's attention width."""
+    encoders' default with cuDNN) at the 4B's and the 30B's attention width."""
     from jaxllm import fp8_kernels
 
     halves = jax.ShapeDtypeStruct((4099, 32, 128), jnp.bfloat16)
     weights = jax.ShapeDtypeStruct((4099, 32), jnp.float32)
-    text = lowered_for_cuda(lambda *a: fp8_kernels.merge_quantize_pallas(*a, layout=layout, heads_per=heads_per),
+    text = lowered_for_cuda(lambda *a: fp8_kernels.merge_quantize_pallas(*a, heads_per=heads_per),
                             halves, halves, weights, weights)
     assert "merge_quantize" in text
