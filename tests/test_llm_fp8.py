@@ -581,3 +581,10 @@ def test_packed_attention_quantized_merges_in_the_kernel_as_xla_does(monkeypatch
     assert rows[True].values.shape == (1, tokens, heads * head_dim) and rows[True].scale.shape == (1, tokens)
     for got, want in ((rows[True].values, rows[False].values), (rows[True].scale, rows[False].scale)):
         np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))
+    # 6 heads (as a model with 40 would): no kernel blocks for them, XLA's merge instead
+    six = _attention_halves(tokens, 6, head_dim, seed=3)
+    monkeypatch.setattr(pa, "_cudnn_halves", lambda *a: tuple(x[None] for x in six))
+    monkeypatch.setattr(pa, "FUSED_MERGE_QUANTIZE", True)
+    q6 = jnp.zeros((1, tokens, 6, head_dim), jnp.bfloat16)
+    got = pa.packed_attention_quantized(q6, kv, kv, prefix_kv, prefix_kv, None, "cudnn")
+    assert calls == [1] and got.values.shape == (1, tokens, 6 * head_dim)
