@@ -66,7 +66,7 @@
 #                                         # kernel), then both fp8 encoders with it and without (VARIANTS;
 #                                         # bench_ratio rounds), ~7 min
 #   bash scripts/gpu_moe.sh confirm OUT   # the fp8 encoders' ratio (bench_ratio, 4 rounds), then the 30B fp8
-#                                         # trainer cold (128 envs, skip_n 8, 3 updates), ~7 min
+#                                         # trainer cold (128 envs, skip_n 8, 3 updates), ~6 min
 #   bash scripts/gpu_moe.sh spills OUT    # ptxas on the fp8 expert kernels (registers, spills; PTX in
 #                                         # OUT/dumps.tar.gz), then the forms timed back to back, ~5 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
