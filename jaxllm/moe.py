@@ -30,7 +30,7 @@ from jax import lax
 from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows, quantize_rows_one_pass
 from .grouped_gemm import TileConfig, pipelined, tile_plan, tiled_grouped_matmul
 from .moe_rows import ExpertOutputs, ExpertRowScales, layout_rows
-from .top_k import top_k_rows
+from .top_k import router_top_k_pallas, top_k_rows
 
 GROUPED_MATMUL_IMPLS = ("ragged_dot", "mgpu", "tiled")
 
@@ -66,6 +66,10 @@ def _hopper() -> bool:
         return int(str(device.compute_capability).split(".")[0]) == 9
     except (AttributeError, ValueError):
         return False
+
+
+def _on_gpu() -> bool:
+    return jax.devices()[0].platform == "gpu"
 
 
 def default_grouped_matmul_impl() -> str:
@@ -132,6 +136,13 @@ FP8_SWIGLU = "epilogue"
 # vs 1.139 ms, bf16 down 1.422 vs 1.545; gate+up (16 or 32 k-steps) lost (fp8 cut to 2 stages: 1.818 vs 1.575;
 # bf16 with SwiGLU 2.723 vs 2.651), so it stays unpipelined. Read at trace time.
 PIPELINED_DOWN = True
+
+
+# whether the router's softmax, top-k and renormalisation run as one Pallas kernel on a GPU
+# (`top_k.router_top_k_pallas`: it reads the 16-bit logits once; XLA's softmax and division are two more kernels)
+# instead of XLA's softmax, `top_k_rows` and XLA's division. The same arithmetic; its exp is Triton's. Off until
+# measured on a GPU (bench_encoder variant `fp8-moe-fused-router`). Read at trace time.
+FUSED_ROUTER = False
 
 
 def _down_config(config: TileConfig, ffn: int) -> TileConfig:
@@ -208,8 +219,11 @@ def grouped_matmul(rows: jax.Array, weights: jax.Array, group_sizes: jax.Array, 
 def route(x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool) -> tuple[jax.Array, jax.Array]:
     """transformers' Qwen3-MoE router: logits x @ router [D, E] in x's dtype, softmax over all experts in float32,
     the top_k (ties: the lower expert index first; `jaxllm.top_k`, a Pallas kernel on a GPU), divided by their sum
-    when `norm_topk_prob`, cast to x's dtype. x [N, D] -> (weights [N, top_k] in x's dtype, experts int32 [N, top_k])."""
+    when `norm_topk_prob`, cast to x's dtype. x [N, D] -> (weights [N, top_k] in x's dtype, experts int32 [N, top_k]).
+    With `FUSED_ROUTER` on a GPU, everything after the logits is one kernel (`jaxllm.top_k.router_top_k_pallas`)."""
     logits = x @ router
+    if FUSED_ROUTER and _on_gpu() and logits.ndim == 2:
+        return router_top_k_pallas(logits, top_k, norm_topk_prob, x.dtype)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     weights, experts = top_k_rows(probs, top_k)
     if norm_topk_prob:

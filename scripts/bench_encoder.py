@@ -64,6 +64,9 @@ VARIANTS = {
     "bfloat16-moe-silu-exp": "as fp8-moe-silu-exp, in bf16",
     "fp8-moe-epi64": "the fp8 expert GEMMs' epilogues store 64-row pieces, as before 2026-11-29's fourteenth "
                      "session, instead of 128 (TileConfig.epi_m)",
+    "fp8-moe-fused-router": "the MoE router's softmax, top-k and renormalisation as one Pallas kernel "
+                            "(moe.FUSED_ROUTER = True) instead of XLA's softmax, the top-k kernel and XLA's division",
+    "bfloat16-moe-fused-router": "as fp8-moe-fused-router, in bf16",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -83,6 +86,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         return residual_norm(h, delta, weight, eps, quantized, keep_value)
 
     gather = [(moe, "ROW_COPY", "gather")]
+    fused_router = [(moe, "FUSED_ROUTER", True)]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
     silu_exp = [(grouped_gemm, "SILU", "exp")]
     patches = {
@@ -102,6 +106,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-silu-exp": silu_exp,
         "bfloat16-moe-silu-exp": silu_exp,
         "fp8-xla-merge": [(packed_attention, "FUSED_MERGE_QUANTIZE", False)],
+        "fp8-moe-fused-router": fused_router,
+        "bfloat16-moe-fused-router": fused_router,
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 KINDS = (("gemm", re.compile(r"gemm|cublas|matmul|xmma|cutlass|nvjet|mosaic_gpu", re.I)),
          ("attention", re.compile(r"cudnn|fmha|flash|attention|sdpa", re.I)),
          ("pallas", re.compile(r"swiglu_quantize|quantize_rows|residual_norm_quantize|head_norm_rope|gather_rows|"
-                               r"combine_rows|top_k_rows|pallas", re.I)))
+                               r"combine_rows|scatter_rows|merge_quantize|top_k_rows|router_top_k|pallas", re.I)))
 
 
 def kind_of(kernel: str) -> str:

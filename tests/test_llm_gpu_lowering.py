@@ -67,6 +67,16 @@ def test_fp8_moe_block_lowers_for_a_hopper_gpu(monkeypatch, swiglu, down_scales,
         assert kernel in text, kernel
 
 
+def test_fused_router_kernel_lowers_for_a_hopper_gpu(monkeypatch):
+    """`moe.FUSED_ROUTER`: the router's softmax, top-k and renormalisation as one Triton kernel at Qwen3-30B-A3B's
+    router shape (128 experts, 8 per token) in place of the top-k kernel."""
+    monkeypatch.setattr(moe, "FUSED_ROUTER", True)
+    d, e = 2048, 128
+    text = lowered_for_cuda(lambda x, r: moe.route(x, r, 8, True), jax.ShapeDtypeStruct((1024, d), jnp.bfloat16),
+                            jax.ShapeDtypeStruct((d, e), jnp.bfloat16))
+    assert "router_top_k" in text and "top_k_rows" not in text
+
+
 @pytest.mark.parametrize("row_copy", ["scatter", "gather"])
 def test_bf16_moe_block_lowers_for_a_hopper_gpu(monkeypatch, row_copy):
     """The bf16 block: the tiled kernel with SwiGLU in its epilogue, the row copy each way and the combine."""
