@@ -279,10 +279,10 @@ def merge_quantize_pallas(prefix_half: jax.Array, rest_half: jax.Array, prefix_w
     0 counts 0 whatever its bits). Returns (e4m3 [N, H * head_dim], float32 scale [N]): `jaxllm.fp8.quantize_rows`
     of `jaxllm.packed_attention.merge_halves`'s rows, rounded to the halves' dtype as XLA's merge writes them.
     One program a token, its H heads the rows of a [H, head_dim] block. `interpret`: Pallas's interpreter (CPU
-    tests). Tuning: Triton `num_warps`, `heads_per` heads per load (powers of two; H and head_dim too). On an H200
-    (36,864 tokens x 32 heads of 128, 2026-11-29) the default took 0.42 ms against 0.57 for XLA's merge and the
-    quantisation kernel; other settings timed alone moved by +-15% between two runs, and in the encoders they
-    were within their rounds' spread (docs/BENCHMARKS.md)."""
+    tests). Tuning: Triton `num_warps`, `heads_per` heads per load (powers of two; H and head_dim too). On H200s
+    (36,864 tokens x 32 heads of 128, 2026-11-29) it saved 0.10-0.12 ms a layer in the fp8 encoders against XLA's
+    merge and the quantisation kernel; other settings were within the encoders' rounds' spread
+    (docs/BENCHMARKS.md)."""
     n, heads, head_dim = prefix_half.shape
     heads_per = min(heads_per, heads)
     if any(v & (v - 1) for v in (heads, head_dim, heads_per)) or rest_half.shape != prefix_half.shape:
