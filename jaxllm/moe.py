@@ -138,6 +138,12 @@ FP8_SWIGLU = "epilogue"
 PIPELINED_DOWN = True
 
 
+# how the dispatch sorts the (token, expert) slots by expert: False, one int32 key expert * slots + slot (a sort of
+# one operand, which XLA hands to CUB's radix sort: 4 passes of 8 bits); True, 16-bit expert keys with the slots as
+# payload (a stable pair sort, which XLA hands to CUB for unsigned keys: 2 passes, 6 bytes a row each). The same
+# order. Off until measured on a GPU (bench_encoder variant `fp8-moe-pair-sort`). Read at trace time.
+PAIR_SORT = False
+
 # whether the router's softmax, top-k and renormalisation run as one Pallas kernel on a GPU
 # (`top_k.router_top_k_pallas`: it reads the 16-bit logits once; XLA's softmax and division are two more kernels)
 # instead of XLA's softmax, `top_k_rows` and XLA's division. The same arithmetic; its exp is Triton's. Off until
@@ -247,7 +253,12 @@ def dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
     keep their order)."""
     flat = experts.reshape(-1).astype(jnp.int32)
     slots = jnp.arange(flat.shape[0], dtype=jnp.int32)
-    if num_experts * flat.shape[0] < 2**31:
+    if PAIR_SORT and num_experts <= 2**16:
+        # 16-bit expert keys with the slots as payload: XLA hands a pair sort to CUB only for unsigned keys of 16,
+        # 32 or 64 bits, and a radix sort of 16-bit keys takes half the passes of the int32 key below
+        keys, order = lax.sort((flat.astype(jnp.uint16), slots), num_keys=1, is_stable=True)
+        sorted_experts = keys.astype(jnp.int32)
+    elif num_experts * flat.shape[0] < 2**31:
         # one int32 key expert * M + slot: unique keys make any sort stable, and a sort of one operand is a radix
         # sort on a GPU (XLA hands it to CUB) where a (key, payload) pair sort is XLA's own comparison sort
         keys = lax.sort(flat * flat.shape[0] + slots)

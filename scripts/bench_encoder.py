@@ -67,6 +67,9 @@ VARIANTS = {
     "fp8-moe-fused-router": "the MoE router's softmax, top-k and renormalisation as one Pallas kernel "
                             "(moe.FUSED_ROUTER = True) instead of XLA's softmax, the top-k kernel and XLA's division",
     "bfloat16-moe-fused-router": "as fp8-moe-fused-router, in bf16",
+    "fp8-moe-pair-sort": "the dispatch sorts 16-bit expert keys with the slots as payload (moe.PAIR_SORT = True) "
+                         "instead of one combined int32 key",
+    "bfloat16-moe-pair-sort": "as fp8-moe-pair-sort, in bf16",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -87,6 +90,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
 
     gather = [(moe, "ROW_COPY", "gather")]
     fused_router = [(moe, "FUSED_ROUTER", True)]
+    pair_sort = [(moe, "PAIR_SORT", True)]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
     silu_exp = [(grouped_gemm, "SILU", "exp")]
     patches = {
@@ -108,6 +112,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-xla-merge": [(packed_attention, "FUSED_MERGE_QUANTIZE", False)],
         "fp8-moe-fused-router": fused_router,
         "bfloat16-moe-fused-router": fused_router,
+        "fp8-moe-pair-sort": pair_sort,
+        "bfloat16-moe-pair-sort": pair_sort,
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

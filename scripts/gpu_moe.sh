@@ -67,9 +67,10 @@
 #                                         # bench_ratio rounds), ~7 min
 #   bash scripts/gpu_moe.sh confirm OUT   # the fp8 encoders' ratio (bench_ratio, 4 rounds), then the 30B fp8
 #                                         # trainer cold (128 envs, skip_n 8, 3 updates), ~6 min
-#   bash scripts/gpu_moe.sh router OUT    # the router's softmax, top-k and renormalisation as one kernel
-#                                         # (moe.FUSED_ROUTER, off): its GPU tests, then the 30B's fp8 encoder with
-#                                         # it against the 4B's and the 30B as it is (bench_ratio rounds), ~6 min
+#   bash scripts/gpu_moe.sh routing OUT   # the router's softmax, top-k and renormalisation as one kernel
+#                                         # (moe.FUSED_ROUTER) and the dispatch's pair sort (moe.PAIR_SORT), both
+#                                         # off: their GPU tests, then the 30B's fp8 encoder with each against the
+#                                         # 4B's and the 30B as it is (bench_ratio rounds), ~7 min
 #   bash scripts/gpu_moe.sh spills OUT    # ptxas on the fp8 expert kernels (registers, spills; PTX in
 #                                         # OUT/dumps.tar.gz), then the forms timed back to back, ~5 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
@@ -79,7 +80,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | router | spills | ncu | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -349,12 +350,14 @@ case $stage in
       --skip-n 8 --num-envs 128 --max-updates 3 --compile-cache off --run-dir /tmp/run30b-fp8
     cp /tmp/run30b-fp8/metrics.jsonl "$out/train_30b_fp8_metrics.jsonl" 2>/dev/null
     ;;
-  router)
-    # moe.FUSED_ROUTER (off until this runs): the GPU test of the kernel against XLA's route, then the 30B's fp8
-    # encoder as it is and with the fused router, against the 4B's, alternating rounds
-    run router_test 150 python3 -m pytest -q tests/test_llm_top_k.py -k "compiled"
-    run ratio_fp8_router $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 6 --iters 8 --variants fp8-moe-fused-router --out "$out/ratio_fp8_router.json"
+  routing)
+    # moe.FUSED_ROUTER and moe.PAIR_SORT (off until this runs): the router kernel's GPU test and the fp8 block's,
+    # then the 30B's fp8 encoder as it is and with each, against the 4B's, alternating rounds
+    run routing_test 170 python3 -m pytest -q tests/test_llm_top_k.py tests/test_llm_grouped_gemm.py \
+      -k "compiled or fp8_tiled_kernel_and_block"
+    run ratio_fp8_routing $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype fp8 --rounds 6 --iters 8 --variants fp8-moe-fused-router fp8-moe-pair-sort \
+      --out "$out/ratio_fp8_routing.json"
     ;;
   spills)
     # what ptxas makes of the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, its SiLU's

@@ -149,9 +149,15 @@ def test_routing_follows_transformers_router():
         np.testing.assert_allclose(np.asarray(got_w), want_w.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_dispatch_is_a_permutation_grouped_by_expert():
+@pytest.mark.parametrize("pair_sort", [False, True])
+def test_dispatch_is_a_permutation_grouped_by_expert(pair_sort, monkeypatch):
+    """Either sort (one combined int32 key, or 16-bit expert keys with the slots as payload, `moe.PAIR_SORT`)."""
+    monkeypatch.setattr(moe, "PAIR_SORT", pair_sort)
     experts = jnp.asarray(np.random.default_rng(4).integers(0, 5, (30, 2)), jnp.int32)
     plan = moe.dispatch(experts, 5)
+    if pair_sort:  # the sort XLA hands to CUB as a pair sort: unsigned 16-bit keys, the slots as payload
+        text = jax.jit(lambda e: moe.dispatch(e, 5)).lower(experts).as_text()
+        assert "ui16" in text and "stablehlo.sort" in text
     flat = np.asarray(experts).reshape(-1)
     order, inverse = np.asarray(plan.order), np.asarray(plan.inverse)
     assert sorted(order) == list(range(60)) and (order[inverse] == np.arange(60)).all()
