@@ -69,6 +69,7 @@ def _hopper() -> bool:
 
 
 def _on_gpu() -> bool:
+    """Whether the default device is a GPU (any: the Triton kernels' condition; `_hopper` is the tiled GEMM's)."""
     return jax.devices()[0].platform == "gpu"
 
 
@@ -178,7 +179,7 @@ def tiled_configs(hidden: int, ffn: int, fp8: bool = False) -> tuple[TileConfig,
 
 def _interpret_params() -> Any:
     """Mosaic GPU's interpreter off a GPU (the tiled kernel then runs on a CPU, slowly: tests), None on a GPU."""
-    if jax.devices()[0].platform == "gpu":
+    if _on_gpu():
         return None
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
