@@ -351,10 +351,11 @@ case $stage in
     cp /tmp/run30b-fp8/metrics.jsonl "$out/train_30b_fp8_metrics.jsonl" 2>/dev/null
     ;;
   routing)
-    # moe.FUSED_ROUTER and moe.PAIR_SORT (off until this runs): the router kernel's GPU test and the fp8 block's,
+    # moe.FUSED_ROUTER and moe.PAIR_SORT (off until this runs): the router kernel's GPU test, the dispatch's sort
+    # compiled to CUB either way, the fp8 block's test,
     # then the 30B's fp8 encoder as it is and with each, against the 4B's, alternating rounds
     run routing_test 170 python3 -m pytest -q tests/test_llm_top_k.py tests/test_llm_grouped_gemm.py \
-      -k "compiled or fp8_tiled_kernel_and_block"
+      tests/test_llm_moe.py -k "compiled or fp8_tiled_kernel_and_block"
     run ratio_fp8_routing $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 6 --iters 8 --variants fp8-moe-fused-router fp8-moe-pair-sort \
       --out "$out/ratio_fp8_routing.json"

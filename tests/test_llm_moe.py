@@ -167,6 +167,22 @@ def test_dispatch_is_a_permutation_grouped_by_expert(pair_sort, monkeypatch):
     np.testing.assert_array_equal(np.asarray(plan.expert), flat[order])  # each sorted row's expert
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="XLA's sort rewrite to CUB happens on a GPU")
+@pytest.mark.parametrize("pair_sort", [False, True])
+def test_compiled_dispatch_sorts_by_cub_radix_sort(pair_sort, monkeypatch):
+    """Qwen3-30B-A3B's dispatch at one 36,864-token pass (294,912 slots, 128 experts): either sort compiles to
+    CUB's radix sort, not XLA's comparison sort, and gives the stable order."""
+    monkeypatch.setattr(moe, "PAIR_SORT", pair_sort)
+    jax.clear_caches()  # the sort is chosen at trace time
+    experts = jax.random.randint(jax.random.key(3), (36864, 8), 0, 128, jnp.int32)
+    compiled = jax.jit(lambda e: moe.dispatch(e, 128)).lower(experts).compile()
+    text = compiled.as_text()
+    assert "DeviceRadixSort" in text, "XLA kept its comparison sort"
+    assert " sort(" not in text
+    order = np.asarray(compiled(experts).order)
+    np.testing.assert_array_equal(order, np.argsort(np.asarray(experts).reshape(-1), kind="stable"))
+
+
 @pytest.mark.parametrize("used", [[0, 1, 2, 3, 4, 5, 6], [2, 3, 5], [0, 6], [4]])
 def test_group_sizes_count_every_expert_with_empty_ones_anywhere(used):
     """Empty experts first, between used ones and last, and every slot on one expert: the group sizes equal a
