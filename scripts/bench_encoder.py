@@ -70,6 +70,7 @@ VARIANTS = {
     "fp8-moe-pair-sort": "the dispatch sorts 16-bit expert keys with the slots as payload (moe.PAIR_SORT = True) "
                          "instead of one combined int32 key",
     "bfloat16-moe-pair-sort": "as fp8-moe-pair-sort, in bf16",
+    "fp8-moe-routing": "fp8-moe-fused-router and fp8-moe-pair-sort together",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -114,6 +115,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-fused-router": fused_router,
         "fp8-moe-pair-sort": pair_sort,
         "bfloat16-moe-pair-sort": pair_sort,
+        "fp8-moe-routing": fused_router + pair_sort,
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

@@ -71,6 +71,8 @@
 #                                         # (moe.FUSED_ROUTER) and the dispatch's pair sort (moe.PAIR_SORT), both
 #                                         # off: their GPU tests, then the 30B's fp8 encoder with each against the
 #                                         # 4B's and the 30B as it is (bench_ratio rounds), ~7 min
+#   bash scripts/gpu_moe.sh sorts OUT     # which sort the dispatch compiles to (either form), then the 30B's fp8
+#                                         # encoder with FUSED_ROUTER and PAIR_SORT together (bench_ratio), ~5 min
 #   bash scripts/gpu_moe.sh spills OUT    # ptxas on the fp8 expert kernels (registers, spills; PTX in
 #                                         # OUT/dumps.tar.gz), then the forms timed back to back, ~5 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
@@ -359,6 +361,23 @@ case $stage in
     run ratio_fp8_routing $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 6 --iters 8 --variants fp8-moe-fused-router fp8-moe-pair-sort \
       --out "$out/ratio_fp8_routing.json"
+    ;;
+  sorts)
+    # which sort the dispatch compiles to on this GPU, either form (the lines naming a sort or CUB), then the 30B's
+    # fp8 encoder with moe.FUSED_ROUTER and moe.PAIR_SORT together against it as it is and the 4B's, ~5 min
+    run sort_hlo 120 python3 - <<'PY'
+import jax, jax.numpy as jnp
+from jaxllm import moe
+experts = jax.random.randint(jax.random.key(3), (36864, 8), 0, 128, jnp.int32)
+for pair in (False, True):
+    moe.PAIR_SORT = pair
+    jax.clear_caches()
+    text = jax.jit(lambda e: moe.dispatch(e, 128)).lower(experts).compile().as_text()
+    lines = [line.strip()[:240] for line in text.splitlines() if "sort" in line.lower() or "cub" in line.lower()]
+    print(f"PAIR_SORT={pair}: {len(lines)} lines naming a sort or CUB", *lines[:12], sep="\n  ")
+PY
+    run ratio_fp8_routing $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype fp8 --rounds 6 --iters 8 --variants fp8-moe-routing --out "$out/ratio_fp8_routing.json"
     ;;
   spills)
     # what ptxas makes of the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, its SiLU's

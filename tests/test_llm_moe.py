@@ -177,7 +177,7 @@ def test_compiled_dispatch_sorts_by_cub_radix_sort(pair_sort, monkeypatch):
     experts = jax.random.randint(jax.random.key(3), (36864, 8), 0, 128, jnp.int32)
     compiled = jax.jit(lambda e: moe.dispatch(e, 128)).lower(experts).compile()
     text = compiled.as_text()
-    assert "DeviceRadixSort" in text, "XLA kept its comparison sort"
+    assert "DeviceRadixSort" in text, [line for line in text.splitlines() if "sort" in line.lower()][:6]
     assert " sort(" not in text
     order = np.asarray(compiled(experts).order)
     np.testing.assert_array_equal(order, np.argsort(np.asarray(experts).reshape(-1), kind="stable"))
