@@ -139,17 +139,19 @@ FP8_SWIGLU = "epilogue"
 PIPELINED_DOWN = True
 
 
-# how the dispatch sorts the (token, expert) slots by expert: False, one int32 key expert * slots + slot (a sort of
-# one operand, which XLA hands to CUB's radix sort: 4 passes of 8 bits); True, 16-bit expert keys with the slots as
-# payload (a stable pair sort, which XLA hands to CUB for unsigned keys: 2 passes, 6 bytes a row each). The same
-# order. Off until measured on a GPU (bench_encoder variant `fp8-moe-pair-sort`). Read at trace time.
-PAIR_SORT = False
+# how the dispatch sorts the (token, expert) slots by expert: True, 16-bit expert keys with the slots as payload (a
+# stable pair sort, which XLA hands to CUB for unsigned keys: 2 radix passes, 6 bytes a row each); False, one int32
+# key expert * slots + slot (a sort of one operand, CUB's radix sort of 4 passes). The same order. Pair sort
+# measured ~0.5 ms faster per 30B fp8 encode on an H200 (2026-11-29, docs/BENCHMARKS.md; bench_encoder variant
+# `fp8-moe-key-sort` is the other form). Read at trace time.
+PAIR_SORT = True
 
 # whether the router's softmax, top-k and renormalisation run as one Pallas kernel on a GPU
 # (`top_k.router_top_k_pallas`: it reads the 16-bit logits once; XLA's softmax and division are two more kernels)
-# instead of XLA's softmax, `top_k_rows` and XLA's division. The same arithmetic; its exp is Triton's. Off until
-# measured on a GPU (bench_encoder variant `fp8-moe-fused-router`). Read at trace time.
-FUSED_ROUTER = False
+# instead of XLA's softmax, `top_k_rows` and XLA's division. The same arithmetic; its exp is Triton's. With
+# PAIR_SORT, ~0.5 ms faster per 30B fp8 encode on H200s (2026-11-29; bench_encoder variant `fp8-moe-xla-router` is
+# the other form). Read at trace time.
+FUSED_ROUTER = True
 
 
 def _down_config(config: TileConfig, ffn: int) -> TileConfig:

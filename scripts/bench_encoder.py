@@ -64,13 +64,13 @@ VARIANTS = {
     "bfloat16-moe-silu-exp": "as fp8-moe-silu-exp, in bf16",
     "fp8-moe-epi64": "the fp8 expert GEMMs' epilogues store 64-row pieces, as before 2026-11-29's fourteenth "
                      "session, instead of 128 (TileConfig.epi_m)",
-    "fp8-moe-fused-router": "the MoE router's softmax, top-k and renormalisation as one Pallas kernel "
-                            "(moe.FUSED_ROUTER = True) instead of XLA's softmax, the top-k kernel and XLA's division",
-    "bfloat16-moe-fused-router": "as fp8-moe-fused-router, in bf16",
-    "fp8-moe-pair-sort": "the dispatch sorts 16-bit expert keys with the slots as payload (moe.PAIR_SORT = True) "
-                         "instead of one combined int32 key",
-    "bfloat16-moe-pair-sort": "as fp8-moe-pair-sort, in bf16",
-    "fp8-moe-routing": "fp8-moe-fused-router and fp8-moe-pair-sort together",
+    "fp8-moe-xla-router": "the MoE router's softmax, top-k kernel and division as before 2026-11-29's sixteenth "
+                          "session (moe.FUSED_ROUTER = False) instead of one Pallas kernel",
+    "bfloat16-moe-xla-router": "as fp8-moe-xla-router, in bf16",
+    "fp8-moe-key-sort": "the dispatch sorts one combined int32 key as before 2026-11-29's sixteenth session "
+                        "(moe.PAIR_SORT = False) instead of 16-bit expert keys with the slots as payload",
+    "bfloat16-moe-key-sort": "as fp8-moe-key-sort, in bf16",
+    "fp8-moe-routing-before": "fp8-moe-xla-router and fp8-moe-key-sort together",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -90,8 +90,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         return residual_norm(h, delta, weight, eps, quantized, keep_value)
 
     gather = [(moe, "ROW_COPY", "gather")]
-    fused_router = [(moe, "FUSED_ROUTER", True)]
-    pair_sort = [(moe, "PAIR_SORT", True)]
+    xla_router = [(moe, "FUSED_ROUTER", False)]
+    key_sort = [(moe, "PAIR_SORT", False)]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
     silu_exp = [(grouped_gemm, "SILU", "exp")]
     patches = {
@@ -111,11 +111,11 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-silu-exp": silu_exp,
         "bfloat16-moe-silu-exp": silu_exp,
         "fp8-xla-merge": [(packed_attention, "FUSED_MERGE_QUANTIZE", False)],
-        "fp8-moe-fused-router": fused_router,
-        "bfloat16-moe-fused-router": fused_router,
-        "fp8-moe-pair-sort": pair_sort,
-        "bfloat16-moe-pair-sort": pair_sort,
-        "fp8-moe-routing": fused_router + pair_sort,
+        "fp8-moe-xla-router": xla_router,
+        "bfloat16-moe-xla-router": xla_router,
+        "fp8-moe-key-sort": key_sort,
+        "bfloat16-moe-key-sort": key_sort,
+        "fp8-moe-routing-before": xla_router + key_sort,
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

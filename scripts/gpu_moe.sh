@@ -65,14 +65,15 @@
 #                                         # kernels alone (its settings against XLA's merge + the quantisation
 #                                         # kernel), then both fp8 encoders with it and without (VARIANTS;
 #                                         # bench_ratio rounds), ~7 min
-#   bash scripts/gpu_moe.sh confirm OUT   # the fp8 encoders' ratio (bench_ratio, 4 rounds), then the 30B fp8
-#                                         # trainer cold (128 envs, skip_n 8, 3 updates), ~6 min
+#   bash scripts/gpu_moe.sh confirm OUT   # the routing's GPU tests, the fp8 encoders' ratio (bench_ratio, 4
+#                                         # rounds), then the 30B fp8 trainer cold (128 envs, skip_n 8, 3 updates),
+#                                         # ~7 min
 #   bash scripts/gpu_moe.sh routing OUT   # the router's softmax, top-k and renormalisation as one kernel
 #                                         # (moe.FUSED_ROUTER) and the dispatch's pair sort (moe.PAIR_SORT), both
-#                                         # off: their GPU tests, then the 30B's fp8 encoder with each against the
+#                                         # on: their GPU tests, then the 30B's fp8 encoder without each against the
 #                                         # 4B's and the 30B as it is (bench_ratio rounds), ~7 min
 #   bash scripts/gpu_moe.sh sorts OUT     # which sort the dispatch compiles to (either form), then the 30B's fp8
-#                                         # encoder with FUSED_ROUTER and PAIR_SORT together (bench_ratio), ~5 min
+#                                         # encoder without FUSED_ROUTER and PAIR_SORT (bench_ratio), ~5 min
 #   bash scripts/gpu_moe.sh spills OUT    # ptxas on the fp8 expert kernels (registers, spills; PTX in
 #                                         # OUT/dumps.tar.gz), then the forms timed back to back, ~5 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
@@ -345,7 +346,9 @@ case $stage in
       --variants-on both --out "$out/ratio_fp8_merge.json"
     ;;
   confirm)
-    # the code as it stands: the fp8 encoders' ratio in alternating rounds, then the 30B fp8 trainer cold
+    # the code as it stands: the routing's GPU tests (the router kernel, the dispatch's CUB sort), the fp8 encoders'
+    # ratio in alternating rounds, then the 30B fp8 trainer cold
+    run routing_test 100 python3 -m pytest -q tests/test_llm_top_k.py tests/test_llm_moe.py -k compiled
     run ratio_fp8 240 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 4 \
       --iters 8 --out "$out/ratio_fp8.json"
     run train_30b_fp8 $((585 - SECONDS)) python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 \
@@ -353,18 +356,18 @@ case $stage in
     cp /tmp/run30b-fp8/metrics.jsonl "$out/train_30b_fp8_metrics.jsonl" 2>/dev/null
     ;;
   routing)
-    # moe.FUSED_ROUTER and moe.PAIR_SORT (off until this runs): the router kernel's GPU test, the dispatch's sort
+    # moe.FUSED_ROUTER and moe.PAIR_SORT (on): the router kernel's GPU test, the dispatch's sort
     # compiled to CUB either way, the fp8 block's test,
-    # then the 30B's fp8 encoder as it is and with each, against the 4B's, alternating rounds
+    # then the 30B's fp8 encoder as it is and without each, against the 4B's, alternating rounds
     run routing_test 170 python3 -m pytest -q tests/test_llm_top_k.py tests/test_llm_grouped_gemm.py \
       tests/test_llm_moe.py -k "compiled or fp8_tiled_kernel_and_block"
     run ratio_fp8_routing $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 6 --iters 8 --variants fp8-moe-fused-router fp8-moe-pair-sort \
+      --dtype fp8 --rounds 6 --iters 8 --variants fp8-moe-xla-router fp8-moe-key-sort \
       --out "$out/ratio_fp8_routing.json"
     ;;
   sorts)
     # which sort the dispatch compiles to on this GPU, either form (the lines naming a sort or CUB), then the 30B's
-    # fp8 encoder with moe.FUSED_ROUTER and moe.PAIR_SORT together against it as it is and the 4B's, ~5 min
+    # fp8 encoder without moe.FUSED_ROUTER and moe.PAIR_SORT against it as it is and the 4B's, ~5 min
     run sort_hlo 120 python3 - <<'PY'
 import jax, jax.numpy as jnp
 from jaxllm import moe
@@ -377,7 +380,7 @@ for pair in (False, True):
     print(f"PAIR_SORT={pair}: {len(lines)} lines naming a sort or CUB", *lines[:12], sep="\n  ")
 PY
     run ratio_fp8_routing $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 6 --iters 8 --variants fp8-moe-routing --out "$out/ratio_fp8_routing.json"
+      --dtype fp8 --rounds 6 --iters 8 --variants fp8-moe-routing-before --out "$out/ratio_fp8_routing.json"
     ;;
   spills)
     # what ptxas makes of the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, its SiLU's

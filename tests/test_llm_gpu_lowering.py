@@ -63,14 +63,14 @@ def test_fp8_moe_block_lowers_for_a_hopper_gpu(monkeypatch, swiglu, down_scales,
     assert text.count("mosaic_gpu") >= 2  # gate+up and down on the tiled kernel
     # the hidden rows' requantisation: its own kernel after the epilogue, or inside the scale + SwiGLU kernel
     hidden = "quantize_rows" if swiglu == "epilogue" else "expert_swiglu_quantize"
-    for kernel in (f"{row_copy}_rows", "top_k_rows", "combine_rows", hidden):
+    for kernel in (f"{row_copy}_rows", "router_top_k", "combine_rows", hidden):
         assert kernel in text, kernel
 
 
-def test_fused_router_kernel_lowers_for_a_hopper_gpu(monkeypatch):
-    """`moe.FUSED_ROUTER`: the router's softmax, top-k and renormalisation as one Triton kernel at Qwen3-30B-A3B's
-    router shape (128 experts, 8 per token) in place of the top-k kernel."""
-    monkeypatch.setattr(moe, "FUSED_ROUTER", True)
+def test_fused_router_kernel_lowers_for_a_hopper_gpu():
+    """`moe.FUSED_ROUTER` (the default): the router's softmax, top-k and renormalisation as one Triton kernel at
+    Qwen3-30B-A3B's router shape (128 experts, 8 per token) in place of the top-k kernel."""
+    assert moe.FUSED_ROUTER
     d, e = 2048, 128
     text = lowered_for_cuda(lambda x, r: moe.route(x, r, 8, True), jax.ShapeDtypeStruct((1024, d), jnp.bfloat16),
                             jax.ShapeDtypeStruct((d, e), jnp.bfloat16))
@@ -88,7 +88,7 @@ def test_bf16_moe_block_lowers_for_a_hopper_gpu(monkeypatch, row_copy):
     text = lowered_for_cuda(lambda x, p: moe.moe_block(x, p, 8, True, impl="tiled", layer=jnp.int32(1)),
                             jax.ShapeDtypeStruct((1024, d), jnp.bfloat16), params)
     assert text.count("mosaic_gpu") >= 2
-    for kernel in (f"{row_copy}_rows", "top_k_rows", "combine_rows"):
+    for kernel in (f"{row_copy}_rows", "router_top_k", "combine_rows"):
         assert kernel in text, kernel
 
 

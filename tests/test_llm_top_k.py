@@ -73,6 +73,7 @@ def test_tiny_moe_routes_through_the_kernel_unchanged(monkeypatch):
     lengths = jnp.asarray([16, 9, 3], jnp.int32)
     run = lambda: np.asarray(jax.jit(  # noqa: E731  (a fresh function: the top-k is chosen at trace time)
         lambda p, i, n: encode_packed(p, model.config, i, n, capacity=32))(model.params, ids, lengths))
+    monkeypatch.setattr(moe, "FUSED_ROUTER", False)
     want = run()
     calls = []
     monkeypatch.setattr(moe, "top_k_rows",
@@ -122,8 +123,8 @@ def test_compiled_router_kernel_matches_xla_at_the_30b_router_shape():
 
 
 def test_moe_block_routes_through_the_fused_router_kernel(monkeypatch):
-    """`moe.FUSED_ROUTER` on (the kernel interpreted, as if on a GPU): tiny-moe's packed encode equals the XLA
-    route's bit for bit; the router called the kernel on its [tokens, experts] logits."""
+    """`moe.FUSED_ROUTER` (the default; the kernel interpreted, as if on a GPU): tiny-moe's packed encode equals
+    the XLA route's bit for bit; the router called the kernel on its [tokens, experts] logits."""
     from jaxllm import encode_packed, load_model, moe, top_k
 
     model = load_model("tiny-moe", dtype="float32")
