@@ -68,6 +68,8 @@
 #   bash scripts/gpu_moe.sh confirm OUT   # the routing's GPU tests, the fp8 encoders' ratio (bench_ratio, 4
 #                                         # rounds), then the 30B fp8 trainer cold (128 envs, skip_n 8, 3 updates),
 #                                         # ~7 min
+#   bash scripts/gpu_moe.sh confirm16 OUT # as confirm in bf16: the encoders' ratio (3 rounds), the 30B bf16 trainer
+#                                         # cold (3 updates), ~7 min
 #   bash scripts/gpu_moe.sh routing OUT   # the router's softmax, top-k and renormalisation as one kernel
 #                                         # (moe.FUSED_ROUTER) and the dispatch's pair sort (moe.PAIR_SORT), both
 #                                         # on: their GPU tests, then the 30B's fp8 encoder without each against the
@@ -354,6 +356,14 @@ case $stage in
     run train_30b_fp8 $((585 - SECONDS)) python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 \
       --skip-n 8 --num-envs 128 --max-updates 3 --compile-cache off --run-dir /tmp/run30b-fp8
     cp /tmp/run30b-fp8/metrics.jsonl "$out/train_30b_fp8_metrics.jsonl" 2>/dev/null
+    ;;
+  confirm16)
+    # the code as it stands in bf16: the encoders' ratio in alternating rounds, then the 30B bf16 trainer cold
+    run ratio_bf16 280 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype bfloat16 \
+      --rounds 3 --iters 6 --out "$out/ratio_bf16.json"
+    run train_30b_bf16 $((585 - SECONDS)) python3 -m rl.train --encoder inscan --model qwen3-30b-a3b \
+      --skip-n 8 --num-envs 128 --max-updates 3 --compile-cache off --run-dir /tmp/run30b-bf16
+    cp /tmp/run30b-bf16/metrics.jsonl "$out/train_30b_bf16_metrics.jsonl" 2>/dev/null
     ;;
   routing)
     # moe.FUSED_ROUTER and moe.PAIR_SORT (on): the router kernel's GPU test, the dispatch's sort
