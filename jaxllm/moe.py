@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .devices import on_gpu as _on_gpu  # moe._on_gpu: a name tests can replace
 from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows, quantize_rows_one_pass
 from .grouped_gemm import TileConfig, pipelined, tile_plan, tiled_grouped_matmul
 from .moe_rows import ExpertOutputs, ExpertRowScales, layout_rows
@@ -66,11 +67,6 @@ def _hopper() -> bool:
         return int(str(device.compute_capability).split(".")[0]) == 9
     except (AttributeError, ValueError):
         return False
-
-
-def _on_gpu() -> bool:
-    """Whether the default device is a GPU (any: the Triton kernels' condition; `_hopper` is the tiled GEMM's)."""
-    return jax.devices()[0].platform == "gpu"
 
 
 def default_grouped_matmul_impl() -> str:

@@ -43,6 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from . import devices
 from .fp8_format import E4M3
 from .fp8_kernels import column_slices, residual_norm_quantize_block, row_blocks
 
@@ -208,7 +209,7 @@ def gather_rows(values: jax.Array, source: jax.Array, impl: str | None = None) -
     """values [N, W] -> [len(source), W]: row source[i] of values, zeros where source[i] >= N. impl: one of
     `GATHER_IMPLS`, None = "pallas" on a GPU (falling back to "words" for rows that are not whole words), "words"
     elsewhere; "elements" is XLA's gather as is."""
-    on_gpu = jax.devices()[0].platform == "gpu"
+    on_gpu = devices.on_gpu()
     impl = impl or ("pallas" if on_gpu else "words")
     if impl not in GATHER_IMPLS:
         raise ValueError(f"gather impl must be one of {GATHER_IMPLS}, got {impl!r}")
@@ -227,7 +228,7 @@ def layout_rows(values: jax.Array, source: jax.Array, slot_row: jax.Array, impl:
     source[r] >= N; slot_row int32 [N, k] names the row of each (token, expert) copy (each row named at most
     once). impl: "scatter" (the default: `scatter_rows_pallas` on a GPU, for rows of whole 4-byte words, each token
     row read once; the gather elsewhere) or "gather" (`gather_rows`). Same bits either way."""
-    on_gpu = jax.devices()[0].platform == "gpu"
+    on_gpu = devices.on_gpu()
     impl = impl or "scatter"
     if impl not in ROW_COPY_IMPLS:
         raise ValueError(f"row copy impl must be one of {ROW_COPY_IMPLS}, got {impl!r}")
@@ -320,10 +321,11 @@ def combine_rows(rows: jax.Array, slot_row: jax.Array, weights: jax.Array, scale
                  dtype: Any, impl: str | None = None) -> jax.Array:
     """`combine_rows_reference`'s result. impl: "pallas" (`combine_rows_pallas`, the GPU's default) or "xla"
     (the default elsewhere)."""
-    impl = impl or ("pallas" if jax.devices()[0].platform == "gpu" else "xla")
+    on_gpu = devices.on_gpu()
+    impl = impl or ("pallas" if on_gpu else "xla")
     if impl not in ("pallas", "xla"):
         raise ValueError(f"combine impl must be 'pallas' or 'xla', got {impl!r}")
-    if impl == "pallas" and jax.devices()[0].platform == "gpu":
+    if impl == "pallas" and on_gpu:
         # 2 tokens x 8 warps: the best or equal of scripts/bench_moe.py --movement on an H200 (2026-11-28)
         return combine_rows_pallas(rows, slot_row, weights, scales, dtype, rows_per_program=2, num_warps=8)
     return combine_rows_reference(rows, slot_row, weights, scales, dtype)

@@ -18,6 +18,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from . import devices
 from .fp8_kernels import row_blocks
 
 TOP_K_IMPLS = ("pallas", "xla")
@@ -107,7 +108,7 @@ def top_k_rows(values: jax.Array, k: int, impl: str | None = None) -> tuple[jax.
     """`lax.top_k(values, k)` of float32 values [N, E] (the MoE router's probabilities). impl: "pallas"
     (`top_k_pallas`, the GPU's default; off a GPU, or for values that are not float32 [N, E], `lax.top_k` runs
     instead) or "xla" (`lax.top_k`, the default elsewhere)."""
-    on_gpu = jax.devices()[0].platform == "gpu"
+    on_gpu = devices.on_gpu()
     impl = impl or ("pallas" if on_gpu else "xla")
     if impl not in TOP_K_IMPLS:
         raise ValueError(f"top-k impl must be one of {TOP_K_IMPLS}, got {impl!r}")
