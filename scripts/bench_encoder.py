@@ -45,7 +45,8 @@ VARIANTS = {
     "fp8-xla-swiglu": "the MLP's SwiGLU quantisation left to XLA instead of the Pallas kernel",
     "fp8-xla-norms": "the residual add + RMSNorm + quantisation and the q/k norm + RoPE left to XLA",
     "fp8-moe-xla-norms": "an MoE model's two residual steps around each sparse block left to XLA",
-    "fp8-moe-xla-topk": "the MoE router's top-k as XLA's lax.top_k instead of the Pallas kernel",
+    "fp8-moe-xla-topk": "the MoE router's softmax, lax.top_k and division in XLA instead of the fused router kernel "
+                        "(moe.FUSED_ROUTER = False, and XLA's top-k instead of the top-k kernel)",
     "fp8-moe-fused-combine": "the MoE block's combine inside the residual kernel after it "
                              "(layer_ops.FUSED_MOE_COMBINE) instead of its own kernel",
     "fp8-moe-swiglu-kernel": "the fp8 experts' gate+up scales and SwiGLU in their own kernel after the grouped GEMM "
@@ -98,7 +99,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-xla-swiglu": [(fp8, "swiglu_quantize", fp8.swiglu_quantize_reference)],
         "fp8-xla-norms": [(layer_ops, "_one_pass_kernels", lambda y: False)],
         "fp8-moe-xla-norms": [(model_module, "residual_norm", moe_residual_steps_in_xla)],
-        "fp8-moe-xla-topk": [(moe, "top_k_rows", lambda v, k: top_k_rows(v, k, "xla"))],
+        "fp8-moe-xla-topk": xla_router + [(moe, "top_k_rows", lambda v, k: top_k_rows(v, k, "xla"))],
         "fp8-moe-fused-combine": [(layer_ops, "FUSED_MOE_COMBINE", True)],
         "fp8-moe-swiglu-kernel": [(moe, "FP8_SWIGLU", "kernel")],
         "fp8-moe-down-scales-combine": [(moe, "FP8_DOWN_SCALES", "combine")],
