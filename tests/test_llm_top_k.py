@@ -73,7 +73,7 @@ def test_tiny_moe_routes_through_the_kernel_unchanged(monkeypatch):
     lengths = jnp.asarray([16, 9, 3], jnp.int32)
     run = lambda: np.asarray(jax.jit(  # noqa: E731  (a fresh function: the top-k is chosen at trace time)
         lambda p, i, n: encode_packed(p, model.config, i, n, capacity=32))(model.params, ids, lengths))
-    monkeypatch.setattr(moe, "FUSED_ROUTER", False)
+    monkeypatch.setattr(moe, "FUSED_ROUTER", False)  # the route through top_k_rows (a GPU's default fuses it)
     want = run()
     calls = []
     monkeypatch.setattr(moe, "top_k_rows",
@@ -133,6 +133,7 @@ def test_moe_block_routes_through_the_fused_router_kernel(monkeypatch):
     lengths = jnp.asarray([16, 9, 3], jnp.int32)
     run = lambda: np.asarray(jax.jit(  # noqa: E731  (a fresh function: the route is chosen at trace time)
         lambda p, i, n: encode_packed(p, model.config, i, n, capacity=32))(model.params, ids, lengths))
+    monkeypatch.setattr(moe, "FUSED_ROUTER", False)  # the XLA route, wherever this runs
     want = run()
     calls = []
     kernel = top_k.router_top_k_pallas
