@@ -301,8 +301,9 @@ def test_kernel_times_sums_a_line_its_idle_time_and_the_kernels_past_the_top():
 
 
 def test_every_bench_encoder_variant_changes_a_setting():
-    """Each --dtypes variant bench_encoder offers patches at least one module attribute that exists (a renamed
-    setting would leave a variant timing the defaults under another name)."""
+    """Each --dtypes variant bench_encoder offers patches at least one module attribute that exists, to a value other
+    than its default (a renamed setting, or a default flipped to the variant's value, would leave a variant timing
+    the defaults under another name)."""
     import bench_encoder
 
     for name in bench_encoder.VARIANTS:
@@ -310,6 +311,8 @@ def test_every_bench_encoder_variant_changes_a_setting():
         assert patches, name
         for module, attribute, _ in patches:
             assert hasattr(module, attribute), (name, attribute)
+        assert any(getattr(module, attribute) is not value and getattr(module, attribute) != value
+                   for module, attribute, value in patches), f"{name} sets only what the defaults already are"
     assert bench_encoder.variant_patches("fp8") == []
     with pytest.raises(ValueError, match="not in variant_patches' table"):
         bench_encoder.variant_patches("fp8-no-such-variant")
