@@ -172,7 +172,7 @@ def _head_norm_rope_kernel(y_ref, row_scale_ref, col_scale_ref, weight_ref, cos_
 
 
 def row_blocks(per_row: list[jax.Array], rows: int) -> tuple[int, int, list[jax.Array]]:
-    """Blocks of `rows` token rows over arrays [N, ...] or [N] (made [N, 1]): (rows, padded N, the arrays padded
+    """Blocks of `rows` token rows over arrays [N, W] or [N] (made [N, 1]): (rows, padded N, the arrays padded
     to whole blocks). `rows` shrinks to the smallest power of two that holds N; padding rows are cut off after."""
     n = per_row[0].shape[0]
     rows = min(rows, pl.next_power_of_2(n))
@@ -268,6 +268,12 @@ def expert_swiglu_quantize_pallas(gate_up: jax.Array, row_scale: jax.Array, tile
     return q, scale[:, 0]
 
 
+def merge_quantize_fits(heads: int, head_dim: int) -> bool:
+    """Whether `merge_quantize_pallas` takes attention halves of `heads` heads of `head_dim` (its blocks need
+    powers of two)."""
+    return not (heads & (heads - 1) or head_dim & (head_dim - 1))
+
+
 @functools.partial(jax.jit, static_argnames=("interpret", "num_warps", "heads_per"))
 def merge_quantize_pallas(prefix_half: jax.Array, rest_half: jax.Array, prefix_weight: jax.Array,
                           rest_weight: jax.Array, interpret: bool = False, num_warps: int = 4,
@@ -285,7 +291,7 @@ def merge_quantize_pallas(prefix_half: jax.Array, rest_half: jax.Array, prefix_w
     (docs/BENCHMARKS.md)."""
     n, heads, head_dim = prefix_half.shape
     heads_per = min(heads_per, heads)
-    if any(v & (v - 1) for v in (heads, head_dim, heads_per)) or rest_half.shape != prefix_half.shape:
+    if not merge_quantize_fits(heads, head_dim) or heads_per & (heads_per - 1) or rest_half.shape != prefix_half.shape:
         raise ValueError(f"merge_quantize_pallas: halves {prefix_half.shape} and {rest_half.shape} must match, "
                          f"with a power-of-two number of heads and head_dim; heads_per {heads_per} a power of two")
     # [N * H, head_dim]: a token's heads are H consecutive rows, its weights H consecutive [1]-rows

@@ -161,12 +161,11 @@ def packed_attention_quantized(q: jax.Array, k: jax.Array, v: jax.Array, prefix_
     """`packed_attention`'s output as o_proj's fp8 input: rows [1, C, Hq * hd] quantised (`fp8.quantize` in one
     pass). With cuDNN, a prefix, FP8 tensor cores and `FUSED_MERGE_QUANTIZE`, the two halves merge inside the
     quantisation kernel (whose blocks need a power-of-two head count and head_dim; other shapes take XLA's merge)."""
-    _, c, hq, hd = q.shape
-    powers_of_two = not (hq & (hq - 1) or hd & (hd - 1))
-    if (implementation == "cudnn" and prefix_k is not None and FUSED_MERGE_QUANTIZE and powers_of_two
-            and native_fp8_available()):
-        from .fp8_kernels import merge_quantize_pallas
+    from .fp8_kernels import merge_quantize_fits, merge_quantize_pallas
 
+    _, c, hq, hd = q.shape
+    if (implementation == "cudnn" and prefix_k is not None and FUSED_MERGE_QUANTIZE and merge_quantize_fits(hq, hd)
+            and native_fp8_available()):
         out_p, out_r, w_p, w_r = _cudnn_halves(q, k, v, prefix_k, prefix_v, segments)
         values, scale = merge_quantize_pallas(out_p[0], out_r[0], w_p[0], w_r[0])
         return QuantizedRows(values.reshape(1, c, hq * hd), scale.reshape(1, c), q.dtype)
