@@ -259,7 +259,7 @@ def dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
         sorted_experts = keys.astype(jnp.int32)
     elif num_experts * flat.shape[0] < 2**31:
         # one int32 key expert * M + slot: unique keys make any sort stable, and a sort of one operand is a radix
-        # sort on a GPU (XLA hands it to CUB) where a (key, payload) pair sort is XLA's own comparison sort
+        # sort on a GPU (XLA hands it to CUB) where a pair sort with signed keys is XLA's own comparison sort
         keys = lax.sort(flat * flat.shape[0] + slots)
         sorted_experts, order = keys // flat.shape[0], keys % flat.shape[0]
     else:
