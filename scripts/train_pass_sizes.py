@@ -1,0 +1,48 @@
+"""`python -m rl.train` with the packed encoder's pass sizes fixed: what each compiled pass size costs a cold start.
+
+    python scripts/train_pass_sizes.py 4608,36864 --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 ...
+    python scripts/train_pass_sizes.py halvings ...     # jaxllm.pass_capacities(fine=False)
+    python scripts/train_pass_sizes.py fine ...         # the default sizes, for the same call
+
+Every program this process traces (the update, the first states' LLM call) compiles the sizes given, each at most the
+pass's capacity, plus the capacity itself (a size above the capacity is dropped).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jaxllm.encoder  # noqa: E402
+
+
+def fixed_sizes(spec: str):
+    """A replacement for `jaxllm.encoder.pass_capacities` that returns the sizes `spec` names."""
+    default = jaxllm.encoder.pass_capacities
+    if spec == "fine":
+        return default
+    if spec == "halvings":
+        return functools.partial(default, fine=False)
+    sizes = [int(s) for s in spec.split(",")]
+
+    def pass_capacities(capacity: int, max_len: int, levels: int = 4, *, fine: bool = True) -> tuple[int, ...]:
+        return tuple(sorted({s for s in sizes if max_len <= s <= capacity} | {int(capacity)}))
+
+    return pass_capacities
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    jaxllm.encoder.pass_capacities = fixed_sizes(argv[0])
+    from rl.train import main as train_main
+
+    print(f"pass sizes: {argv[0]}", flush=True)
+    return train_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
