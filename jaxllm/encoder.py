@@ -6,6 +6,7 @@ so they jit, vmap and run inside `lax.scan` with no host callback.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Literal
 
 import flax.struct
@@ -183,27 +184,42 @@ def default_capacity(batch: int, max_len: int) -> int:
     return _round_up(max(max_len, min(padded, DEFAULT_CAPACITY)), 128)
 
 
-FINE_PASS_MIN = 2048  # tokens: the smallest halving that `pass_capacities` follows with a 1.5x size
+def pass_capacities(capacity: int, max_len: int) -> tuple[int, ...]:
+    """The static pass sizes of a packed encode, ascending: `capacity`, a quarter and an eighth of it (rounded up to
+    64 tokens, at least one longest prompt), each smaller size kept only when at most half the next one kept.
 
-
-def pass_capacities(capacity: int, max_len: int, levels: int = 4, *, fine: bool = True) -> tuple[int, ...]:
-    """The static pass sizes of a packed encode, ascending. Full passes use the largest; the last pass the smallest
-    that holds what is left.
-
-    The sizes are `capacity` and up to levels-1 halvings of it that still hold one longest prompt; with `fine`
-    (the default) also 1.5x each halving below capacity / 2 of at least FINE_PASS_MIN tokens, so that there
-    consecutive sizes differ by at most 1.5x and a last pass computes at most a third of its row as padding
-    (halvings alone: half). Smaller passes cost little either way, and each size is one more compiled forward
-    pass (a `lax.switch` branch), so small capacities (CPU runs, tests) keep the halvings. At
-    capacity 32,768 that is 4,096, 6,144, 8,192, 12,288, 16,384 and 32,768: a trainer window of 136 Craftax
-    prompts (~36,800 real tokens) then computes 1.9% fewer tokens on average than with halvings only
-    (docs/BENCHMARKS.md). At DEFAULT_CAPACITY (36,864): 4,608, 6,912, 9,216, 13,824, 18,432 and 36,864.
+    Each size is one more compiled forward pass (a `lax.switch` branch) in every program that encodes, and a cold
+    compile pays for each: the 30B fp8 trainer's update compiled in 97 s with the six sizes used before (halvings and
+    1.5x steps between them), 94 s with four, 77 s with two and 74 s with one (an H200, docs/BENCHMARKS.md).
+    `encode_packed` runs full passes while over capacity / 1.5 tokens are left, and below that the smaller sizes
+    (`pass_size_index`). At DEFAULT_CAPACITY that is 4,608, 9,216 and 36,864: a trainer window at 128 envs (136
+    prompts, 35-39K tokens) runs the same passes as with the six sizes, and of 20 planned windows of 128-300
+    Craftax prompts (docs/BENCHMARKS.md) 17 compute the same tokens, one 5% more and two 19% fewer.
     """
-    halvings = [int(capacity)]
-    while len(halvings) < levels and halvings[-1] // 2 >= max_len:
-        halvings.append(_round_up(halvings[-1] // 2, 64) if halvings[-1] // 2 >= 64 else halvings[-1] // 2)
-    between = [_round_up(3 * h // 2, 64) for h in halvings[2:] if h >= FINE_PASS_MIN] if fine else []
-    return tuple(sorted(set(halvings + between)))
+    capacity = int(capacity)
+
+    def part(d):
+        return max(_round_up(-(-capacity // d), 64) if capacity >= 64 * d else -(-capacity // d), int(max_len))
+
+    sizes = [capacity]
+    for size in (part(4), part(8)):
+        if 2 * size <= sizes[0]:
+            sizes.insert(0, size)
+    return tuple(sizes)
+
+
+def pass_size_index(sizes, left):
+    """Which of the ascending pass `sizes` a packed pass takes when `left` real tokens remain (a traced or concrete
+    int): the smallest size that holds them when it pads at most a third of its row, is the smallest size, or is at
+    most twice the size below it (two passes of that would compute as much); else the largest size below them,
+    filled, the rest left for more passes. So with sizes (4,608, 9,216, 36,864) a rest of 15,000 tokens runs two
+    passes of 9,216 rather than one of 36,864."""
+    sizes = jnp.asarray(sizes)
+    last = sizes.shape[0] - 1
+    up = jnp.minimum(jnp.searchsorted(sizes, left), last)  # the smallest size >= left (the largest when none is)
+    down = jnp.maximum(jnp.searchsorted(sizes, left, side="right") - 1, 0)  # the largest size <= left
+    take_up = (up == 0) | (2 * sizes[up] <= 3 * left) | (sizes[up] <= 2 * sizes[down])
+    return jnp.where(take_up, up, down)
 
 
 def packed_plan(batch: int, max_len: int, capacity: int | None, dtype) -> tuple:
@@ -285,24 +301,31 @@ def _pack(ids: jax.Array, lengths: jax.Array, taken: jax.Array, start: jax.Array
 
 def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: jax.Array, *, layer: int = -1,
                   pooling: Pooling = "last", prefix: PrefixCache | None = None, capacity: int | None = None,
-                  attention_impl: str | None = None) -> jax.Array:
+                  attention_impl: str | None = None, pass_sizes: Sequence[int] | None = None) -> jax.Array:
     """`encode` that computes only real tokens: same inputs, same vectors (up to float rounding).
 
     The prompts' real tokens are laid end to end in a row of token slots (no per-prompt padding); each slot's
     position restarts at the prefix length for every prompt, and attention keeps each prompt to its own tokens
     plus the cached prefix (`packed_attention`). A pass takes the remaining prompts greedily in index order while
     they fit its row (and cuDNN's segment grid, `segment_grid`); passes repeat until every prompt is done
-    (`lax.while_loop`). `capacity` is the largest row (tokens per pass; None: `default_capacity`); while more
-    tokens remain than it holds, passes use it, and the last pass uses the smallest of `pass_capacities` that holds
-    the rest (`lax.switch`), so the padding computed is at most about a third of that last row (half above
-    capacity / 2 and below FINE_PASS_MIN tokens). Any capacity >= ids.shape[1] gives the same vectors. Rows of
-    length 0 give `encode`'s fallback vector. `layer` a tuple: [B, K, D], every index from one pass.
+    (`lax.while_loop`). `capacity` is the largest row (tokens per pass; None: `default_capacity`); each pass's row
+    is one of the static `pass_sizes` (None: `pass_capacities(capacity, ids.shape[1])`; given, each at least
+    ids.shape[1] and the largest the capacity), chosen by what is left (`pass_size_index`, a `lax.switch`). Any
+    capacity and sizes >= ids.shape[1] give the same vectors. Rows of length 0 give `encode`'s fallback vector.
+    `layer` a tuple: [B, K, D], every index from one pass.
     """
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     if ids.ndim != 2:
         raise ValueError(f"ids must be int [B, T] (right-padded token ids), got shape {ids.shape}")
     batch, t = ids.shape
+    if pass_sizes is not None:
+        sizes = tuple(sorted({int(s) for s in pass_sizes}))
+        if not sizes or sizes[0] < t or (capacity is not None and sizes[-1] != int(capacity)):
+            raise ValueError(f"pass_sizes {tuple(pass_sizes)} must each hold one prompt of max_len {t} "
+                             f"(ids.shape[1]), the largest equal to capacity ({capacity}); e.g. "
+                             f"pass_sizes=({t}, {max(t, int(capacity or 0))})")
+        capacity = sizes[-1]
     capacity = default_capacity(batch, t) if capacity is None else int(capacity)
     if capacity < t:
         raise ValueError(f"capacity {capacity} tokens cannot hold one prompt of max_len {t} (ids.shape[1]); "
@@ -322,7 +345,7 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
 
     fallback = jnp.stack([fallback_of(k) for k in idx]) if multi else fallback_of(k_idx)
     vectors = jnp.broadcast_to(fallback, (batch,) + fallback.shape)
-    sizes = pass_capacities(capacity, t)
+    sizes = pass_capacities(capacity, t) if pass_sizes is None else sizes
     impl = (attention_impl or default_packed_attention_impl(params["embed_tokens"].dtype)).removesuffix("_split")
 
     def pass_of(size, vectors, remaining):
@@ -353,8 +376,7 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
         return jnp.where(keep, vec, vectors), remaining & ~taken
 
     def one_pass(state):
-        left = jnp.sum(jnp.where(state[1], lengths, 0))
-        which = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes), left), len(sizes) - 1)
+        which = pass_size_index(sizes, jnp.sum(jnp.where(state[1], lengths, 0)))
         return lax.switch(which, [functools.partial(pass_of, size) for size in sizes], *state)
 
     vectors, _ = lax.while_loop(lambda state: jnp.any(state[1]), one_pass, (vectors, lengths > 0))

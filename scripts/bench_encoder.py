@@ -160,9 +160,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--packed-attention", default=None, choices=["xla", "cudnn"],
                    help="--ragged: packed attention implementation (default: jaxllm's choice for the device)")
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
-                   choices=["rect", "bucketed", "packed", "packed-halvings", "packed-one-pass"],
-                   help="--ragged: encode paths to time (packed-halvings: packed with the last pass sized by "
-                        "halvings of the capacity only, jaxllm.pass_capacities(fine=False); packed-one-pass: packed "
+                   choices=["rect", "bucketed", "packed", "packed-six", "packed-one-pass"],
+                   help="--ragged: encode paths to time (packed-six: packed with the six pass sizes used before "
+                        "2026-11-29, six_pass_sizes, against the default two; packed-one-pass: packed "
                         "at the smallest multiple of 1,024 tokens that holds every real token, so one pass where the "
                         "packing allows: the same tokens in fewer launches)")
     p.add_argument("--capacity", type=int, default=0,
@@ -360,7 +360,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"--capacity {capacity} cannot hold the longest prompt ({t} tokens); use at least {t}")
     real = int(lengths.sum())
     one_pass = max(_round_to(real, 1024), t)  # packed-one-pass's capacity
-    capacities = {"packed": capacity, "packed-halvings": capacity, "packed-one-pass": one_pass}
+    capacities = {"packed": capacity, "packed-six": capacity, "packed-one-pass": one_pass}
     log(f"{args.env}: B={args.batch}, prefix {len(prefix_ids)} tokens, max_len {t}, real tokens {real} "
           f"(mean {lengths.mean():.0f}, max {lengths.max()}), packed capacity {capacity}")
     base_dtype = jnp.float32 if args.smoke else jnp.bfloat16
@@ -387,17 +387,18 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                 "bucketed": jit(lambda p, c, i, n: encode_bucketed(p, config, i, n, prefix=c, chunk=64),
                                 compiler_options=opts),
                 "packed": packed_at(capacities["packed"]),
-                "packed-halvings": jit(lambda p, c, i, n: _packed_by_halvings(p, config, i, n, c,
-                                                                              capacities["packed-halvings"],
-                                                                              args.packed_attention),
-                                       compiler_options=opts),
+                "packed-six": jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c,
+                                                                   pass_sizes=six_pass_sizes(capacity, t),
+                                                                   attention_impl=args.packed_attention),
+                                  compiler_options=opts),
                 "packed-one-pass": packed_at(capacities["packed-one-pass"]),
             }
             for method in args.methods:
                 row = {"dtype": dtype, "method": method, "batch": args.batch, "real_tokens": real,
                        "computed_tokens": args.batch * t if method == "rect" else None}
                 if method.startswith("packed"):
-                    row["passes"] = packed_passes(lengths, capacities[method], t, fine=method != "packed-halvings")
+                    row["passes"] = packed_passes(lengths, capacities[method], t,
+                                                  sizes=six_pass_sizes(capacity, t) if method == "packed-six" else None)
                     row["computed_tokens"] = sum(row["passes"])
                 log(f"{dtype} {method}: compiling and timing")
                 try:
@@ -449,37 +450,34 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     return {"gemms": gemms, "capacity": capacity, "prefix": len(prefix_ids), "max_len": t, "rows": rows}
 
 
-def packed_passes(lengths, capacity: int, max_len: int, *, fine: bool = True) -> list[int]:
+def packed_passes(lengths, capacity: int, max_len: int, *, sizes=None) -> list[int]:
     """The pass sizes `encode_packed` runs for these prompt lengths, planned as on a GPU (cuDNN's segment grid) by
-    the encoder's own planning code (`fine`: `jaxllm.pass_capacities`'s 1.5x sizes, else halvings only)."""
+    the encoder's own planning code (`sizes`: its `pass_sizes`; None: `jaxllm.pass_capacities`)."""
     import numpy as np
 
-    from jaxllm.encoder import _plan_pass, pass_capacities, segment_grid
+    from jaxllm.encoder import _plan_pass, pass_capacities, pass_size_index, segment_grid
 
     lengths = np.asarray(lengths, np.int32)
-    sizes = pass_capacities(capacity, max_len, fine=fine)
+    sizes = pass_capacities(capacity, max_len) if sizes is None else tuple(sorted(sizes))
     remaining, passes = lengths > 0, []
     while remaining.any():
-        size = sizes[min(int(np.searchsorted(sizes, lengths[remaining].sum())), len(sizes) - 1)]
+        size = sizes[int(pass_size_index(sizes, int(lengths[remaining].sum())))]
         taken, _, _ = _plan_pass(lengths, remaining, size, segment_grid(size, max_len, len(lengths)))
         remaining, passes = remaining & ~np.asarray(taken), passes + [size]
     return passes
 
 
-def _packed_by_halvings(params, config: Qwen3Config, ids, lengths, prefix, capacity: int, attention_impl):
-    """`encode_packed` with its last pass sized by halvings of the capacity only (the sizes before the 1.5x steps):
-    `jaxllm.encoder.pass_capacities` is swapped while this traces."""
-    import functools
-
-    import jaxllm.encoder as encoder
-
-    fine = encoder.pass_capacities
-    encoder.pass_capacities = functools.partial(fine, fine=False)
-    try:
-        return encoder.encode_packed(params, config, ids, lengths, prefix=prefix, capacity=capacity,
-                                     attention_impl=attention_impl)
-    finally:
-        encoder.pass_capacities = fine
+def six_pass_sizes(capacity: int, max_len: int) -> tuple[int, ...]:
+    """The packed pass sizes before 2026-11-29 (for comparisons): `capacity`, up to three halvings of it that hold
+    one longest prompt, and 1.5x each halving below capacity / 2 of at least 2,048 tokens (at 36,864: 4,608,
+    6,912, 9,216, 13,824, 18,432 and 36,864). With steps of at most 2x, `jaxllm.encoder.pass_size_index` takes the
+    smallest that holds the rest, as the encoder did then."""
+    halvings = [int(capacity)]
+    while len(halvings) < 4 and halvings[-1] // 2 >= max_len:
+        half = halvings[-1] // 2
+        halvings.append(_round_to(half, 64) if half >= 64 else half)
+    between = [_round_to(3 * h // 2, 64) for h in halvings[2:] if h >= 2048]
+    return tuple(sorted(set(halvings + between)))
 
 
 def _round_to(n: int, multiple: int) -> int:

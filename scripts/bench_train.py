@@ -224,9 +224,9 @@ def main(argv=None) -> int:
     p.add_argument("--xla-defaults", action="store_true",
                    help="compile the rows with XLA's default options (Triton GEMMs on) instead of the project's "
                         "(jaxllm.compile); run it beside the same rows without it to compare")
-    p.add_argument("--halving-passes", action="store_true",
-                   help="size a packed encode's last pass by halvings of the capacity only (the sizes before the "
-                        "1.5x steps, jaxllm.pass_capacities(fine=False)); run it beside the same rows without it")
+    p.add_argument("--six-pass-sizes", action="store_true",
+                   help="compile a packed encode's six pass sizes used before 2026-11-29 (bench_encoder."
+                        "six_pass_sizes) instead of the default two; run it beside the same rows without it")
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
                    help="also trace one update without LLM windows per row into DIR and print its GPU time against "
                         "its wall time (scripts/kernel_times.py)")
@@ -258,13 +258,12 @@ def main(argv=None) -> int:
         # this process only: XLA's defaults (the encoder kind picks the trainer's options)
         rl.encoder_kinds.compiler_options = lambda *a, **k: {}
         jobs = [(f"{name} [XLA defaults]", overrides) for name, overrides in jobs]
-    if args.halving_passes:  # this process only: the last pass sized by halvings (looked up when traced)
-        import functools
-
+    if args.six_pass_sizes:  # this process only: the six pass sizes of before (looked up when traced)
         import jaxllm.encoder
+        from scripts.bench_encoder import six_pass_sizes
 
-        jaxllm.encoder.pass_capacities = functools.partial(jaxllm.encoder.pass_capacities, fine=False)
-        jobs = [(f"{name} [halving passes]", overrides) for name, overrides in jobs]
+        jaxllm.encoder.pass_capacities = six_pass_sizes
+        jobs = [(f"{name} [six pass sizes]", overrides) for name, overrides in jobs]
     rows = []
     if args.sync_dir:  # compile everything first, then time in turn
         try:

@@ -8,11 +8,10 @@
 #   bash scripts/gpu_fast_llm.sh mlp OUT       # the fp8 MLP's pieces (bench_fp8_mlp.py), then the encoder stage
 #   bash scripts/gpu_fast_llm.sh fidelity OUT  # HLO report, fp8 fidelity at the 4B shape, then the restart stage
 #   bash scripts/gpu_fast_llm.sh table OUT     # bench_train --table: the table in one call
-#   bash scripts/gpu_fast_llm.sh passes OUT    # in-scan k8 packed/fp8 with the 1.5x last-pass sizes, with halvings
-#                                              # only, and with the 1.5x sizes again: compiled in parallel, timed in turn
-#   bash scripts/gpu_fast_llm.sh passes-encoder OUT  # the encoder alone, fp8, both pass sizings at 128 and 132 prompts
-#                                              # (same passes / a 6,144- vs 8,192-token last pass), profiled; then
-#                                              # 128 prompts with XLA's command buffers off
+#   bash scripts/gpu_fast_llm.sh passes OUT    # in-scan k8 packed/fp8 with the two pass sizes, with the six of
+#                                              # before, and with two again: compiled in parallel, timed in turn
+#   bash scripts/gpu_fast_llm.sh passes-encoder OUT  # the encoder alone, fp8, both pass sizings at 128 and 132 prompts,
+#                                              # profiled; then 128 prompts with XLA's command buffers off
 #   bash scripts/gpu_fast_llm.sh update-flags OUT  # in-scan k8 packed/fp8 with XLA's default command buffers, with
 #                                              # while loops and conditionals in them too, and with none; each row
 #                                              # also traces an update without LLM windows (GPU vs wall time)
@@ -83,8 +82,8 @@ case $stage in
     step fidelity 200 python3 scripts/fp8_fidelity.py --model qwen3-4b --out "$out/fidelity.json"
     bash "$0" restart "$out"
     ;;
-  passes)  # the 1.5x sizes, halvings only, the 1.5x sizes again
-    k8_fp8_variants passes "" --halving-passes ""
+  passes)  # the two sizes, the six of before, the two again
+    k8_fp8_variants passes "" --six-pass-sizes ""
     ;;
   update-flags)
     k8_fp8_variants flags "" "" "" "" \
@@ -93,11 +92,11 @@ case $stage in
     ;;
   passes-encoder)
     for b in 128 132; do
-      step "encoder_$b" 200 python3 scripts/bench_encoder.py --ragged --batch $b --methods packed packed-halvings \
+      step "encoder_$b" 200 python3 scripts/bench_encoder.py --ragged --batch $b --methods packed packed-six \
         --dtypes fp8 --iters 5 --no-hf --no-gemm-ceiling --profile "/tmp/encoder_trace_$b" --out "$out/encoder_$b.json"
     done
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" step encoder_128_no_command_buffers 150 \
-      python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed packed-halvings --dtypes fp8 --iters 5 \
+      python3 scripts/bench_encoder.py --ragged --batch 128 --methods packed packed-six --dtypes fp8 --iters 5 \
       --no-hf --no-gemm-ceiling --out "$out/encoder_128_no_command_buffers.json"
     ;;
   table)

@@ -80,6 +80,8 @@
 #                                         # OUT/dumps.tar.gz), then the forms timed back to back, ~5 min
 #   bash scripts/gpu_moe.sh passcost OUT  # the 30B fp8 trainer cold (1 update) compiling six, two, four and one
 #                                         # packed pass sizes (scripts/train_pass_sizes.py), ~9 min
+#   bash scripts/gpu_moe.sh passcheck OUT # the packed GPU tests, then the 30B fp8 trainer cold (4 updates) with the
+#                                         # default pass sizes and the six of before, ~8 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
 #                                         # counters: local memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~3 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
@@ -87,7 +89,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -448,13 +450,25 @@ PY
     ;;
   passcost)
     # what each compiled pass size costs the 30B fp8 trainer's cold start: the same cold run (1 update) with the
-    # default six sizes, two (4,608 + 36,864), the four halvings and one (36,864), one process each
+    # six sizes used before 2026-11-29, two (4,608 + 36,864), four (the halvings) and one (36,864), one process each
     run warm_imports 120 python3 -c "import jax, craftax, rl.train; print(jax.devices())"
-    for sizes in fine 4608,36864 halvings 36864; do
+    for sizes in six 4608,36864 4608,9216,18432,36864 36864; do
       left=$((590 - SECONDS)); [ $left -lt 60 ] && break
       run "cold_${sizes//,/_}" $((left < 175 ? left : 175)) python3 -u scripts/train_pass_sizes.py "$sizes" \
         --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 --skip-n 8 --num-envs 128 --max-updates 1 \
         --compile-cache off --run-dir "/tmp/run-$sizes"
+    done
+    ;;
+  passcheck)
+    # the three pass sizes (the default): the packed encoders' GPU tests, then the 30B fp8 trainer cold (4 updates)
+    # with them and with the six of before, one process each
+    run packed_test 120 python3 -m pytest -q tests/test_llm_packed.py
+    for sizes in default six; do
+      left=$((590 - SECONDS)); [ $left -lt 60 ] && break
+      run "cold_$sizes" $((left < 200 ? left : 200)) python3 -u scripts/train_pass_sizes.py "$sizes" \
+        --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 --skip-n 8 --num-envs 128 --max-updates 4 \
+        --compile-cache off --run-dir "/tmp/run-$sizes"
+      cp "/tmp/run-$sizes/metrics.jsonl" "$out/cold_${sizes}_metrics.jsonl" 2>/dev/null
     done
     ;;
   coldstart)

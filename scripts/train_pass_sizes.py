@@ -1,15 +1,14 @@
 """`python -m rl.train` with the packed encoder's pass sizes fixed: what each compiled pass size costs a cold start.
 
     python scripts/train_pass_sizes.py 4608,36864 --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 ...
-    python scripts/train_pass_sizes.py halvings ...     # jaxllm.pass_capacities(fine=False)
-    python scripts/train_pass_sizes.py fine ...         # the default sizes, for the same call
+    python scripts/train_pass_sizes.py six ...          # the six sizes used before 2026-11-29 (bench_encoder)
+    python scripts/train_pass_sizes.py default ...      # jaxllm.pass_capacities, for the same call
 
 Every program this process traces (the update, the first states' LLM call) compiles the sizes given, each at most the
 pass's capacity, plus the capacity itself (a size above the capacity is dropped).
 """
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 
@@ -20,14 +19,15 @@ import jaxllm.encoder  # noqa: E402
 
 def fixed_sizes(spec: str):
     """A replacement for `jaxllm.encoder.pass_capacities` that returns the sizes `spec` names."""
-    default = jaxllm.encoder.pass_capacities
-    if spec == "fine":
-        return default
-    if spec == "halvings":
-        return functools.partial(default, fine=False)
+    if spec == "default":
+        return jaxllm.encoder.pass_capacities
+    if spec == "six":
+        from scripts.bench_encoder import six_pass_sizes
+
+        return six_pass_sizes
     sizes = [int(s) for s in spec.split(",")]
 
-    def pass_capacities(capacity: int, max_len: int, levels: int = 4, *, fine: bool = True) -> tuple[int, ...]:
+    def pass_capacities(capacity: int, max_len: int) -> tuple[int, ...]:
         return tuple(sorted({s for s in sizes if max_len <= s <= capacity} | {int(capacity)}))
 
     return pass_capacities

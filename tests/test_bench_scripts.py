@@ -53,8 +53,13 @@ def test_bench_encoder_counts_the_passes_the_encoder_plans():
 
     # 282-token prompts behind Craftax's max_len 1,138: 116 fill the 32,768-token pass, the rest goes to a last pass
     assert bench_encoder.packed_passes([282] * 128, 32768, 1138) == [32768, 4096]  # 3,384 left
-    assert bench_encoder.packed_passes([282] * 132, 32768, 1138) == [32768, 6144]  # 4,512 left
-    assert bench_encoder.packed_passes([282] * 132, 32768, 1138, fine=False) == [32768, 8192]
+    assert bench_encoder.packed_passes([282] * 132, 32768, 1138) == [32768, 8192]  # 4,512 left
+    six = bench_encoder.six_pass_sizes(32768, 1138)
+    assert six == (4096, 6144, 8192, 12288, 16384, 32768)  # the sizes of before
+    assert bench_encoder.packed_passes([282] * 132, 32768, 1138, sizes=six) == [32768, 6144]
+    # 16,638 left: the default fills two passes of 8,192 and ends with 4,096; the six sizes of before one of 32,768
+    assert bench_encoder.packed_passes([282] * 175, 32768, 1138) == [32768, 8192, 8192, 4096]
+    assert bench_encoder.packed_passes([282] * 175, 32768, 1138, sizes=six) == [32768, 32768]
     assert bench_encoder.packed_passes([0, 5, 0], 24, 12) == [12]
     # at the default capacity (36,864) 128 such prompts are one pass; 136 (a trainer window) one only if shorter
     assert bench_encoder.packed_passes([282] * 128, 36864, 1138) == [36864]
@@ -74,9 +79,10 @@ def test_bench_encoder_ragged_moe_rows_smoke():
                               "--no-gemm-ceiling"])
     rows = {(r["dtype"], r["method"]): r for r in res["ragged"]["rows"]}
     assert len(rows) == 6 and all("error" not in r and r["finite"] and r["ms"] > 0 for r in rows.values()), rows
-    # 1,229 real tokens: the default plan's last pass is the 2,304-token halving, one pass the 2,048 that holds them
+    # 1,229 real tokens: the default plan (capacity 4,608: sizes 1,152 and 4,608) fills a 1,152-token pass and puts
+    # the rest in another; one pass is the 2,048 that holds them
     for dtype in variants:
-        assert rows[dtype, "packed"]["passes"] == [2304] and rows[dtype, "packed-one-pass"]["passes"] == [2048]
+        assert rows[dtype, "packed"]["passes"] == [1152, 1152] and rows[dtype, "packed-one-pass"]["passes"] == [2048]
         assert rows[dtype, "packed-one-pass"]["real_tokens"] == 1229
 
 

@@ -1,11 +1,13 @@
 """`encode_packed` (prompts laid end to end, only real tokens computed) equals `encode` (right-padded rows)."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxllm import Qwen3Config, encode, encode_packed, init_params, pass_capacities, prefill
-from jaxllm.encoder import _pack, _plan_pass, segment_grid
+from jaxllm.encoder import _pack, _plan_pass, pass_size_index, segment_grid
 
 CONFIG = Qwen3Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10_000.0)
@@ -32,7 +34,7 @@ def ragged_batch(seed: int, batch: int = 6):
 
 
 # Each pooling with and without a prefix; capacity T overflows into several passes (one prompt each), 6T holds the
-# batch in one pass of several rows sizes (pass_capacities).
+# batch in one pass (pass_capacities).
 @pytest.mark.parametrize("pooling, with_prefix, capacity", [("last", True, T), ("mean", True, 6 * T),
                                                             ("last", False, 6 * T), ("mean", False, T)])
 def test_packed_equals_padded(model, pooling, with_prefix, capacity):
@@ -180,25 +182,52 @@ def test_cudnn_bookkeeping_equals_windowed_with_an_emulated_cudnn(model, monkeyp
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
-def test_pass_sizes_step_by_at_most_one_and_a_half_below_half_the_capacity():
-    # the trainer's setting (Craftax compact, max_len 1,138); halvings under 2,048 tokens get no 1.5x size
-    assert pass_capacities(32768, 1138) == (4096, 6144, 8192, 12288, 16384, 32768)
-    assert pass_capacities(32768, 1138, fine=False) == (4096, 8192, 16384, 32768)
-    assert pass_capacities(8192, T) == (1024, 2048, 3072, 4096, 8192)
-    assert pass_capacities(6 * T, T) == (18, 36, 72)
-    assert pass_capacities(T, T) == (T,)
+def test_pass_sizes_are_the_capacity_a_quarter_and_an_eighth():
+    # the trainer's setting (Craftax compact, max_len 1,138): rounded up to 64 tokens
+    assert pass_capacities(36864, 1138) == (4608, 9216, 36864)
+    assert pass_capacities(32768, 1138) == (4096, 8192, 32768)
+    assert pass_capacities(8192, T) == (1024, 2048, 8192)
+    assert pass_capacities(6 * T, T) == (18, 6 * T)  # at least one longest prompt, at most half the next size
+    assert pass_capacities(2 * T, T) == (T, 2 * T)
+    assert pass_capacities(T, T) == (T,)  # no smaller size over half the capacity
 
 
-def test_last_pass_of_a_one_and_a_half_size_equals_padded(model):
-    # 256 prompts of 9-11 tokens (2,560 in all) in passes of up to 8,192 slots: one pass of 3,072, a 1.5x size
+def test_pass_size_index_pads_at_most_a_third_else_fills_smaller_passes():
+    which = lambda sizes, left: int(pass_size_index(sizes, left))  # noqa: E731
+    sizes = (4608, 36864)
+    assert [which(sizes, n) for n in (0, 1, 4608)] == [0, 0, 0]  # the small pass holds the rest
+    assert [which(sizes, n) for n in (4609, 12000, 24575)] == [0, 0, 0]  # a full pass would pad over a third
+    assert [which(sizes, n) for n in (24576, 36864, 36865, 10**6)] == [1, 1, 1, 1]  # full passes
+    sizes = (4608, 9216, 36864)
+    # 9,216 pads over a third at 5,000 tokens, but two passes of 4,608 would compute as much
+    assert [which(sizes, n) for n in (4609, 5000, 9216, 9217, 15000, 24576)] == [1, 1, 1, 1, 1, 2]
+    # finer sizes: the smallest that holds the rest while it pads at most a third or steps at most 2x
+    assert [which((4, 6, 9, 27), n) for n in (3, 5, 6, 7, 10, 17, 18, 40)] == [0, 1, 1, 2, 2, 2, 3, 3]
+
+
+def test_small_passes_equal_padded(model):
+    # 256 prompts of 9-11 tokens (2,560 in all) in passes of up to 8,192 slots: one of 2,048 filled, one of 1,024
     params, cache = model
     rng = np.random.default_rng(5)
     ids = jnp.asarray(rng.integers(0, 256, size=(256, T)), jnp.int32)
     lengths = jnp.asarray(np.resize([9, 10, 11], 256), jnp.int32)
-    assert 2048 < int(lengths.sum()) <= 3072 and 3072 in pass_capacities(8192, T)
+    assert int(pass_size_index(pass_capacities(8192, T), 2560)) == 1  # 2,048: the rest in a 1,024 after it
     want = _encode(params, CONFIG, ids, lengths, layer=-1, pooling="last", prefix=cache)
     got = _encode_packed(params, CONFIG, ids, lengths, layer=-1, pooling="last", prefix=cache, capacity=8192)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    # sizes given: the same vectors, whatever passes they make (here one 3,072 pass)
+    sized = jax.jit(functools.partial(encode_packed, layer=-1, pooling="last", pass_sizes=(1024, 3072, 8192)),
+                    static_argnums=1)(params, CONFIG, ids, lengths, prefix=cache)
+    np.testing.assert_allclose(sized, want, rtol=2e-5, atol=2e-5)
+
+
+def test_pass_sizes_that_cannot_hold_a_prompt_are_refused(model):
+    params, _ = model
+    ids, lengths = ragged_batch(0)
+    with pytest.raises(ValueError, match=f"must each hold one prompt of max_len {T}"):
+        encode_packed(params, CONFIG, ids, lengths, pass_sizes=(T - 1, 6 * T))
+    with pytest.raises(ValueError, match="the largest equal to capacity"):
+        encode_packed(params, CONFIG, ids, lengths, capacity=6 * T, pass_sizes=(T, 4 * T))
 
 
 def test_capacity_smaller_than_a_prompt_is_refused(model):
