@@ -82,6 +82,8 @@
 #                                         # packed pass sizes (scripts/train_pass_sizes.py), ~9 min
 #   bash scripts/gpu_moe.sh passcheck OUT # the packed GPU tests, then the 30B fp8 trainer cold (4 updates) with the
 #                                         # default pass sizes and the six of before, ~8 min
+#   bash scripts/gpu_moe.sh passcheck4b OUT  # the small-passes test on the GPU, then the 4B fp8 trainer cold (2
+#                                         # updates) with the default pass sizes and the six of before, ~4 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
 #                                         # counters: local memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~3 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
@@ -89,7 +91,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -469,6 +471,17 @@ PY
         --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 --skip-n 8 --num-envs 128 --max-updates 4 \
         --compile-cache off --run-dir "/tmp/run-$sizes"
       cp "/tmp/run-$sizes/metrics.jsonl" "$out/cold_${sizes}_metrics.jsonl" 2>/dev/null
+    done
+    ;;
+  passcheck4b)
+    # the GPU run of the small-passes test, then the 4B fp8 trainer cold (2 updates) with the default pass sizes
+    # and the six of before, one process each
+    run small_passes_test 100 python3 -m pytest -q -p no:cacheprovider tests/test_llm_packed.py -k small_passes
+    for sizes in default six; do
+      left=$((590 - SECONDS)); [ $left -lt 60 ] && break
+      run "cold_4b_$sizes" $((left < 150 ? left : 150)) python3 -u scripts/train_pass_sizes.py "$sizes" \
+        --encoder inscan --model qwen3-4b --llm-dtype fp8 --skip-n 8 --num-envs 128 --max-updates 2 \
+        --compile-cache off --run-dir "/tmp/run-4b-$sizes"
     done
     ;;
   coldstart)
