@@ -130,16 +130,31 @@ def default_cache_dir() -> Path:
     return Path(root) / "craftax-llm" / "jax"
 
 
+# the persistent cache's size limit when none is set. JAX locks the cache directory around each read and write only
+# when the cache has a limit; without one, a process can read an entry that another is still writing and abort
+# while loading it (this suite's two workers did, 2026-11-29), so concurrent runs (sweeps, bench workers) need one.
+# Past it, the least recently used programs go.
+CACHE_MAX_BYTES = 16 << 30
+
+
+def limit_persistent_cache() -> None:
+    """Give JAX's persistent cache a size limit (CACHE_MAX_BYTES) unless one is set, so it locks its directory."""
+    if jax.config.jax_compilation_cache_max_size == -1:
+        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+
+
 def enable_persistent_cache(directory: str | Path | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache so a second start skips recompiling the same programs.
 
     `directory`: where (default `default_cache_dir()`); "off" (or "none", "") disables it. A directory already
     configured (JAX_COMPILATION_CACHE_DIR, or `jax.config` set by the caller) is kept: the user's choice wins.
-    Returns the directory in use, None when off."""
+    Either way the cache gets a size limit (`limit_persistent_cache`) unless one is set. Returns the directory in
+    use, None when off."""
     if directory is not None and str(directory).lower() in ("off", "none", ""):
         return None
     configured = jax.config.jax_compilation_cache_dir
     if configured:
+        limit_persistent_cache()
         return Path(configured)
     path = Path(directory) if directory is not None else default_cache_dir()
     try:
@@ -149,6 +164,7 @@ def enable_persistent_cache(directory: str | Path | None = None) -> Path | None:
                       stacklevel=2)
         return None
     jax.config.update("jax_compilation_cache_dir", str(path))
+    limit_persistent_cache()
     # every program, however small: on a GPU even a one-operation program takes 0.05-0.7 s to compile, and a start
     # compiles dozens of them (craftax's constants at import, eager setup); each is a small file read next time
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -189,8 +189,9 @@ def pass_capacities(capacity: int, max_len: int) -> tuple[int, ...]:
     64 tokens, at least one longest prompt), each smaller size kept only when at most half the next one kept.
 
     Each size is one more compiled forward pass (a `lax.switch` branch) in every program that encodes, and a cold
-    compile pays for each: the 30B fp8 trainer's update compiled in 97 s with the six sizes used before (halvings and
-    1.5x steps between them), 94 s with four, 77 s with two and 74 s with one (an H200, docs/BENCHMARKS.md).
+    compile pays for each: the 30B fp8 trainer's update compiled in 73 s with these three and 105 s with the six used
+    before (halvings and 1.5x steps between them; one H200), so its first update came at 1:28 instead of 1:59
+    (docs/BENCHMARKS.md).
     `encode_packed` runs full passes while over capacity / 1.5 tokens are left, and below that the smaller sizes
     (`pass_size_index`). At DEFAULT_CAPACITY that is 4,608, 9,216 and 36,864: a trainer window at 128 envs (136
     prompts, 35-39K tokens) runs the same passes as with the six sizes, and of 20 planned windows of 128-300

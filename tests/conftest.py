@@ -46,6 +46,10 @@ def pytest_collection_modifyitems(config, items):
 _DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "craftax-llm" / "jax-tests"
 _CACHE_DIR = Path(os.environ.setdefault("JAX_TEST_CACHE_DIR", str(_DEFAULT_CACHE)))
 jax.config.update("jax_compilation_cache_dir", str(_CACHE_DIR))
+# a size limit makes JAX lock the directory around each read and write: the workers and the subprocesses the tests
+# start share it (jaxllm.compile.CACHE_MAX_BYTES says why); subprocesses read it from the environment
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

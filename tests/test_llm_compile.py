@@ -51,6 +51,21 @@ def test_persistent_cache_keeps_a_configured_directory_and_can_be_turned_off(tmp
     assert jcompile.default_cache_dir() == tmp_path / "craftax-llm" / "jax"
 
 
+def test_persistent_cache_gets_a_size_limit_unless_one_is_set():
+    """JAX locks its cache directory only when the cache has a size limit; without a lock a process can load an entry
+    another is still writing (this suite's workers aborted on one)."""
+    before = jax.config.jax_compilation_cache_max_size
+    try:
+        jax.config.update("jax_compilation_cache_max_size", -1)  # JAX's default: no limit, no lock
+        jcompile.enable_persistent_cache()
+        assert jax.config.jax_compilation_cache_max_size == jcompile.CACHE_MAX_BYTES
+        jax.config.update("jax_compilation_cache_max_size", 123 << 20)  # the user's limit is kept
+        jcompile.enable_persistent_cache()
+        assert jax.config.jax_compilation_cache_max_size == 123 << 20
+    finally:
+        jax.config.update("jax_compilation_cache_max_size", before)
+
+
 def test_a_rejected_option_is_dropped_and_the_others_kept():
     """issue 35: the LLM programs carry two options; XLA refusing one must not drop the other (Triton GEMMs off)."""
     f = jcompile.jit(lambda x: x * 2, compiler_options={"xla_no_such_option_for_the_test": True,
