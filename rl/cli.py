@@ -170,7 +170,9 @@ def add_compile_cache_option(p: argparse.ArgumentParser | Any) -> None:
 
     p.add_argument("--compile-cache", dest="compile_cache", metavar="DIR", default=None,
                    help=f"keep compiled programs here so the next start skips most compiling (default: "
-                        f"{default_cache_dir()}; JAX_COMPILATION_CACHE_DIR wins); off = do not keep them")
+                        f"{default_cache_dir()}; JAX_COMPILATION_CACHE_DIR wins; up to 16 GiB unless "
+                        f"JAX_COMPILATION_CACHE_MAX_SIZE says otherwise, the least recently used going first); off = "
+                        f"do not keep them")
 
 
 def apply_compile_cache(args: argparse.Namespace) -> None:
