@@ -209,7 +209,7 @@ def pass_capacities(capacity: int, max_len: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def pass_size_index(sizes, left):
+def pass_size_index(sizes: Sequence[int], left: int | jax.Array) -> jax.Array:
     """Which of the ascending pass `sizes` a packed pass takes when `left` real tokens remain (a traced or concrete
     int): the smallest size that holds them when it pads at most a third of its row, is the smallest size, or is at
     most twice the size below it (two passes of that would compute as much); else the largest size below them,
