@@ -331,6 +331,7 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
     if capacity < t:
         raise ValueError(f"capacity {capacity} tokens cannot hold one prompt of max_len {t} (ids.shape[1]); "
                          f"use a capacity >= {t}")
+    sizes = pass_capacities(capacity, t) if pass_sizes is None else sizes
     multi = isinstance(layer, tuple)  # several layers from one pass: [B, K, D]
     idx = tuple(normalize_layer_index(k, config) for k in (layer if multi else (layer,)))
     k_idx = idx[0]
@@ -346,7 +347,6 @@ def encode_packed(params: Params, config: Qwen3Config, ids: jax.Array, lengths: 
 
     fallback = jnp.stack([fallback_of(k) for k in idx]) if multi else fallback_of(k_idx)
     vectors = jnp.broadcast_to(fallback, (batch,) + fallback.shape)
-    sizes = pass_capacities(capacity, t) if pass_sizes is None else sizes
     impl = (attention_impl or default_packed_attention_impl(params["embed_tokens"].dtype)).removesuffix("_split")
 
     def pass_of(size, vectors, remaining):

@@ -162,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", default=["packed", "bucketed"],
                    choices=["rect", "bucketed", "packed", "packed-six", "packed-one-pass"],
                    help="--ragged: encode paths to time (packed-six: packed with the six pass sizes used before "
-                        "2026-11-29, six_pass_sizes, against the default two; packed-one-pass: packed "
+                        "2026-11-29, six_pass_sizes, against the default three; packed-one-pass: packed "
                         "at the smallest multiple of 1,024 tokens that holds every real token, so one pass where the "
                         "packing allows: the same tokens in fewer launches)")
     p.add_argument("--capacity", type=int, default=0,
@@ -361,6 +361,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
     real = int(lengths.sum())
     one_pass = max(_round_to(real, 1024), t)  # packed-one-pass's capacity
     capacities = {"packed": capacity, "packed-six": capacity, "packed-one-pass": one_pass}
+    six_sizes = six_pass_sizes(capacity, t)  # packed-six's sizes
     log(f"{args.env}: B={args.batch}, prefix {len(prefix_ids)} tokens, max_len {t}, real tokens {real} "
           f"(mean {lengths.mean():.0f}, max {lengths.max()}), packed capacity {capacity}")
     base_dtype = jnp.float32 if args.smoke else jnp.bfloat16
@@ -388,7 +389,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                                 compiler_options=opts),
                 "packed": packed_at(capacities["packed"]),
                 "packed-six": jit(lambda p, c, i, n: encode_packed(p, config, i, n, prefix=c,
-                                                                   pass_sizes=six_pass_sizes(capacity, t),
+                                                                   pass_sizes=six_sizes,
                                                                    attention_impl=args.packed_attention),
                                   compiler_options=opts),
                 "packed-one-pass": packed_at(capacities["packed-one-pass"]),
@@ -398,7 +399,7 @@ def bench_ragged(args: argparse.Namespace) -> dict[str, Any]:
                        "computed_tokens": args.batch * t if method == "rect" else None}
                 if method.startswith("packed"):
                     row["passes"] = packed_passes(lengths, capacities[method], t,
-                                                  sizes=six_pass_sizes(capacity, t) if method == "packed-six" else None)
+                                                  sizes=six_sizes if method == "packed-six" else None)
                     row["computed_tokens"] = sum(row["passes"])
                 log(f"{dtype} {method}: compiling and timing")
                 try:

@@ -226,7 +226,7 @@ def main(argv=None) -> int:
                         "(jaxllm.compile); run it beside the same rows without it to compare")
     p.add_argument("--six-pass-sizes", action="store_true",
                    help="compile a packed encode's six pass sizes used before 2026-11-29 (bench_encoder."
-                        "six_pass_sizes) instead of the default two; run it beside the same rows without it")
+                        "six_pass_sizes) instead of the default three; run it beside the same rows without it")
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
                    help="also trace one update without LLM windows per row into DIR and print its GPU time against "
                         "its wall time (scripts/kernel_times.py)")
