@@ -155,6 +155,24 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return (xf / scale[..., None]).astype(E4M3), scale
 
 
+def quantize_blocks(x: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
+    """Activations [R, K] -> (e4m3 [R, K], float32 scales [K // block, R]): each row's block-wide slices of K
+    scaled by their own absolute max (Qwen3's FP8 checkpoints quantise activations in such 1 x 128 groups). The
+    scales are stored block-major, as the tiled grouped GEMM reads and writes them
+    (`grouped_gemm.tiled_grouped_matmul`'s row_block_scales and quantize_out)."""
+    r, k = x.shape
+    xf = x.astype(jnp.float32).reshape(r, k // block, block)
+    scale = jnp.maximum(jnp.max(jnp.abs(xf), axis=-1) / E4M3_MAX, TINY)
+    return (xf / scale[..., None]).astype(E4M3).reshape(r, k), scale.T
+
+
+def dequantize_blocks(values: jax.Array, scales: jax.Array) -> jax.Array:
+    """`quantize_blocks`' inverse in float32: values [R, K] times their block's scale (scales [K // block, R])."""
+    r, k = values.shape
+    blocks = scales.shape[0]
+    return (values.astype(jnp.float32).reshape(r, blocks, k // blocks) * scales.T[..., None]).reshape(r, k)
+
+
 def _fp8_dot(xq: jax.Array, w: jax.Array, out_dtype: Any) -> jax.Array:
     """The unscaled product of e4m3 rows [..., in] and an e4m3 weight [out, in], float32 accumulation, written in
     `out_dtype`: one cuBLASLt fp8 GEMM on FP8 tensor cores, else the same values multiplied in float32."""

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .fp8_format import E4M3, E4M3_MAX, TINY
+
 
 class TileConfig(NamedTuple):
     """Block sizes. A CTA computes tile_m rows x (2 * tile_n) columns (one tile_n slice per compute warpgroup),
@@ -110,7 +112,8 @@ def tile_plan(group_sizes: jax.Array, num_rows: int, tile_m: int, row_group: jax
 
 def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, config: TileConfig,
                  transposed: bool, swiglu: bool = False, row_scale: jax.Array | None = None,
-                 col_scale: jax.Array | None = None) -> None:
+                 col_scale: jax.Array | None = None, row_block_scales: jax.Array | None = None,
+                 quantize_out: bool = False) -> None:
     """Raises ValueError naming the dimension that `tiled_grouped_matmul` cannot take with this config."""
     m, k = rows.shape
     n = weights.shape[1] if transposed else weights.shape[2]
@@ -132,11 +135,20 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
         problems.append("the epilogue piece (epi_m, epi_n) must divide (tile_m, tile_n)")
     if rows.dtype != weights.dtype:
         problems.append(f"rows are {rows.dtype} but weights {weights.dtype}")
-    if (row_scale is None) != (col_scale is None):
-        problems.append("row_scale and col_scale come together")
+    if row_scale is not None and row_block_scales is not None:
+        problems.append("give row_scale or row_block_scales, not both")
+    elif (row_scale is None and row_block_scales is None) != (col_scale is None):
+        problems.append("row_scale (or row_block_scales) and col_scale come together")
     elif row_scale is not None and (row_scale.shape != (m,) or col_scale.shape != (weights.shape[0], n)):
         problems.append(f"scales must be row_scale [{m}] and col_scale [{weights.shape[0]}, {n}], got "
                         f"{list(row_scale.shape)} and {list(col_scale.shape)}")
+    elif row_block_scales is not None and (row_block_scales.shape != (k // config.tile_k, m)
+                                           or col_scale.shape != (weights.shape[0], n)):
+        problems.append(f"scales must be row_block_scales [{k // config.tile_k}, {m}] (one per tile_k-deep block "
+                        f"of each row) and col_scale [{weights.shape[0]}, {n}], got {list(row_block_scales.shape)} "
+                        f"and {list(col_scale.shape)}")
+    if (row_block_scales is not None or quantize_out) and jnp.dtype(rows.dtype).itemsize != 1:
+        problems.append("row_block_scales and quantize_out take e4m3 rows")
     if problems:
         raise ValueError("tiled_grouped_matmul: " + "; ".join(problems))
 
@@ -152,7 +164,9 @@ def pipelined(config: TileConfig, k: int) -> TileConfig:
 def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array,
                          config: TileConfig = TileConfig(), *, transposed: bool = True, swiglu: bool = False,
                          row_scale: jax.Array | None = None, col_scale: jax.Array | None = None,
-                         out_dtype: Any = None, num_sms: int | None = None, interpret: Any = None) -> jax.Array:
+                         row_block_scales: jax.Array | None = None, quantize_out: bool = False,
+                         out_dtype: Any = None, num_sms: int | None = None,
+                         interpret: Any = None) -> jax.Array | tuple[jax.Array, jax.Array]:
     """rows [R, K] in `TilePlan` layout, weights [G, N, K] (`transposed`, contraction innermost) or [G, K, N],
     tile_groups int32 [R // tile_m]: row tile t of the result is rows' tile t times weights[tile_groups[t]]
     (float32 accumulation, `out_dtype` out: default rows' dtype, bfloat16 for fp8 rows). With `swiglu`, the
@@ -174,15 +188,20 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    check_shapes(rows, weights, tile_groups, config, transposed, swiglu, row_scale, col_scale)
-    scaled = row_scale is not None
+    check_shapes(rows, weights, tile_groups, config, transposed, swiglu, row_scale, col_scale, row_block_scales,
+                 quantize_out)
+    scaled = col_scale is not None  # the epilogue multiplies by the column scales (and row_scale, where given)
+    row_scaled = row_scale is not None
+    block_scaled = row_block_scales is not None
     if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
         weights, transposed = jnp.swapaxes(weights, 1, 2), False
     m, k = rows.shape
     n = weights.shape[1] if transposed else weights.shape[2]
     out_n = n // 2 if swiglu else n
     itemsize = jnp.dtype(rows.dtype).itemsize
-    if out_dtype is None:
+    if quantize_out:
+        out_dtype = E4M3
+    elif out_dtype is None:
         out_dtype = jnp.bfloat16 if itemsize == 1 else rows.dtype
     tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
     cta_n = 2 * tn  # output columns per tile: one tile_n slice per compute warpgroup
@@ -200,33 +219,55 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
     slots = min(config.stages, k_steps)  # the pipeline's buffers per operand
 
+    # block-scaled rows: each k-step's row scales [1, tm] ride the pipeline with the step's tiles
+    block_scale_specs = [plgpu.BlockSpec((1, tm), lambda s: (s, 0), memory_space=plgpu.SMEM)] if block_scaled else []
+
     def pipeline(step, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=config.stages, compute_context=context, pipeline_state=state,
             in_specs=[plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout,
-                                      memory_space=plgpu.SMEM)] + [b_spec] * parts)
+                                      memory_space=plgpu.SMEM)] + [b_spec] * parts + block_scale_specs)
 
     def weight_tile(b_gmem, group, ni, part):
         cols = pl.ds(part * out_n + ni * cta_n, cta_n)
         return b_gmem.at[group].at[cols, :] if transposed else b_gmem.at[group].at[:, cols]
 
-    # scales: (row scales [tm], column scales [parts, tn]) per compute warpgroup, each copy with its own barrier
-    scale_buffers = dict(row_smem=plgpu.SMEM((2, tm), jnp.float32),
-                         col_smem=plgpu.SMEM((2, parts, tn), jnp.float32),
-                         scale_barriers=plgpu.Barrier(num_barriers=2 * (1 + parts))) if scaled else {}
+    # scales: (row scales [tm] unless block-scaled, column scales [parts, tn]) per compute warpgroup, each copy with
+    # its own barrier
+    copies = int(row_scaled) + parts  # scale copies per warpgroup and tile
+    scale_buffers = dict(col_smem=plgpu.SMEM((2, parts, tn), jnp.float32),
+                         scale_barriers=plgpu.Barrier(num_barriers=2 * copies)) if scaled else {}
+    if row_scaled:
+        scale_buffers["row_smem"] = plgpu.SMEM((2, tm), jnp.float32)
+    if quantize_out:
+        # amax_smem[slot, wg]: each warpgroup's row abs-max, in two slots by tile parity (the other warpgroup may
+        # still read the last tile's), exchanged on a barrier of both compute warpgroups; amax_smem[2, 0]: the rows'
+        # scales on their way out. (One buffer, and the barrier's name sorting after the others': Mosaic GPU's
+        # interpreter, jax 0.10.2, hung with a second scale buffer, or with the barrier named "amax_barrier".)
+        scale_buffers.update(amax_smem=plgpu.SMEM((3, 2, tm), jnp.float32),
+                             wg_exchange_barrier=plgpu.Barrier(num_arrivals=2))
 
     def body(groups_gmem, used_gmem, a_gmem, b_gmem, *rest):
-        *scale_gmem, out_gmem = rest
+        if quantize_out:
+            *rest, out_gmem, out_scale_gmem = rest
+        else:
+            *rest, out_gmem = rest
+        block_scales_gmem = rest.pop(0) if block_scaled else None
+        row_scale_gmem = rest.pop(0) if row_scaled else None
+        col_scale_gmem = rest.pop(0) if scaled else None
         unused = lambda *_, **__: None
+        block_scale_tile = (lambda rs: [block_scales_gmem.at[:, rs]]) if block_scaled else (lambda rs: [])
 
         @functools.partial(pl.run_scoped,
                            buffers=pipeline(unused, unused).get_allocations(
-                               a_gmem, *(weight_tile(b_gmem, 0, 0, p) for p in range(parts))),
+                               a_gmem, *(weight_tile(b_gmem, 0, 0, p) for p in range(parts)),
+                               *block_scale_tile(pl.ds(0, tm))),
                            out_smem=plgpu.SMEM((2, 2, config.epi_m, config.epi_n), out_dtype,
                                                transforms=out_layout),
                            **scale_buffers, collective_axes="wg")
-        def scope(buffers, out_smem, row_smem=None, col_smem=None, scale_barriers=None):
+        def scope(buffers, out_smem, row_smem=None, col_smem=None, scale_barriers=None, amax_smem=None,
+                  wg_exchange_barrier=None):
             wg = lax.axis_index("wg")
             wg_cols = pl.ds(wg * tn, tn)
 
@@ -250,20 +291,19 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
                     def start_scale_copies():
                         """TMA copies of this tile's scales (this warpgroup's columns); waited in the epilogue."""
-                        row_scales, col_scales = scale_gmem
-                        barrier = lambda i: scale_barriers.at[wg * (1 + parts) + i]  # noqa: E731
-                        plgpu.copy_gmem_to_smem(row_scales.at[row_slice], row_smem.at[wg], barrier(0))
+                        barrier = lambda i: scale_barriers.at[wg * copies + i]  # noqa: E731
+                        if row_scaled:
+                            plgpu.copy_gmem_to_smem(row_scale_gmem.at[row_slice], row_smem.at[wg], barrier(0))
                         for p in range(parts):
                             cols = pl.ds(p * out_n + ni * cta_n + wg * tn, tn)
-                            plgpu.copy_gmem_to_smem(col_scales.at[group].at[cols], col_smem.at[wg, p],
-                                                    barrier(1 + p))
+                            plgpu.copy_gmem_to_smem(col_scale_gmem.at[group].at[cols], col_smem.at[wg, p],
+                                                    barrier(int(row_scaled) + p))
 
-                    def epilogue_values(accs):
+                    def epilogue_values(values):
                         """The tile's float32 results: the accumulators, scaled (W8A8), SwiGLU'd. The scales'
                         barriers are waited on before."""
-                        values = [acc[...] for acc in accs]
                         if scaled:
-                            row = lax.broadcast_in_dim(row_smem[wg], (tm, tn), [0])
+                            row = lax.broadcast_in_dim(row_smem[wg], (tm, tn), [0]) if row_scaled else 1.0
                             values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (tm, tn), [1])
                                       for p, v in enumerate(values)]
                         if swiglu:
@@ -271,38 +311,78 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             return silu(gate) * up
                         return values[0]
 
+                    def quantized(result):
+                        """result [tm, tn] (this warpgroup's columns) in e4m3 with one scale per row of the CTA's
+                        2 * tn columns (the abs-max exchanged with the other compute warpgroup), and the scales."""
+                        own = jnp.max(jnp.abs(result), axis=1)
+                        slot = info.local_index % 2
+                        amax_smem[slot, wg] = own
+                        plgpu.barrier_arrive(wg_exchange_barrier)
+                        plgpu.barrier_wait(wg_exchange_barrier)
+                        scale = jnp.maximum(jnp.maximum(own, amax_smem[slot, 1 - wg]) / E4M3_MAX, TINY)
+                        return (result / lax.broadcast_in_dim(scale, (tm, tn), [0])).astype(out_dtype), scale
+
                     def context(run):
+                        if scaled:
+                            start_scale_copies()
+                        if block_scaled:  # the running sum is a value the steps carry (`step`)
+                            finish(run((jnp.zeros((tm, tn), jnp.float32),)))
+                            return
+
                         @functools.partial(pl.run_scoped,
                                            accs=[plgpu.ACC((tm, tn), jnp.float32) for _ in range(parts)])
                         def _(accs):
-                            if scaled:
-                                start_scale_copies()
                             run(tuple(accs))
-                            if scaled:
-                                for i in range(1 + parts):
-                                    plgpu.barrier_wait(scale_barriers.at[wg * (1 + parts) + i])
-                            result = epilogue_values(accs).astype(out_dtype)
-                            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
-                            piece = 0
-                            for pm in range(tm // config.epi_m):
-                                for pn in range(tn // config.epi_n):
-                                    slot = piece % 2
-                                    piece += 1
-                                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-                                    rs = slice(pm * config.epi_m, (pm + 1) * config.epi_m)
-                                    cs = slice(pn * config.epi_n, (pn + 1) * config.epi_n)
-                                    out_smem[wg, slot] = result[rs, cs]
-                                    plgpu.commit_smem()
-                                    plgpu.copy_smem_to_gmem(
-                                        out_smem.at[wg, slot],
-                                        out_gmem.at[row_slice, col_slice].at[:, wg_cols].at[rs, cs])
+                            finish([acc[...] for acc in accs])
+
+                    def finish(values):
+                        """The epilogue: scales waited for and applied, SwiGLU, (quantisation,) the stores."""
+                        if scaled:
+                            for i in range(copies):
+                                plgpu.barrier_wait(scale_barriers.at[wg * copies + i])
+                        result = epilogue_values(list(values))
+                        if quantize_out:
+                            result, out_scale = quantized(result)
+                        else:
+                            result = result.astype(out_dtype)
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
+                        piece = 0
+                        for pm in range(tm // config.epi_m):
+                            for pn in range(tn // config.epi_n):
+                                slot = piece % 2
+                                piece += 1
+                                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                                rs = slice(pm * config.epi_m, (pm + 1) * config.epi_m)
+                                cs = slice(pn * config.epi_n, (pn + 1) * config.epi_n)
+                                out_smem[wg, slot] = result[rs, cs]
+                                plgpu.commit_smem()
+                                plgpu.copy_smem_to_gmem(
+                                    out_smem.at[wg, slot],
+                                    out_gmem.at[row_slice, col_slice].at[:, wg_cols].at[rs, cs])
+                        if quantize_out:  # the scales (both warpgroups hold them): stored by the first
+                            @pl.when(wg == 0)
+                            def _():
+                                amax_smem[2, 0] = out_scale
+                                plgpu.commit_smem()
+                                plgpu.copy_smem_to_gmem(amax_smem.at[2, 0], out_scale_gmem.at[ni, row_slice])
+
+                    def weight_operand(b_smem):
+                        return (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
+                                else b_smem.at[:, wg_cols])
 
                     def step(_, a_smem, *rest):
+                        if block_scaled:  # this step's product, times its rows' scales, onto the running sum
+                            b_smem, step_scales, (total,) = rest
+
+                            def product(acc):
+                                plgpu.wgmma(acc, a_smem, weight_operand(b_smem))
+                                return acc[...]
+
+                            part = pl.run_scoped(product, plgpu.ACC((tm, tn), jnp.float32))
+                            return (total + part * lax.broadcast_in_dim(step_scales[0], (tm, tn), [0]),)
                         b_tiles, accs = rest[:-1], rest[-1]
                         for b_smem, acc in zip(b_tiles, accs):
-                            b = (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
-                                 else b_smem.at[:, wg_cols])
-                            plgpu.wgmma(acc, a_smem, b)
+                            plgpu.wgmma(acc, a_smem, weight_operand(b_smem))
                         plgpu.wgmma_wait(0)
                         return accs
 
@@ -312,7 +392,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                        int(plgpu.PipelinePipeline.STEADY)) if config.pipeline_tiles else None)
                     pipeline(step, context, state)(a_gmem.at[row_slice, :],
                                                    *(weight_tile(b_gmem, group, ni, p) for p in range(parts)),
-                                                   allocations=buffers)
+                                                   *block_scale_tile(row_slice), allocations=buffers)
 
             if config.pipeline_tiles:
                 # a STEADY pipeline does not wait for its last steps to be consumed: the memory warpgroup waits
@@ -327,12 +407,15 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
     if num_sms is None:  # the interpreter simulates every SM's threads: two are enough there
         num_sms = 2 if interpret is not None else getattr(jax.devices()[0], "core_count", None) or 132
+    out_type = jax.ShapeDtypeStruct((m, out_n), out_dtype)
+    if quantize_out:
+        out_type = (out_type, jax.ShapeDtypeStruct((n_tiles, m), jnp.float32))
     kernel = plgpu.kernel(
-        body, out_type=jax.ShapeDtypeStruct((m, out_n), out_dtype), grid=(num_sms,), grid_names=("sm",),
+        body, out_type=out_type, grid=(num_sms,), grid_names=("sm",),
         num_threads=3, thread_name="wg", interpret=interpret,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                              approx_math=SILU != "exp"))  # ex2.approx (`silu`)
-    scales = (row_scale.astype(jnp.float32), col_scale.astype(jnp.float32)) if scaled else ()
+    scales = [s.astype(jnp.float32) for s in (row_block_scales, row_scale, col_scale) if s is not None]
     # pipeline_tiles: the used row tiles, the first ones (`tile_plan`); otherwise unread
     used = (jnp.sum(tile_groups >= 0, dtype=jnp.int32)[None] if config.pipeline_tiles
             else jnp.zeros((1,), jnp.int32))

@@ -28,8 +28,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from .devices import on_gpu as _on_gpu  # moe._on_gpu: a name tests can replace
-from .fp8 import Fp8Matrix, QuantizedRows, ValueAndRows, native_fp8_available, quantize_rows, quantize_rows_one_pass
-from .grouped_gemm import TileConfig, pipelined, tile_plan, tiled_grouped_matmul
+from .fp8 import (Fp8Matrix, QuantizedRows, ValueAndRows, dequantize_blocks, native_fp8_available, quantize_blocks,
+                  quantize_rows, quantize_rows_one_pass)
+from .grouped_gemm import TileConfig, pipelined, silu, tile_plan, tiled_grouped_matmul
 from .moe_rows import ExpertOutputs, ExpertRowScales, layout_rows
 from .top_k import router_top_k_pallas, top_k_rows
 
@@ -107,6 +108,21 @@ TILED_FP8_SWIGLU_CONFIG = TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=3
 # fp8 down with its scales in the kernel's epilogue (`FP8_DOWN_SCALES`="epilogue"): the best of a sweep on an H200
 # (scripts/bench_moe.py --fp8 --tune-tiled, 2026-11-29): 1.09 ms at 262,144 rows, the unscaled kernel 1.02-1.08
 TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=4, epi_m=128, band=16)
+
+# how the fp8 experts quantise the hidden rows (silu(gate) * up) for down: "blocks" (one scale per row and
+# `FP8_HIDDEN_BLOCK`-wide block of F, as Qwen3's FP8 checkpoints quantise activations: on the tiled kernel gate+up's
+# epilogue writes e4m3 and the scales directly, from float32, and down multiplies each k-step's product by its
+# block's scales; no pass over the hidden rows in between) or "rows" (one scale per row, as the dense fp8 MLP: the
+# epilogue writes bfloat16 rows that their own pass quantises, `FP8_SWIGLU`; `FP8_DOWN_SCALES`). The same on every
+# backend (the ragged_dot path computes the same arithmetic); "rows" where F is not a multiple of the block. Read at
+# trace time.
+FP8_HIDDEN = "blocks"
+FP8_HIDDEN_BLOCK = 128  # = 2 * TILED_FP8_SWIGLU_CONFIG.tile_n (a CTA's columns) = down's tile_k
+
+# down on block-scaled hidden rows (`FP8_HIDDEN` "blocks"): a k-step's product and the running sum are two float32
+# tiles per compute warpgroup, so 64 columns each (not 128 as `TILED_FP8_DOWN_SCALED_CONFIG`); 128-deep k-steps,
+# one block each
+TILED_FP8_DOWN_BLOCKS_CONFIG = TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=4, epi_m=128, band=16)
 
 # where the fp8 experts apply down's scales on the tiled kernel: "epilogue" (the GEMM multiplies its float32
 # accumulators by the row and column scales and writes scaled bf16 rows: the combine then reads only the rows, as
@@ -363,16 +379,36 @@ def _expert_swiglu_quantize(gate_up: jax.Array, rows: _Fp8Rows, col_scale: jax.A
     return expert_swiglu_quantize_pallas(gate_up, rows.scale, tiles[0], col_scale, tile_m=tiles[1], rows=2)
 
 
+def _fp8_hidden_blocks_reference(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul: Any,
+                                 out_dtype: Any) -> jax.Array:
+    """The block-scaled fp8 experts (`FP8_HIDDEN` "blocks") in XLA, the arithmetic of the tiled kernels: gate+up's
+    unscaled product scaled in float32, SwiGLU (`grouped_gemm.silu`), quantised per row and `FP8_HIDDEN_BLOCK`-wide
+    block (`fp8.quantize_blocks`), down on the dequantised values (exact: an e4m3 value times a float32 scale),
+    scaled by down's column scales, one rounding to out_dtype."""
+    take = lambda scale: jnp.take(scale, rows.expert, axis=0, mode="clip")  # noqa: E731
+    gu = matmul(rows.values, gate_up.weight, 0).astype(jnp.float32) * rows.scale[:, None] * take(gate_up.scale)
+    f = gu.shape[-1] // 2
+    hidden, scales = quantize_blocks(silu(gu[:, :f]) * gu[:, f:], FP8_HIDDEN_BLOCK)
+    out = matmul(dequantize_blocks(hidden, scales), down.weight, 1).astype(jnp.float32) * take(down.scale)
+    return out.astype(out_dtype)
+
+
 def _fp8_experts_ffn(rows: _Fp8Rows, gate_up: Fp8Matrix, down: Fp8Matrix, matmul: Any,
                      tiles: tuple[jax.Array, int] | None = None, gate_up_swiglu: Any = None,
-                     down_scaled: Any = None) -> tuple[jax.Array, ExpertRowScales | None]:
+                     down_scaled: Any = None, hidden_blocks: Any = None) -> tuple[jax.Array, ExpertRowScales | None]:
     """W8A8 SwiGLU experts: gate+up on e4m3 rows, scaled, SwiGLU in float32, requantised per row to e4m3 for down
     (as the dense fp8 MLP). matmul(values, weight, which) is the grouped GEMM of e4m3 operands (unscaled products;
     which: 0 gate+up, 1 down); gate_up_swiglu(values, weight, row_scale=, col_scale=), where given, is gate+up
     with its scales and SwiGLU in the GEMM's epilogue (bf16 out: rounded once more before the requantisation);
     down_scaled(values, weight, row_scale=, col_scale=), where given, is down with its scales in the epilogue;
-    `tiles` as `_expert_swiglu_quantize`'s. Returns down's rows [R, D] and the scales the combine still has to
-    apply to them (None when down_scaled applied them)."""
+    `tiles` as `_expert_swiglu_quantize`'s. hidden_blocks, where given, is the pair (gate+up with its scales,
+    SwiGLU and block quantisation in the epilogue, down on block-scaled rows with its column scales in the
+    epilogue) of `FP8_HIDDEN` "blocks". Returns down's rows [R, D] and the scales the combine still has to apply to
+    them (None when down's GEMM applied them)."""
+    if hidden_blocks is not None:
+        gate_up_blocks, down_blocks = hidden_blocks
+        hidden, scales = gate_up_blocks(rows.values, gate_up.weight, row_scale=rows.scale, col_scale=gate_up.scale)
+        return down_blocks(hidden, down.weight, row_block_scales=scales, col_scale=down.scale), None
     if gate_up_swiglu is not None:
         # 4 rows a program: a row of Qwen3-30B-A3B's hidden is 768 values (1 row: 2.5 TB/s on an H200)
         hidden, hidden_scale = quantize_rows_one_pass(
@@ -393,9 +429,11 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
     accumulation and per-row x per-column scales after them. Returns (down's rows, the row of each flat
     (token, expert) slot in them [N*k], and the scales the combine applies to them: each row's scale and expert,
     the experts' column scales; None where down's epilogue applied them, `FP8_DOWN_SCALES`)."""
-    if FP8_SWIGLU not in ("epilogue", "kernel") or FP8_DOWN_SCALES not in ("epilogue", "combine"):
-        raise ValueError(f"moe.FP8_SWIGLU must be 'epilogue' or 'kernel' and moe.FP8_DOWN_SCALES 'epilogue' or "
-                         f"'combine', got {FP8_SWIGLU!r} and {FP8_DOWN_SCALES!r}")
+    if (FP8_SWIGLU not in ("epilogue", "kernel") or FP8_DOWN_SCALES not in ("epilogue", "combine")
+            or FP8_HIDDEN not in ("blocks", "rows")):
+        raise ValueError(f"moe.FP8_SWIGLU must be 'epilogue' or 'kernel', moe.FP8_DOWN_SCALES 'epilogue' or "
+                         f"'combine' and moe.FP8_HIDDEN 'blocks' or 'rows', got {FP8_SWIGLU!r}, "
+                         f"{FP8_DOWN_SCALES!r} and {FP8_HIDDEN!r}")
     num_experts = plan.group_sizes.shape[0]
     stacked = gate_up.weight.ndim == 4
     if stacked != (layer is not None):
@@ -408,8 +446,9 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
     else:
         values, scale = quantized.values.reshape(tokens.shape), quantized.scale.reshape(-1)
     d, f = tokens.shape[-1], down.weight.shape[-1]
+    blocks = FP8_HIDDEN == "blocks" and f % FP8_HIDDEN_BLOCK == 0
     configs = tiled_configs(d, f, fp8=True) if impl == "tiled" else None
-    tiles, gate_up_swiglu, down_scaled = None, None, None
+    tiles, gate_up_swiglu, down_scaled, hidden_blocks = None, None, None, None
     if configs is not None:
         groups, source, row_of_slot = _tile_layout(plan, tokens.shape[0], top_k, configs[0].tile_m, offset)
         rows = _Fp8Rows(layout_rows(values, source, row_of_slot.reshape(-1, top_k), ROW_COPY),
@@ -431,6 +470,10 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
 
         gate_up_swiglu = scaled_gemm(FP8_SWIGLU == "epilogue", TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True)
         down_scaled = scaled_gemm(FP8_DOWN_SCALES == "epilogue", _down_config(TILED_FP8_DOWN_SCALED_CONFIG, f), d, f)
+        if blocks and 2 * TILED_FP8_SWIGLU_CONFIG.tile_n == FP8_HIDDEN_BLOCK == TILED_FP8_DOWN_BLOCKS_CONFIG.tile_k:
+            pair = (scaled_gemm(True, TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True, quantize_out=True),
+                    scaled_gemm(True, _down_config(TILED_FP8_DOWN_BLOCKS_CONFIG, f), d, f))
+            hidden_blocks = pair if None not in pair else None
 
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)
         sources = plan.order // top_k
@@ -442,7 +485,9 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
             return grouped_matmul(v.astype(jnp.float32), layer_w.astype(jnp.float32), sizes, "ragged_dot")
 
         row_of_slot = plan.inverse
-    out, scales = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles, gate_up_swiglu, down_scaled)
+        if blocks:
+            return _fp8_hidden_blocks_reference(rows, gate_up, down, matmul, tokens.dtype), row_of_slot, None
+    out, scales = _fp8_experts_ffn(rows, gate_up, down, matmul, tiles, gate_up_swiglu, down_scaled, hidden_blocks)
     return out, row_of_slot, scales
 
 

@@ -86,12 +86,16 @@
 #                                         # updates) with the default pass sizes and the six of before, ~4 min
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
 #                                         # counters: local memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~3 min
+#   bash scripts/gpu_moe.sh blocks OUT    # the fp8 experts' hidden rows in 128-wide blocks (moe.FP8_HIDDEN, the
+#                                         # default): the GPU tests of the kernels and the block, then the 30B's fp8
+#                                         # encoder with it and per row (fp8-moe-hidden-rows) against the 4B's
+#                                         # (bench_ratio rounds, one process), ~8 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -352,6 +356,14 @@ case $stage in
     run ratio_fp8_merge $((585 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-xla-merge} \
       --variants-on both --out "$out/ratio_fp8_merge.json"
+    ;;
+  blocks)
+    # the hidden rows quantised in blocks inside gate+up's epilogue, down on block-scaled rows (the default): the
+    # kernels' and the fp8 block's GPU tests, then the fp8 encoders' ratio with it and per row (one process)
+    run blocks_test 200 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
+      -k "block_scaled_hidden_kernels_on_gpu or fp8_tiled_kernel_and_block_on_gpu or fp8_swiglu_epilogue_on_gpu"
+    run ratio_fp8_blocks $((560 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-moe-hidden-rows} --out "$out/ratio_fp8_blocks.json"
     ;;
   confirm)
     # the code as it stands: the routing's GPU tests (the router kernel, the dispatch's CUB sort), the fp8 encoders'

@@ -46,11 +46,14 @@ def lowered_for_cuda(fn, *args) -> str:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("swiglu, down_scales, row_copy", [("epilogue", "epilogue", "scatter"),
-                                                           ("kernel", "combine", "gather")])
-def test_fp8_moe_block_lowers_for_a_hopper_gpu(monkeypatch, swiglu, down_scales, row_copy):
-    """Qwen3-30B-A3B's block shapes (fewer experts): the tiled e4m3 kernels with each epilogue form, the row copy
-    each way, the quantisation, top-k and combine kernels."""
+@pytest.mark.parametrize("hidden, swiglu, down_scales, row_copy", [("blocks", "epilogue", "epilogue", "scatter"),
+                                                                   ("rows", "epilogue", "epilogue", "scatter"),
+                                                                   ("rows", "kernel", "combine", "gather")])
+def test_fp8_moe_block_lowers_for_a_hopper_gpu(monkeypatch, hidden, swiglu, down_scales, row_copy):
+    """Qwen3-30B-A3B's block shapes (fewer experts): the tiled e4m3 kernels with the hidden rows quantised in
+    blocks inside gate+up's epilogue (the default) or per row with each epilogue form, the row copy each way, the
+    quantisation, top-k and combine kernels."""
+    monkeypatch.setattr(moe, "FP8_HIDDEN", hidden)
     monkeypatch.setattr(moe, "FP8_SWIGLU", swiglu)
     monkeypatch.setattr(moe, "FP8_DOWN_SCALES", down_scales)
     monkeypatch.setattr(moe, "ROW_COPY", row_copy)
@@ -61,10 +64,14 @@ def test_fp8_moe_block_lowers_for_a_hopper_gpu(monkeypatch, swiglu, down_scales,
     text = lowered_for_cuda(lambda x, p: moe.moe_block(x, p, 8, True, impl="tiled", layer=jnp.int32(1)),
                             jax.ShapeDtypeStruct((1024, d), jnp.bfloat16), params)
     assert text.count("mosaic_gpu") >= 2  # gate+up and down on the tiled kernel
-    # the hidden rows' requantisation: its own kernel after the epilogue, or inside the scale + SwiGLU kernel
-    hidden = "quantize_rows" if swiglu == "epilogue" else "expert_swiglu_quantize"
-    for kernel in (f"{row_copy}_rows", "router_top_k", "combine_rows", hidden):
-        assert kernel in text, kernel
+    # the hidden rows' requantisation: inside gate+up's epilogue (blocks), its own kernel after the epilogue, or
+    # inside the scale + SwiGLU kernel
+    requantisation = {"blocks": None, "epilogue": "quantize_rows", "kernel": "expert_swiglu_quantize"}[
+        swiglu if hidden == "rows" else hidden]
+    for kernel in (f"{row_copy}_rows", "router_top_k", "combine_rows", requantisation):
+        assert kernel is None or kernel in text, kernel
+    if hidden == "blocks":
+        assert "quantize_rows" not in text and "expert_swiglu_quantize" not in text
 
 
 def test_fused_router_kernel_lowers_for_a_hopper_gpu():

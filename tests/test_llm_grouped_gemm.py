@@ -227,8 +227,9 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
     """At Qwen3-30B-A3B's gate+up shape (K 2048, 2F 1536): the e4m3 kernel with its row and column scales and
     SwiGLU in the epilogue equals silu(gate) * up of the scaled exact products (within its bf16 output rounding),
     and down (K 768, N 2048) with its scales in the epilogue the scaled exact products; the fp8 block on the tiled
-    kernel with `moe.FP8_SWIGLU` "epilogue" (the default) or "kernel", `moe.FP8_DOWN_SCALES` "epilogue" (the
-    default) or "combine" and the token rows scattered (the default) or gathered equals the block on ragged_dot."""
+    kernel with `moe.FP8_HIDDEN` "blocks" (the default) or "rows", there `moe.FP8_SWIGLU` "epilogue" or "kernel",
+    `moe.FP8_DOWN_SCALES` "epilogue" or "combine", and the token rows scattered (the default) or gathered equals
+    the block on ragged_dot in the same mode."""
     from jaxllm.fp8 import quantize_out_in
 
     rng = np.random.default_rng(7)
@@ -274,8 +275,15 @@ def test_fp8_swiglu_epilogue_on_gpu(monkeypatch):
               "down": quantize_out_in(jax.random.normal(ks[3], (layers, e, d, f)) * 0.05)}
     block = lambda impl: np.asarray(jax.jit(lambda p: moe.moe_block(xb, p, 8, True, impl=impl,  # noqa: E731
                                                                     layer=jnp.int32(1)))(params), np.float32)
-    want = block("ragged_dot")
-    for mode in (("epilogue", "epilogue", "scatter"), ("kernel", "epilogue", "gather"), ("epilogue", "combine", "gather")):
+    want = block("ragged_dot")  # moe.FP8_HIDDEN "blocks" (the default), as the first form below
+    modes = (("blocks", "epilogue", "epilogue", "scatter"), ("rows", "epilogue", "epilogue", "scatter"),
+             ("rows", "kernel", "epilogue", "gather"), ("rows", "epilogue", "combine", "gather"))
+    for mode in modes:
+        monkeypatch.setattr(moe, "FP8_HIDDEN", mode[0])
+        if mode[0] == "rows":
+            monkeypatch.setattr(moe, "FP8_HIDDEN", "rows")
+            want = block("ragged_dot")
+        mode = mode[1:]
         monkeypatch.setattr(moe, "FP8_SWIGLU", mode[0])
         monkeypatch.setattr(moe, "FP8_DOWN_SCALES", mode[1])
         monkeypatch.setattr(moe, "ROW_COPY", mode[2])
@@ -384,7 +392,7 @@ def test_fp8_swiglu_epilogue_interpreted():
         np.repeat(np.arange(groups), sizes)]
     want = gu[:, :f] / (1 + np.exp(-gu[:, :f])) * gu[:, f:]
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-2
-    with pytest.raises(ValueError, match="row_scale and col_scale come together"):
+    with pytest.raises(ValueError, match="and col_scale come together"):
         tiled_grouped_matmul(rows, w, plan.tile_groups, config, swiglu=True, row_scale=row_scale)
 
 
@@ -415,13 +423,15 @@ def test_fp8_scaled_epilogue_without_swiglu_interpreted():
 
 def test_fp8_block_takes_the_modes_it_names_interpreted(monkeypatch):
     """The fp8 block on the tiled kernel (interpreted) at shapes that take the 128-row tile configs: with
-    `moe.FP8_SWIGLU` "epilogue" (the default) gate+up is one scaled GEMM with SwiGLU, with "kernel" an unscaled
-    GEMM; with `moe.FP8_DOWN_SCALES` "epilogue" (the default) down is a scaled GEMM and the combine gets no
-    scales, with "combine" it is unscaled; every form stays as near the ragged_dot block as the GPU test at
-    Qwen3-30B-A3B's shapes allows."""
+    `moe.FP8_HIDDEN` "blocks" (the default) gate+up is one scaled GEMM with SwiGLU and the block quantisation and
+    down one block-scaled GEMM, equal to the ragged_dot block's arithmetic of the same mode; with "rows", and
+    `moe.FP8_SWIGLU` "epilogue" gate+up is one scaled GEMM with SwiGLU, with "kernel" an unscaled GEMM; with
+    `moe.FP8_DOWN_SCALES` "epilogue" down is a scaled GEMM and the combine gets no scales, with "combine" it is
+    unscaled; every rows form stays as near the ragged_dot block as the GPU test at Qwen3-30B-A3B's shapes
+    allows."""
     from jaxllm.fp8 import quantize_out_in
 
-    assert moe.FP8_SWIGLU == "epilogue" and moe.FP8_DOWN_SCALES == "epilogue"
+    assert moe.FP8_HIDDEN == "blocks" and moe.FP8_SWIGLU == "epilogue" and moe.FP8_DOWN_SCALES == "epilogue"
     e, d, f, n = 2, 256, 128, 16
     ks = jax.random.split(jax.random.key(0), 4)
     x = jax.random.normal(ks[0], (n, d)).astype(jnp.bfloat16)
@@ -430,16 +440,26 @@ def test_fp8_block_takes_the_modes_it_names_interpreted(monkeypatch):
               "down": quantize_out_in(jax.random.normal(ks[3], (1, e, d, f)) * 0.1)}
     block = lambda impl: np.asarray(moe.moe_block(x, params, 2, False, impl=impl, layer=jnp.int32(0)),  # noqa: E731
                                     np.float32)
-    want = block("ragged_dot")
     calls, kernel = [], moe.tiled_grouped_matmul
     monkeypatch.setattr(moe, "tiled_grouped_matmul", lambda *a, **kw: calls.append(
-        (kw.get("swiglu", False), kw.get("row_scale") is not None)) or kernel(*a, **kw))
+        (kw.get("swiglu", False), kw.get("row_scale") is not None, kw.get("quantize_out", False),
+         kw.get("row_block_scales") is not None)) or kernel(*a, **kw))
     # the interpreter hangs on the scaled epilogue at 128-wide column tiles (the model's down config, tested
     # compiled on a GPU): 64-wide here
     monkeypatch.setattr(moe, "TILED_FP8_DOWN_SCALED_CONFIG", moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64))
     combined_scales, combine = [], moe_rows.combine_rows
     monkeypatch.setattr(moe_rows, "combine_rows", lambda *a, **kw: combined_scales.append(a[3] is not None)
                         or combine(*a, **kw))
+
+    got, want = block("tiled"), block("ragged_dot")
+    assert calls == [(True, True, True, False), (False, False, False, True)], calls
+    assert combined_scales == [False, False]
+    # the same arithmetic: e4m3 values of the hidden rows may round the other way where the kernel's SwiGLU
+    # (float32, its own exponential) and XLA's differ by ulps
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=np.abs(want).max() * 2e-2)
+
+    monkeypatch.setattr(moe, "FP8_HIDDEN", "rows")
+    want = block("ragged_dot")
     for swiglu_mode, down_mode in (("epilogue", "epilogue"), ("kernel", "epilogue"), ("epilogue", "combine")):
         monkeypatch.setattr(moe, "FP8_SWIGLU", swiglu_mode)
         monkeypatch.setattr(moe, "FP8_DOWN_SCALES", down_mode)
@@ -447,8 +467,8 @@ def test_fp8_block_takes_the_modes_it_names_interpreted(monkeypatch):
         combined_scales.clear()
         got = block("tiled")
         mode = (swiglu_mode, down_mode)
-        gate_up_call = (True, True) if swiglu_mode == "epilogue" else (False, False)
-        down_call = (False, down_mode == "epilogue")
+        gate_up_call = (True, True, False, False) if swiglu_mode == "epilogue" else (False, False, False, False)
+        down_call = (False, down_mode == "epilogue", False, False)
         assert calls == [gate_up_call, down_call], (mode, calls)  # gate+up, then down
         assert combined_scales == [down_mode == "combine"], (mode, combined_scales)
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3e-2, mode
@@ -520,3 +540,92 @@ def test_epilogue_pieces_of_128_rows_change_nothing_on_gpu():
         off, on = _outputs_of_configs((config._replace(epi_m=64), config), k, n, swiglu, jnp.float8_e4m3fn,
                                       sizes, seed)
         np.testing.assert_array_equal(on, off, err_msg=str(config))
+
+
+def _block_scaled_kernels(k, f, n, sizes, seed, interpret=None):
+    """`moe.FP8_HIDDEN` "blocks"' two kernels at the model's configs on one random routing: gate+up [K -> 2F] with
+    its scales, SwiGLU and the block quantisation in the epilogue, then down [F -> N] on those block-scaled rows.
+    Returns, for the real rows: (gate+up's e4m3 values and scales, `fp8.quantize_blocks` of the float64 SwiGLU of
+    the scaled exact products; down's output and its float64 reference on the kernel's own e4m3 rows)."""
+    from jaxllm.fp8 import dequantize_blocks, quantize_blocks
+
+    rng = np.random.default_rng(seed)
+    gate_up_config, down_config = moe.TILED_FP8_SWIGLU_CONFIG, moe._down_config(moe.TILED_FP8_DOWN_BLOCKS_CONFIG, f)
+    groups, m = len(sizes), int(sizes.sum())
+    s = jnp.asarray(sizes, jnp.int32)
+    x = jnp.asarray(rng.normal(size=(m, k)), jnp.float8_e4m3fn)
+    w_gate_up = jnp.asarray(rng.normal(size=(groups, 2 * f, k)), jnp.float8_e4m3fn)
+    w_down = jnp.asarray(rng.normal(size=(groups, n, f)), jnp.float8_e4m3fn)
+    plan = tile_plan(s, m, gate_up_config.tile_m)
+    real = np.asarray(plan.padded_row)
+    rows = jnp.zeros((plan.num_rows, k), x.dtype).at[plan.padded_row].set(x)
+    row_scale = jnp.asarray(rng.uniform(0.001, 0.01, plan.num_rows), jnp.float32)
+    gate_up_scale = jnp.asarray(rng.uniform(0.001, 0.01, (groups, 2 * f)), jnp.float32)
+    down_scale = jnp.asarray(rng.uniform(0.001, 0.01, (groups, n)), jnp.float32)
+
+    def kernels(rows, row_scale, gate_up_scale, down_scale, tile_groups):
+        hidden, scales = tiled_grouped_matmul(rows, w_gate_up, tile_groups, gate_up_config, swiglu=True,
+                                              row_scale=row_scale, col_scale=gate_up_scale, quantize_out=True,
+                                              interpret=interpret)
+        out = tiled_grouped_matmul(hidden, w_down, tile_groups, down_config, row_block_scales=scales,
+                                   col_scale=down_scale, interpret=interpret)
+        return hidden, scales, out
+
+    kernels = kernels if interpret is not None else jax.jit(kernels)
+    hidden, scales, out = kernels(rows, row_scale, gate_up_scale, down_scale, plan.tile_groups)
+    expert = np.repeat(np.arange(groups), sizes)
+    gu = np.asarray(moe.grouped_matmul(x.astype(jnp.float32), w_gate_up.astype(jnp.float32), s, "ragged_dot"),
+                    np.float64) * np.asarray(row_scale)[real][:, None] * np.asarray(gate_up_scale)[expert]
+    swiglu = gu[:, :f] / (1 + np.exp(-gu[:, :f])) * gu[:, f:]
+    want_hidden, want_scales = quantize_blocks(jnp.asarray(swiglu, jnp.float32), moe.FP8_HIDDEN_BLOCK)
+    hidden, scales = hidden[plan.padded_row], scales[:, plan.padded_row]
+    want_out = np.asarray(moe.grouped_matmul(dequantize_blocks(hidden, scales), w_down.astype(jnp.float32), s,
+                                             "ragged_dot"), np.float64) * np.asarray(down_scale)[expert]
+    return ((np.asarray(hidden, np.float32), np.asarray(scales), np.asarray(want_hidden, np.float32),
+             np.asarray(want_scales)), (np.asarray(out[plan.padded_row], np.float32), want_out))
+
+
+def _check_block_scaled(case, changed_values):
+    (hidden, scales, want_hidden, want_scales), (out, want_out) = case
+    # the scales: the float32 abs-max of each row's 128-wide block / 448 (SiLU's exponential may move it by ulps)
+    np.testing.assert_allclose(scales, want_scales, rtol=1e-5)
+    # the e4m3 values: the same but where a value sits within float32 ulps of a rounding boundary
+    assert np.mean(hidden != want_hidden) <= changed_values
+    assert np.abs(hidden - want_hidden).max() <= np.abs(want_hidden).max() / 8  # at most one e4m3 step
+    # down: the block-scaled sum of exact products, one bf16 rounding
+    np.testing.assert_allclose(out, want_out, rtol=2 ** -7, atol=np.abs(want_out).max() * 2 ** -12)
+
+
+def test_block_scaled_hidden_kernels_interpreted():
+    """`moe.FP8_HIDDEN` "blocks" at the configs the model uses (Mosaic GPU's interpreter): gate+up's epilogue
+    writes e4m3 values and one scale per row and 128-wide block (the two compute warpgroups' abs-max exchanged),
+    equal to `fp8.quantize_blocks` of the scaled SwiGLU; down multiplies each 128-deep k-step by its rows' block
+    scales: the block-scaled sum of the exact products. Groups of several tiles, an empty one, part-filled ones,
+    down pipelined over 2 k-steps."""
+    _check_block_scaled(_block_scaled_kernels(256, 256, 128, np.array([200, 0, 60]), 11, interpreter()), 0.0)
+
+
+def test_block_scaled_hidden_refuses_what_it_cannot_take():
+    rows = jnp.zeros((128, 256), jnp.float8_e4m3fn)
+    weights = jnp.zeros((2, 128, 256), jnp.float8_e4m3fn)
+    groups, col = jnp.zeros((1,), jnp.int32), jnp.ones((2, 128), jnp.float32)
+    config = moe.TILED_FP8_DOWN_BLOCKS_CONFIG
+    with pytest.raises(ValueError, match=r"row_block_scales \[2, 128\]"):
+        tiled_grouped_matmul(rows, weights, groups, config, row_block_scales=jnp.ones((128,)), col_scale=col)
+    with pytest.raises(ValueError, match="not both"):
+        tiled_grouped_matmul(rows, weights, groups, config, row_block_scales=jnp.ones((2, 128)),
+                             row_scale=jnp.ones((128,)), col_scale=col)
+    with pytest.raises(ValueError, match="take e4m3 rows"):
+        tiled_grouped_matmul(rows.astype(jnp.bfloat16), weights.astype(jnp.bfloat16), groups, config,
+                             quantize_out=True)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
+def test_block_scaled_hidden_kernels_on_gpu():
+    """Compiled at Qwen3-30B-A3B's expert shapes (K 2048, F 768, N 2048): as the interpreted test, on a routing
+    with an empty expert and one of a single row (a few e4m3 values may round the other way: the kernel's SiLU
+    is ex2.approx and its division approximate)."""
+    rng = np.random.default_rng(12)
+    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
+    sizes[2], sizes[5] = 0, 1
+    _check_block_scaled(_block_scaled_kernels(2048, 768, 2048, sizes, 13), 1e-3)
