@@ -73,6 +73,18 @@ SILU_FORMS = ("exp", "exp2")
 LOG2_E = 1.4426950408889634
 
 
+# How the GEMM on block-scaled rows (`tiled_grouped_matmul`'s row_block_scales) applies a k-step's scales:
+#   "rescale" (the default): one float32 sum per tile, kept in units of the last k-step's row scales: before each
+#     step's wgmma accumulates onto it, it is multiplied by last / this step's scales (a division per row, a
+#     multiply per value), and by the last step's scales in the epilogue. One accumulator: 128-wide column tiles fit.
+#     (Interpreted, the product is added to the rescaled sum instead: Mosaic GPU's interpreter has no run_state.)
+#   "promote": each step's product in its own zeroed accumulator, multiplied by its scales and added to the sum
+#     (DeepSeek-V3's promotion): two accumulators, so 64-wide column tiles.
+# Both give the sum of each block's exact products times its scale, rounded in float32 differently.
+BLOCK_SCALES = "rescale"
+BLOCK_SCALES_FORMS = ("rescale", "promote")
+
+
 def silu(x: jax.Array) -> jax.Array:
     """x * sigmoid(x) in float32, as the kernel's epilogue computes it (`SILU`)."""
     if SILU not in SILU_FORMS:
@@ -193,6 +205,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     scaled = col_scale is not None  # the epilogue multiplies by the column scales (and row_scale, where given)
     row_scaled = row_scale is not None
     block_scaled = row_block_scales is not None
+    if block_scaled and BLOCK_SCALES not in BLOCK_SCALES_FORMS:
+        raise ValueError(f"grouped_gemm.BLOCK_SCALES is {BLOCK_SCALES!r}; use one of {BLOCK_SCALES_FORMS}")
     if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
         weights, transposed = jnp.swapaxes(weights, 1, 2), False
     m, k = rows.shape
@@ -326,7 +340,12 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         if scaled:
                             start_scale_copies()
                         if block_scaled:  # the running sum is a value the steps carry (`step`)
-                            finish(run((jnp.zeros((tm, tn), jnp.float32),)))
+                            total = jnp.zeros((tm, tn), jnp.float32)
+                            if BLOCK_SCALES == "promote":
+                                finish(run((total,)))
+                            else:  # the sum is kept in units of the last step's scales
+                                total, last = run((total, jnp.ones((tm,), jnp.float32)))
+                                finish([total * lax.broadcast_in_dim(last, (tm, tn), [0])])
                             return
 
                         @functools.partial(pl.run_scoped,
@@ -371,15 +390,24 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                 else b_smem.at[:, wg_cols])
 
                     def step(_, a_smem, *rest):
-                        if block_scaled:  # this step's product, times its rows' scales, onto the running sum
+                        def product(acc):
+                            plgpu.wgmma(acc, a_smem, weight_operand(rest[0]))
+                            return acc[...]
+
+                        if block_scaled and BLOCK_SCALES == "promote":  # the step's product, scaled, onto the sum
                             b_smem, step_scales, (total,) = rest
-
-                            def product(acc):
-                                plgpu.wgmma(acc, a_smem, weight_operand(b_smem))
-                                return acc[...]
-
                             part = pl.run_scoped(product, plgpu.ACC((tm, tn), jnp.float32))
                             return (total + part * lax.broadcast_in_dim(step_scales[0], (tm, tn), [0]),)
+                        if block_scaled:  # the sum rescaled to this step's scales, then the product onto it
+                            b_smem, step_scales, (total, last) = rest
+                            scale = step_scales[0]
+                            total = total * lax.broadcast_in_dim(last / scale, (tm, tn), [0])
+                            if interpret is None:  # the wgmma accumulates onto the rescaled sum
+                                total = pl.run_state(lambda acc: plgpu.wgmma(acc, a_smem, weight_operand(b_smem)))(
+                                    plgpu.ACC.init(total))
+                            else:  # the interpreter has no run_state: the product added (same sum, rounded apart)
+                                total = total + pl.run_scoped(product, plgpu.ACC((tm, tn), jnp.float32))
+                            return total, scale
                         b_tiles, accs = rest[:-1], rest[-1]
                         for b_smem, acc in zip(b_tiles, accs):
                             plgpu.wgmma(acc, a_smem, weight_operand(b_smem))

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import grouped_gemm
 from .devices import on_gpu as _on_gpu  # moe._on_gpu: a name tests can replace
 from .fp8 import (Fp8Matrix, QuantizedRows, ValueAndRows, dequantize_blocks, native_fp8_available, quantize_blocks,
                   quantize_rows, quantize_rows_one_pass)
@@ -119,10 +120,19 @@ TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, st
 FP8_HIDDEN = "blocks"
 FP8_HIDDEN_BLOCK = 128  # = 2 * TILED_FP8_SWIGLU_CONFIG.tile_n (a CTA's columns) = down's tile_k
 
-# down on block-scaled hidden rows (`FP8_HIDDEN` "blocks"): a k-step's product and the running sum are two float32
-# tiles per compute warpgroup, so 64 columns each (not 128 as `TILED_FP8_DOWN_SCALED_CONFIG`); 128-deep k-steps,
-# one block each
-TILED_FP8_DOWN_BLOCKS_CONFIG = TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=4, epi_m=128, band=16)
+# down on block-scaled hidden rows (`FP8_HIDDEN` "blocks"), by `grouped_gemm.BLOCK_SCALES` form: "rescale" keeps one
+# float32 tile per compute warpgroup, as `TILED_FP8_DOWN_SCALED_CONFIG`; "promote" two (a k-step's product and the
+# sum), so 64 columns each. 128-deep k-steps, one block each
+TILED_FP8_DOWN_BLOCKS_CONFIGS = {
+    "rescale": TILED_FP8_DOWN_SCALED_CONFIG,
+    "promote": TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=4, epi_m=128, band=16),
+}
+
+
+def down_blocks_config(ffn: int) -> TileConfig:
+    """Down's tiled config on block-scaled rows at contraction ffn: for the `grouped_gemm.BLOCK_SCALES` form,
+    pipelined as `_down_config`."""
+    return _down_config(TILED_FP8_DOWN_BLOCKS_CONFIGS[grouped_gemm.BLOCK_SCALES], ffn)
 
 # where the fp8 experts apply down's scales on the tiled kernel: "epilogue" (the GEMM multiplies its float32
 # accumulators by the row and column scales and writes scaled bf16 rows: the combine then reads only the rows, as
@@ -470,9 +480,10 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
 
         gate_up_swiglu = scaled_gemm(FP8_SWIGLU == "epilogue", TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True)
         down_scaled = scaled_gemm(FP8_DOWN_SCALES == "epilogue", _down_config(TILED_FP8_DOWN_SCALED_CONFIG, f), d, f)
-        if blocks and 2 * TILED_FP8_SWIGLU_CONFIG.tile_n == FP8_HIDDEN_BLOCK == TILED_FP8_DOWN_BLOCKS_CONFIG.tile_k:
+        down_blocks = down_blocks_config(f)
+        if blocks and 2 * TILED_FP8_SWIGLU_CONFIG.tile_n == FP8_HIDDEN_BLOCK == down_blocks.tile_k:
             pair = (scaled_gemm(True, TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True, quantize_out=True),
-                    scaled_gemm(True, _down_config(TILED_FP8_DOWN_BLOCKS_CONFIG, f), d, f))
+                    scaled_gemm(True, down_blocks, d, f))
             hidden_blocks = pair if None not in pair else None
 
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)

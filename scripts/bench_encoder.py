@@ -75,6 +75,9 @@ VARIANTS = {
     "fp8-moe-hidden-rows": "the fp8 experts' hidden rows quantised with one scale per row by their own pass after "
                            "gate+up's epilogue, as before 2026-11-29's eighteenth session (moe.FP8_HIDDEN = 'rows'), "
                            "instead of one scale per 128-wide block inside the epilogue",
+    "fp8-moe-blocks-promote": "down on the block-scaled hidden rows with each k-step's product in its own "
+                              "accumulator, scaled and added (grouped_gemm.BLOCK_SCALES = 'promote', 64-wide tiles), "
+                              "instead of one sum rescaled before each step",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -121,6 +124,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-key-sort": key_sort,
         "fp8-moe-routing-before": xla_router + key_sort,
         "fp8-moe-hidden-rows": [(moe, "FP8_HIDDEN", "rows")],
+        "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

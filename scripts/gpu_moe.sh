@@ -361,9 +361,11 @@ case $stage in
     # the hidden rows quantised in blocks inside gate+up's epilogue, down on block-scaled rows (the default): the
     # kernels' and the fp8 block's GPU tests, then the fp8 encoders' ratio with it and per row (one process)
     run blocks_test 200 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
-      -k "block_scaled_hidden_kernels_on_gpu or fp8_tiled_kernel_and_block_on_gpu or fp8_swiglu_epilogue_on_gpu"
+      -k "block_scaled_hidden_kernels_on_gpu or fp8_tiled_kernel_and_block_on_gpu or fp8_swiglu_epilogue_on_gpu" \
+      | tail -40
     run ratio_fp8_blocks $((560 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-moe-hidden-rows} --out "$out/ratio_fp8_blocks.json"
+      --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-moe-hidden-rows fp8-moe-blocks-promote} \
+      --out "$out/ratio_fp8_blocks.json"
     ;;
   confirm)
     # the code as it stands: the routing's GPU tests (the router kernel, the dispatch's CUB sort), the fp8 encoders'
