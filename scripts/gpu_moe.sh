@@ -90,12 +90,15 @@
 #                                         # default): the GPU tests of the kernels and the block, then the 30B's fp8
 #                                         # encoder with it and per row (fp8-moe-hidden-rows) against the 4B's
 #                                         # (bench_ratio rounds, one process), ~8 min
+#   bash scripts/gpu_moe.sh blocksprofile OUT  # the 30B's fp8 encoder kernel by kernel with the hidden rows in
+#                                         # blocks (the default) and per row (one process), then the 30B fp8
+#                                         # trainer cold (3 updates), ~8 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -366,6 +369,14 @@ case $stage in
     run ratio_fp8_blocks $((560 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-moe-hidden-rows fp8-moe-blocks-promote} \
       --out "$out/ratio_fp8_blocks.json"
+    ;;
+  blocksprofile)
+    run profile_blocks 240 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-hidden-rows --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
+      --profile-top 40 --out "$out/profile_blocks.json"
+    run train_30b_fp8 $((585 - SECONDS)) python3 -m rl.train --encoder inscan --model qwen3-30b-a3b --llm-dtype fp8 \
+      --skip-n 8 --num-envs 128 --max-updates 3 --compile-cache off --run-dir /tmp/run30b-fp8
+    cp /tmp/run30b-fp8/metrics.jsonl "$out/train_30b_fp8_metrics.jsonl" 2>/dev/null
     ;;
   confirm)
     # the code as it stands: the routing's GPU tests (the router kernel, the dispatch's CUB sort), the fp8 encoders'
