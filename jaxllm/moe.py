@@ -436,7 +436,7 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
                         ) -> tuple[jax.Array, jax.Array, ExpertRowScales | None]:
     """fp8 (W8A8) experts: the tokens quantised per row to e4m3 once (before the row copy: half the bytes moved;
     `quantized`: already, by the step that normalised them), both GEMMs on e4m3 operands with float32
-    accumulation and per-row x per-column scales after them. Returns (down's rows, the row of each flat
+    accumulation and per-row (down: per row and block with `FP8_HIDDEN` "blocks") x per-column scales after them. Returns (down's rows, the row of each flat
     (token, expert) slot in them [N*k], and the scales the combine applies to them: each row's scale and expert,
     the experts' column scales; None where down's epilogue applied them, `FP8_DOWN_SCALES`)."""
     if (FP8_SWIGLU not in ("epilogue", "kernel") or FP8_DOWN_SCALES not in ("epilogue", "combine")
@@ -537,8 +537,9 @@ def moe_block(x: jax.Array | ValueAndRows, params: dict[str, Any], top_k: int, n
     """Qwen3-MoE's sparse block on x [..., D]: router params["router"] [D, E], experts params["gate_up"]
     [E, 2F, D] and params["down"] [E, D, F], or `fp8.Fp8Matrix` of them: W8A8, the tokens quantised per row to
     e4m3 (or given so: x a `ValueAndRows`), e4m3 GEMMs with float32 accumulation, SwiGLU in float32 and its
-    output requantised per row for down (on the tiled kernel with `FP8_SWIGLU` "epilogue", the default on a
-    Hopper GPU, rounded to bfloat16 first; there down's scales apply in its epilogue too, `FP8_DOWN_SCALES`).
+    output quantised for down per row and 128-wide block (`FP8_HIDDEN` "blocks", the default; on the tiled kernel
+    inside gate+up's epilogue) or per row (`FP8_HIDDEN` "rows": on the tiled kernel with `FP8_SWIGLU` "epilogue"
+    rounded to bfloat16 first, down's scales in its epilogue with `FP8_DOWN_SCALES` "epilogue").
     With `layer` (an int32 scalar), gate_up and down are the whole [L, E, ...] stacks of the model and this block
     uses stack entry `layer` (the "tiled" kernel reads it in place; the others slice it).
     Each token's output is the sum over its top_k experts of routing weight x expert output (summed in float32,
