@@ -156,12 +156,15 @@ def group_sizes_for(kind: str, rows: int, experts: int, top_k: int, seed: int = 
     return jnp.asarray(counts, jnp.int32)
 
 
-def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = False, scaled: bool = False) -> None:
+def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = False, scaled: bool = False,
+               quantize_out: bool = False, block_scaled: bool = False) -> None:
     """Times `jaxllm.grouped_gemm.tiled_grouped_matmul` on x's rows moved into its tile-aligned layout (the move is
     not timed: moe_block builds that layout in its dispatch) and checks it against the per-group reference (not
     with `swiglu`: its output is silu(gate) * up; tests/test_llm_grouped_gemm.py checks that). `scaled`: with
     row and column scales applied in the epilogue (the fp8 experts' gate+up with `moe.FP8_SWIGLU` "epilogue", and
-    down with `moe.FP8_DOWN_SCALES` "epilogue")."""
+    down with `moe.FP8_DOWN_SCALES` "epilogue"). `moe.FP8_HIDDEN` "blocks"' forms: `quantize_out` (gate+up's
+    epilogue writes e4m3 rows and their block scales) and `block_scaled` (down on rows with one scale per row and
+    k-step, `grouped_gemm.BLOCK_SCALES`; with the column scales)."""
     import jax
     import jax.numpy as jnp
 
@@ -171,17 +174,20 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = 
     plan = grouped_gemm.tile_plan(sizes, x.shape[0], config.tile_m)
     padded = jnp.zeros((plan.num_rows, x.shape[1]), x.dtype).at[plan.padded_row].set(x)
     scales = ()
-    if scaled:
+    if scaled or block_scaled:
         ks, kc = jax.random.split(jax.random.key(11))
-        scales = (jax.random.uniform(ks, (plan.num_rows,), minval=0.001, maxval=0.01),
+        row_shape = (x.shape[1] // config.tile_k, plan.num_rows) if block_scaled else (plan.num_rows,)
+        scales = (jax.random.uniform(ks, row_shape, minval=0.001, maxval=0.01),
                   jax.random.uniform(kc, w.shape[:2], minval=0.001, maxval=0.01))
     kernel = jit(lambda a, b, g, *s: grouped_gemm.tiled_grouped_matmul(
-        a, b, g, config, swiglu=swiglu, row_scale=s[0] if s else None, col_scale=s[1] if s else None),
+        a, b, g, config, swiglu=swiglu, row_scale=s[0] if s and not block_scaled else None,
+        row_block_scales=s[0] if block_scaled else None, col_scale=s[1] if s else None, quantize_out=quantize_out),
         compiler_options=compiler_options())
     back = jax.jit(lambda out: jnp.take(out, plan.padded_row, axis=0))
-    record(name + "_swiglu" * swiglu + "_scaled" * scaled, kernel, padded, w, plan.tile_groups, *scales,
+    suffix = "_swiglu" * swiglu + "_scaled" * scaled + "_quantized" * quantize_out + "_blocks" * block_scaled
+    record(name + suffix, kernel, padded, w, plan.tile_groups, *scales,
            extra={"config": config._asdict(), "padded_rows": plan.num_rows},
-           check=name == "tiled" and not swiglu and not scaled, view=back)
+           check=name == "tiled" and not (swiglu or scaled or block_scaled), view=back)
     del padded
 
 
@@ -392,6 +398,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     with mock.patch.object(grouped_gemm, "SILU", silu):
                         time_tiled(record, x, w, sizes, config, name=name, swiglu=shape_name == "gate_up",
                                    scaled=True)
+                # moe.FP8_HIDDEN "blocks": gate+up quantising its output in the epilogue; down on block-scaled
+                # rows in each grouped_gemm.BLOCK_SCALES form, at the model's config (pipelined as it runs)
+                if shape_name == "gate_up":
+                    time_tiled(record, x, w, sizes, model_config, swiglu=True, scaled=True, quantize_out=True)
+                else:
+                    for form in grouped_gemm.BLOCK_SCALES_FORMS:
+                        with mock.patch.object(grouped_gemm, "BLOCK_SCALES", form):
+                            time_tiled(record, x, w, sizes, moe.down_blocks_config(k), name=f"tiled_{form}",
+                                       block_scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
                     pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2

@@ -93,12 +93,15 @@
 #   bash scripts/gpu_moe.sh blocksprofile OUT  # the 30B's fp8 encoder kernel by kernel with the hidden rows in
 #                                         # blocks (the default) and per row (one process), then the 30B fp8
 #                                         # trainer cold (3 updates), ~8 min
+#   bash scripts/gpu_moe.sh blockkernels OUT  # the e4m3 expert kernels alone (bench_moe.py --fp8, 36,864 tokens):
+#                                         # gate+up writing bf16 then the quantisation pass vs quantising in its
+#                                         # epilogue, down per-row scaled vs block-scaled (each form), ~4 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -369,6 +372,10 @@ case $stage in
     run ratio_fp8_blocks $((560 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-moe-hidden-rows fp8-moe-blocks-promote} \
       --out "$out/ratio_fp8_blocks.json"
+    ;;
+  blockkernels)
+    run kernels_fp8_blocks 300 python3 -u scripts/bench_moe.py --fp8 --routings uniform --candidates dense tiled \
+      --pipeline-tiles 0 1 --tokens 36864 --movement --out "$out/kernels_fp8_blocks.json"
     ;;
   blocksprofile)
     run profile_blocks 240 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
