@@ -177,7 +177,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                          config: TileConfig = TileConfig(), *, transposed: bool = True, swiglu: bool = False,
                          row_scale: jax.Array | None = None, col_scale: jax.Array | None = None,
                          row_block_scales: jax.Array | None = None, quantize_out: bool = False,
-                         out_dtype: Any = None, num_sms: int | None = None,
+                         quantize_block: int | None = None, out_dtype: Any = None, num_sms: int | None = None,
                          interpret: Any = None) -> jax.Array | tuple[jax.Array, jax.Array]:
     """rows [R, K] in `TilePlan` layout, weights [G, N, K] (`transposed`, contraction innermost) or [G, K, N],
     tile_groups int32 [R // tile_m]: row tile t of the result is rows' tile t times weights[tile_groups[t]]
@@ -194,7 +194,17 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     [R] and col_scale float32 [G, N] (W8A8: `jaxllm.moe`'s experts, gate+up with `swiglu` and down without), the
     accumulators are multiplied by row_scale[r] * col_scale[group, n] in the epilogue (before SwiGLU: gate and up
     each by their own columns): the scales are TMA-copied to shared memory when a tile starts, behind its main
-    loop, and waited on barriers. Mosaic GPU's interpreter (jax 0.10.2) runs the fp8 kernel at 64-wide column
+    loop, and waited on barriers.
+
+    Block-scaled fp8 (`jaxllm.moe`'s experts with `FP8_HIDDEN` "blocks"): with row_block_scales float32
+    [K // tile_k, R] (and col_scale, without row_scale) the rows' e4m3 values carry one scale per row and tile_k-deep
+    block of K, applied a k-step at a time as `BLOCK_SCALES` says (col_scale in the epilogue). With `quantize_out`
+    the float32 result (scaled, SwiGLU'd) is quantised to e4m3 in the epilogue with one scale per row and block of
+    `quantize_block` columns: the CTA's 2 * tile_n (the default: the two compute warpgroups exchange their rows'
+    abs-max through shared memory) or a warpgroup's tile_n (no exchange). Returns (e4m3 [R, out_n], float32 scales
+    [out_n // quantize_block, R]), scale = max(abs-max / 448, 1e-12) as `jaxllm.fp8.quantize_blocks`.
+
+    Mosaic GPU's interpreter (jax 0.10.2) runs the fp8 kernel at 64-wide column
     tiles but hangs at 128-wide ones and at 64-row tiles of bf16 (the model's configs are tested compiled on an
     H200)."""
     from jax.experimental import pallas as pl
@@ -213,6 +223,10 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     n = weights.shape[1] if transposed else weights.shape[2]
     out_n = n // 2 if swiglu else n
     itemsize = jnp.dtype(rows.dtype).itemsize
+    if quantize_block not in (None, config.tile_n, 2 * config.tile_n):
+        raise ValueError(f"tiled_grouped_matmul: quantize_block must be tile_n {config.tile_n} or 2 * tile_n, got "
+                         f"{quantize_block}")
+    exchange = quantize_block in (None, 2 * config.tile_n)  # blocks span both compute warpgroups' columns
     if quantize_out:
         out_dtype = E4M3
     elif out_dtype is None:
@@ -328,12 +342,14 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     def quantized(result):
                         """result [tm, tn] (this warpgroup's columns) in e4m3 with one scale per row of the CTA's
                         2 * tn columns (the abs-max exchanged with the other compute warpgroup), and the scales."""
-                        own = jnp.max(jnp.abs(result), axis=1)
-                        slot = info.local_index % 2
-                        amax_smem[slot, wg] = own
-                        plgpu.barrier_arrive(wg_exchange_barrier)
-                        plgpu.barrier_wait(wg_exchange_barrier)
-                        scale = jnp.maximum(jnp.maximum(own, amax_smem[slot, 1 - wg]) / E4M3_MAX, TINY)
+                        amax = jnp.max(jnp.abs(result), axis=1)
+                        if exchange:
+                            slot = info.local_index % 2
+                            amax_smem[slot, wg] = amax
+                            plgpu.barrier_arrive(wg_exchange_barrier)
+                            plgpu.barrier_wait(wg_exchange_barrier)
+                            amax = jnp.maximum(amax, amax_smem[slot, 1 - wg])
+                        scale = jnp.maximum(amax / E4M3_MAX, TINY)
                         return (result / lax.broadcast_in_dim(scale, (tm, tn), [0])).astype(out_dtype), scale
 
                     def context(run):
@@ -378,12 +394,16 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                 plgpu.copy_smem_to_gmem(
                                     out_smem.at[wg, slot],
                                     out_gmem.at[row_slice, col_slice].at[:, wg_cols].at[rs, cs])
-                        if quantize_out:  # the scales (both warpgroups hold them): stored by the first
+                        if quantize_out and exchange:  # the scales (both warpgroups hold them): stored by the first
                             @pl.when(wg == 0)
                             def _():
                                 amax_smem[2, 0] = out_scale
                                 plgpu.commit_smem()
                                 plgpu.copy_smem_to_gmem(amax_smem.at[2, 0], out_scale_gmem.at[ni, row_slice])
+                        elif quantize_out:  # each warpgroup its own block's
+                            amax_smem[2, wg] = out_scale
+                            plgpu.commit_smem()
+                            plgpu.copy_smem_to_gmem(amax_smem.at[2, wg], out_scale_gmem.at[2 * ni + wg, row_slice])
 
                     def weight_operand(b_smem):
                         return (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
@@ -437,7 +457,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         num_sms = 2 if interpret is not None else getattr(jax.devices()[0], "core_count", None) or 132
     out_type = jax.ShapeDtypeStruct((m, out_n), out_dtype)
     if quantize_out:
-        out_type = (out_type, jax.ShapeDtypeStruct((n_tiles, m), jnp.float32))
+        out_type = (out_type, jax.ShapeDtypeStruct((n_tiles * (1 if exchange else 2), m), jnp.float32))
     kernel = plgpu.kernel(
         body, out_type=out_type, grid=(num_sms,), grid_names=("sm",),
         num_threads=3, thread_name="wg", interpret=interpret,

@@ -118,7 +118,9 @@ TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, st
 # backend (the ragged_dot path computes the same arithmetic); "rows" where F is not a multiple of the block. Read at
 # trace time.
 FP8_HIDDEN = "blocks"
-FP8_HIDDEN_BLOCK = 128  # = 2 * TILED_FP8_SWIGLU_CONFIG.tile_n (a CTA's columns) = down's tile_k
+# the block width: 2 * TILED_FP8_SWIGLU_CONFIG.tile_n (a CTA's columns: the two compute warpgroups exchange their
+# rows' abs-max) or its tile_n (a warpgroup's: no exchange, down in twice the k-steps); down's tile_k is set to it
+FP8_HIDDEN_BLOCK = 128
 
 # down on block-scaled hidden rows (`FP8_HIDDEN` "blocks"), by `grouped_gemm.BLOCK_SCALES` form: "rescale" keeps one
 # float32 tile per compute warpgroup, as `TILED_FP8_DOWN_SCALED_CONFIG`; "promote" two (a k-step's product and the
@@ -132,7 +134,8 @@ TILED_FP8_DOWN_BLOCKS_CONFIGS = {
 def down_blocks_config(ffn: int) -> TileConfig:
     """Down's tiled config on block-scaled rows at contraction ffn: for the `grouped_gemm.BLOCK_SCALES` form,
     pipelined as `_down_config`."""
-    return _down_config(TILED_FP8_DOWN_BLOCKS_CONFIGS[grouped_gemm.BLOCK_SCALES], ffn)
+    return _down_config(TILED_FP8_DOWN_BLOCKS_CONFIGS[grouped_gemm.BLOCK_SCALES]._replace(tile_k=FP8_HIDDEN_BLOCK),
+                        ffn)
 
 # where the fp8 experts apply down's scales on the tiled kernel: "epilogue" (the GEMM multiplies its float32
 # accumulators by the row and column scales and writes scaled bf16 rows: the combine then reads only the rows, as
@@ -481,8 +484,9 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
         gate_up_swiglu = scaled_gemm(FP8_SWIGLU == "epilogue", TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True)
         down_scaled = scaled_gemm(FP8_DOWN_SCALES == "epilogue", _down_config(TILED_FP8_DOWN_SCALED_CONFIG, f), d, f)
         down_blocks = down_blocks_config(f)
-        if blocks and 2 * TILED_FP8_SWIGLU_CONFIG.tile_n == FP8_HIDDEN_BLOCK == down_blocks.tile_k:
-            pair = (scaled_gemm(True, TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True, quantize_out=True),
+        if blocks and FP8_HIDDEN_BLOCK in (TILED_FP8_SWIGLU_CONFIG.tile_n, 2 * TILED_FP8_SWIGLU_CONFIG.tile_n):
+            pair = (scaled_gemm(True, TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True, quantize_out=True,
+                                quantize_block=FP8_HIDDEN_BLOCK),
                     scaled_gemm(True, down_blocks, d, f))
             hidden_blocks = pair if None not in pair else None
 

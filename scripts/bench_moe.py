@@ -157,7 +157,7 @@ def group_sizes_for(kind: str, rows: int, experts: int, top_k: int, seed: int = 
 
 
 def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = False, scaled: bool = False,
-               quantize_out: bool = False, block_scaled: bool = False) -> None:
+               quantize_out: bool = False, block_scaled: bool = False, quantize_block: int | None = None) -> None:
     """Times `jaxllm.grouped_gemm.tiled_grouped_matmul` on x's rows moved into its tile-aligned layout (the move is
     not timed: moe_block builds that layout in its dispatch) and checks it against the per-group reference (not
     with `swiglu`: its output is silu(gate) * up; tests/test_llm_grouped_gemm.py checks that). `scaled`: with
@@ -181,10 +181,12 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = 
                   jax.random.uniform(kc, w.shape[:2], minval=0.001, maxval=0.01))
     kernel = jit(lambda a, b, g, *s: grouped_gemm.tiled_grouped_matmul(
         a, b, g, config, swiglu=swiglu, row_scale=s[0] if s and not block_scaled else None,
-        row_block_scales=s[0] if block_scaled else None, col_scale=s[1] if s else None, quantize_out=quantize_out),
+        row_block_scales=s[0] if block_scaled else None, col_scale=s[1] if s else None, quantize_out=quantize_out,
+        quantize_block=quantize_block),
         compiler_options=compiler_options())
     back = jax.jit(lambda out: jnp.take(out, plan.padded_row, axis=0))
-    suffix = "_swiglu" * swiglu + "_scaled" * scaled + "_quantized" * quantize_out + "_blocks" * block_scaled
+    suffix = ("_swiglu" * swiglu + "_scaled" * scaled + "_quantized" * quantize_out + "_blocks" * block_scaled
+              + f"_{quantize_block}" * (quantize_block is not None))
     record(name + suffix, kernel, padded, w, plan.tile_groups, *scales,
            extra={"config": config._asdict(), "padded_rows": plan.num_rows},
            check=name == "tiled" and not (swiglu or scaled or block_scaled), view=back)
@@ -400,12 +402,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                    scaled=True)
                 # moe.FP8_HIDDEN "blocks": gate+up quantising its output in the epilogue; down on block-scaled
                 # rows in each grouped_gemm.BLOCK_SCALES form, at the model's config (pipelined as it runs)
-                if shape_name == "gate_up":
-                    time_tiled(record, x, w, sizes, model_config, swiglu=True, scaled=True, quantize_out=True)
-                else:
-                    for form in grouped_gemm.BLOCK_SCALES_FORMS:
-                        with mock.patch.object(grouped_gemm, "BLOCK_SCALES", form):
-                            time_tiled(record, x, w, sizes, moe.down_blocks_config(k), name=f"tiled_{form}",
+                # (blocks of a CTA's 128 columns, and of a warpgroup's 64: moe.FP8_HIDDEN_BLOCK)
+                for block in (128, 64):
+                    if shape_name == "gate_up":
+                        time_tiled(record, x, w, sizes, model_config, swiglu=True, scaled=True, quantize_out=True,
+                                   quantize_block=block)
+                        continue
+                    for form in grouped_gemm.BLOCK_SCALES_FORMS[:1] if block == 64 else grouped_gemm.BLOCK_SCALES_FORMS:
+                        with (mock.patch.object(grouped_gemm, "BLOCK_SCALES", form),
+                              mock.patch.object(moe, "FP8_HIDDEN_BLOCK", block)):
+                            time_tiled(record, x, w, sizes, moe.down_blocks_config(k), name=f"tiled_{form}_{block}",
                                        block_scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below

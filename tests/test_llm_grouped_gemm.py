@@ -567,7 +567,7 @@ def _block_scaled_kernels(k, f, n, sizes, seed, interpret=None, down_config=None
     def kernels(rows, row_scale, gate_up_scale, down_scale, tile_groups):
         hidden, scales = tiled_grouped_matmul(rows, w_gate_up, tile_groups, gate_up_config, swiglu=True,
                                               row_scale=row_scale, col_scale=gate_up_scale, quantize_out=True,
-                                              interpret=interpret)
+                                              quantize_block=moe.FP8_HIDDEN_BLOCK, interpret=interpret)
         out = tiled_grouped_matmul(hidden, w_down, tile_groups, down_config, row_block_scales=scales,
                                    col_scale=down_scale, interpret=interpret)
         return hidden, scales, out
@@ -599,14 +599,16 @@ def _check_block_scaled(case, changed_values, scale_rtol, out_atol):
     np.testing.assert_allclose(out, want_out, rtol=2 ** -7, atol=np.abs(want_out).max() * out_atol)
 
 
-@pytest.mark.parametrize("form", grouped_gemm.BLOCK_SCALES_FORMS)
-def test_block_scaled_hidden_kernels_interpreted(monkeypatch, form):
+@pytest.mark.parametrize("form, block", [("rescale", 128), ("promote", 128), ("rescale", 64)])
+def test_block_scaled_hidden_kernels_interpreted(monkeypatch, form, block):
     """`moe.FP8_HIDDEN` "blocks" at the configs the model uses (Mosaic GPU's interpreter; down's column tiles 64
     wide, which is what it runs): gate+up's epilogue writes e4m3 values and one scale per row and 128-wide block
     (the two compute warpgroups' abs-max exchanged), equal to `fp8.quantize_blocks` of the scaled SwiGLU; down
     applies each 128-deep k-step's block scales (each `grouped_gemm.BLOCK_SCALES` form): the block-scaled sum of
-    the exact products. Groups of several tiles, an empty one, part-filled ones, down pipelined over 3 k-steps."""
+    the exact products. Groups of several tiles, an empty one, part-filled ones, down pipelined over 3 k-steps
+    (6 with `moe.FP8_HIDDEN_BLOCK` 64: a warpgroup's columns, no exchange)."""
     monkeypatch.setattr(grouped_gemm, "BLOCK_SCALES", form)
+    monkeypatch.setattr(moe, "FP8_HIDDEN_BLOCK", block)
     down_config = moe.down_blocks_config(384)._replace(tile_n=64)
     _check_block_scaled(_block_scaled_kernels(256, 384, 128, np.array([200, 0, 60]), 11, interpreter(),
                                               down_config), 0.0, 1e-5, 2 ** -12)
@@ -628,12 +630,13 @@ def test_block_scaled_hidden_refuses_what_it_cannot_take():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-@pytest.mark.parametrize("form", grouped_gemm.BLOCK_SCALES_FORMS)
-def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, form):
+@pytest.mark.parametrize("form, block", [("rescale", 128), ("promote", 128), ("rescale", 64)])
+def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, form, block):
     """Compiled at Qwen3-30B-A3B's expert shapes (K 2048, F 768, N 2048): as the interpreted test, on a routing
     with an empty expert and one of a single row (a few e4m3 values may round the other way: the kernel's SiLU
-    is ex2.approx and its division approximate), with each `grouped_gemm.BLOCK_SCALES` form."""
+    is ex2.approx and its division approximate), with each `grouped_gemm.BLOCK_SCALES` form and 64-wide blocks."""
     monkeypatch.setattr(grouped_gemm, "BLOCK_SCALES", form)
+    monkeypatch.setattr(moe, "FP8_HIDDEN_BLOCK", block)
     rng = np.random.default_rng(12)
     sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
     sizes[2], sizes[5] = 0, 1
