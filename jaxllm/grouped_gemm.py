@@ -38,7 +38,9 @@ class TileConfig(NamedTuple):
     loads a tile's first k-steps while the compute warpgroups still work on the previous tile, instead of waiting
     for them to finish it; the CTAs then walk only the used row tiles, row by row (`band` unused), which must come
     before the unused ones (tile group -1), as `tile_plan` lays them out, and the k-steps must be a multiple of
-    the buffers (min(stages, k-steps))."""
+    the buffers (min(stages, k-steps)). split_rows: the compute warpgroups split the tile's rows instead (each
+    tile_m / 2 rows x 2 * tile_n columns): a row's 2 * tile_n outputs stay in one warpgroup, so `quantize_out`'s
+    blocks need no exchange; only with `quantize_out`."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -48,6 +50,7 @@ class TileConfig(NamedTuple):
     epi_n: int = 64
     band: int = 4
     pipeline_tiles: bool = False
+    split_rows: bool = False
 
 
 class TilePlan(NamedTuple):
@@ -145,6 +148,10 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
                         f"{config.stages} (see `pipelined`)")
     if config.tile_m % config.epi_m or config.tile_n % config.epi_n:
         problems.append("the epilogue piece (epi_m, epi_n) must divide (tile_m, tile_n)")
+    if config.split_rows and (not quantize_out or row_block_scales is not None or config.tile_m % 128
+                              or (config.tile_m // 2) % config.epi_m):
+        problems.append("split_rows takes quantize_out (not row_block_scales), tile_m a multiple of 128 and epi_m "
+                        "dividing tile_m / 2")
     if rows.dtype != weights.dtype:
         problems.append(f"rows are {rows.dtype} but weights {weights.dtype}")
     if row_scale is not None and row_block_scales is not None:
@@ -223,16 +230,19 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     n = weights.shape[1] if transposed else weights.shape[2]
     out_n = n // 2 if swiglu else n
     itemsize = jnp.dtype(rows.dtype).itemsize
-    if quantize_block not in (None, config.tile_n, 2 * config.tile_n):
-        raise ValueError(f"tiled_grouped_matmul: quantize_block must be tile_n {config.tile_n} or 2 * tile_n, got "
-                         f"{quantize_block}")
-    exchange = quantize_block in (None, 2 * config.tile_n)  # blocks span both compute warpgroups' columns
+    if quantize_block not in (None, config.tile_n, 2 * config.tile_n) or (config.split_rows and quantize_block
+                                                                         == config.tile_n):
+        raise ValueError(f"tiled_grouped_matmul: quantize_block must be tile_n {config.tile_n} (not with split_rows) "
+                         f"or 2 * tile_n, got {quantize_block}")
+    # blocks that span both compute warpgroups' columns
+    exchange = quantize_block in (None, 2 * config.tile_n) and not config.split_rows
     if quantize_out:
         out_dtype = E4M3
     elif out_dtype is None:
         out_dtype = jnp.bfloat16 if itemsize == 1 else rows.dtype
     tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
-    cta_n = 2 * tn  # output columns per tile: one tile_n slice per compute warpgroup
+    cta_n = 2 * tn  # output columns per tile: one tile_n slice per compute warpgroup (or all, `split_rows`)
+    wm, wn = (tm // 2, cta_n) if config.split_rows else (tm, tn)  # each compute warpgroup's part of a tile
     m_tiles, n_tiles, k_steps = m // tm, out_n // cta_n, k // tk
     parts = 2 if swiglu else 1  # weight tiles per step: (gate, up) or the one matrix
 
@@ -264,10 +274,10 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     # scales: (row scales [tm] unless block-scaled, column scales [parts, tn]) per compute warpgroup, each copy with
     # its own barrier
     copies = int(row_scaled) + parts  # scale copies per warpgroup and tile
-    scale_buffers = dict(col_smem=plgpu.SMEM((2, parts, tn), jnp.float32),
+    scale_buffers = dict(col_smem=plgpu.SMEM((2, parts, wn), jnp.float32),
                          scale_barriers=plgpu.Barrier(num_barriers=2 * copies)) if scaled else {}
     if row_scaled:
-        scale_buffers["row_smem"] = plgpu.SMEM((2, tm), jnp.float32)
+        scale_buffers["row_smem"] = plgpu.SMEM((2, wm), jnp.float32)
     if quantize_out:
         # amax_smem[slot, wg]: each warpgroup's row abs-max, in two slots by tile parity (the other warpgroup may
         # still read the last tile's), exchanged on a barrier of both compute warpgroups; amax_smem[2, 0]: the rows'
@@ -297,7 +307,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         def scope(buffers, out_smem, row_smem=None, col_smem=None, scale_barriers=None, amax_smem=None,
                   wg_exchange_barrier=None):
             wg = lax.axis_index("wg")
-            wg_cols = pl.ds(wg * tn, tn)
+            wg_rows = pl.ds(wg * wm if config.split_rows else 0, wm)
+            wg_cols = pl.ds(0 if config.split_rows else wg * tn, wn)
 
             if config.pipeline_tiles:  # the used row tiles only (they come first), row by row
                 used_tiles = used_gmem[0]
@@ -321,9 +332,10 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         """TMA copies of this tile's scales (this warpgroup's columns); waited in the epilogue."""
                         barrier = lambda i: scale_barriers.at[wg * copies + i]  # noqa: E731
                         if row_scaled:
-                            plgpu.copy_gmem_to_smem(row_scale_gmem.at[row_slice], row_smem.at[wg], barrier(0))
+                            plgpu.copy_gmem_to_smem(row_scale_gmem.at[row_slice].at[wg_rows], row_smem.at[wg],
+                                                    barrier(0))
                         for p in range(parts):
-                            cols = pl.ds(p * out_n + ni * cta_n + wg * tn, tn)
+                            cols = pl.ds(p * out_n + ni * cta_n + (0 if config.split_rows else wg * tn), wn)
                             plgpu.copy_gmem_to_smem(col_scale_gmem.at[group].at[cols], col_smem.at[wg, p],
                                                     barrier(int(row_scaled) + p))
 
@@ -331,8 +343,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         """The tile's float32 results: the accumulators, scaled (W8A8), SwiGLU'd. The scales'
                         barriers are waited on before."""
                         if scaled:
-                            row = lax.broadcast_in_dim(row_smem[wg], (tm, tn), [0]) if row_scaled else 1.0
-                            values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (tm, tn), [1])
+                            row = lax.broadcast_in_dim(row_smem[wg], (wm, wn), [0]) if row_scaled else 1.0
+                            values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (wm, wn), [1])
                                       for p, v in enumerate(values)]
                         if swiglu:
                             gate, up = values
@@ -340,8 +352,9 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         return values[0]
 
                     def quantized(result):
-                        """result [tm, tn] (this warpgroup's columns) in e4m3 with one scale per row of the CTA's
-                        2 * tn columns (the abs-max exchanged with the other compute warpgroup), and the scales."""
+                        """result [wm, wn] (this warpgroup's part) in e4m3 with one scale per row and block (the
+                        CTA's 2 * tn columns: with the other compute warpgroup's abs-max where it holds half),
+                        and the scales."""
                         amax = jnp.max(jnp.abs(result), axis=1)
                         if exchange:
                             slot = info.local_index % 2
@@ -350,7 +363,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             plgpu.barrier_wait(wg_exchange_barrier)
                             amax = jnp.maximum(amax, amax_smem[slot, 1 - wg])
                         scale = jnp.maximum(amax / E4M3_MAX, TINY)
-                        return (result / lax.broadcast_in_dim(scale, (tm, tn), [0])).astype(out_dtype), scale
+                        return (result / lax.broadcast_in_dim(scale, (wm, wn), [0])).astype(out_dtype), scale
 
                     def context(run):
                         if scaled:
@@ -365,7 +378,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             return
 
                         @functools.partial(pl.run_scoped,
-                                           accs=[plgpu.ACC((tm, tn), jnp.float32) for _ in range(parts)])
+                                           accs=[plgpu.ACC((wm, wn), jnp.float32) for _ in range(parts)])
                         def _(accs):
                             run(tuple(accs))
                             finish([acc[...] for acc in accs])
@@ -382,8 +395,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             result = result.astype(out_dtype)
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
                         piece = 0
-                        for pm in range(tm // config.epi_m):
-                            for pn in range(tn // config.epi_n):
+                        for pm in range(wm // config.epi_m):
+                            for pn in range(wn // config.epi_n):
                                 slot = piece % 2
                                 piece += 1
                                 plgpu.wait_smem_to_gmem(1, wait_read_only=True)
@@ -393,23 +406,27 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                 plgpu.commit_smem()
                                 plgpu.copy_smem_to_gmem(
                                     out_smem.at[wg, slot],
-                                    out_gmem.at[row_slice, col_slice].at[:, wg_cols].at[rs, cs])
+                                    out_gmem.at[row_slice, col_slice].at[wg_rows, wg_cols].at[rs, cs])
                         if quantize_out and exchange:  # the scales (both warpgroups hold them): stored by the first
                             @pl.when(wg == 0)
                             def _():
                                 amax_smem[2, 0] = out_scale
                                 plgpu.commit_smem()
                                 plgpu.copy_smem_to_gmem(amax_smem.at[2, 0], out_scale_gmem.at[ni, row_slice])
-                        elif quantize_out:  # each warpgroup its own block's
-                            amax_smem[2, wg] = out_scale
+                        elif quantize_out:  # each warpgroup its own block's (rows)
+                            block = ni if config.split_rows else 2 * ni + wg
+                            amax_smem[2, wg, pl.ds(0, wm)] = out_scale
                             plgpu.commit_smem()
-                            plgpu.copy_smem_to_gmem(amax_smem.at[2, wg], out_scale_gmem.at[2 * ni + wg, row_slice])
+                            plgpu.copy_smem_to_gmem(amax_smem.at[2, wg, pl.ds(0, wm)],
+                                                    out_scale_gmem.at[block, row_slice].at[wg_rows])
 
                     def weight_operand(b_smem):
                         return (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
                                 else b_smem.at[:, wg_cols])
 
                     def step(_, a_smem, *rest):
+                        a_smem = a_smem.at[wg_rows] if config.split_rows else a_smem
+
                         def product(acc):
                             plgpu.wgmma(acc, a_smem, weight_operand(rest[0]))
                             return acc[...]
@@ -457,7 +474,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         num_sms = 2 if interpret is not None else getattr(jax.devices()[0], "core_count", None) or 132
     out_type = jax.ShapeDtypeStruct((m, out_n), out_dtype)
     if quantize_out:
-        out_type = (out_type, jax.ShapeDtypeStruct((n_tiles * (1 if exchange else 2), m), jnp.float32))
+        out_type = (out_type, jax.ShapeDtypeStruct((out_n // (cta_n if exchange else wn), m), jnp.float32))
     kernel = plgpu.kernel(
         body, out_type=out_type, grid=(num_sms,), grid_names=("sm",),
         num_threads=3, thread_name="wg", interpret=interpret,

@@ -122,6 +122,11 @@ FP8_HIDDEN = "blocks"
 # rows' abs-max) or its tile_n (a warpgroup's: no exchange, down in twice the k-steps); down's tile_k is set to it
 FP8_HIDDEN_BLOCK = 128
 
+# gate+up quantising its output in 128-wide blocks (`FP8_HIDDEN` "blocks"): `TILED_FP8_SWIGLU_CONFIG` with the
+# compute warpgroups splitting a tile's rows (64 each, all 128 columns: a block's abs-max in one warpgroup, no
+# exchange between them) and 64-row epilogue pieces
+TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_CONFIG._replace(epi_m=64, split_rows=True)
+
 # down on block-scaled hidden rows (`FP8_HIDDEN` "blocks"), by `grouped_gemm.BLOCK_SCALES` form: "rescale" keeps one
 # float32 tile per compute warpgroup, as `TILED_FP8_DOWN_SCALED_CONFIG`; "promote" two (a k-step's product and the
 # sum), so 64 columns each. 128-deep k-steps, one block each
@@ -485,7 +490,9 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
         down_scaled = scaled_gemm(FP8_DOWN_SCALES == "epilogue", _down_config(TILED_FP8_DOWN_SCALED_CONFIG, f), d, f)
         down_blocks = down_blocks_config(f)
         if blocks and FP8_HIDDEN_BLOCK in (TILED_FP8_SWIGLU_CONFIG.tile_n, 2 * TILED_FP8_SWIGLU_CONFIG.tile_n):
-            pair = (scaled_gemm(True, TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True, quantize_out=True,
+            gate_up_config = (TILED_FP8_SWIGLU_BLOCKS_CONFIG if FP8_HIDDEN_BLOCK == 2 * TILED_FP8_SWIGLU_CONFIG.tile_n
+                              else TILED_FP8_SWIGLU_CONFIG)
+            pair = (scaled_gemm(True, gate_up_config, f, d, swiglu=True, quantize_out=True,
                                 quantize_block=FP8_HIDDEN_BLOCK),
                     scaled_gemm(True, down_blocks, d, f))
             hidden_blocks = pair if None not in pair else None

@@ -99,7 +99,7 @@
 #                                         # 64-wide blocks), ~4 min; with RATIO_VARIANTS (bench_encoder variants)
 #                                         # then the fp8 encoders' ratio with them (MOVEMENT= skips the movement
 #                                         # rows, PIPELINE_TILES=1 the unpipelined ones; BLOCK_TESTS=1 runs the
-#                                         # block kernels' GPU tests first)
+#                                         # block kernels' GPU tests first; SHAPES=gate_up: that GEMM only)
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
@@ -381,7 +381,8 @@ case $stage in
     [ -n "${BLOCK_TESTS:-}" ] && run block_tests 100 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
       -k block_scaled_hidden_kernels_on_gpu
     run kernels_fp8_blocks 200 python3 -u scripts/bench_moe.py --fp8 --routings uniform --candidates tiled \
-      --pipeline-tiles ${PIPELINE_TILES:-0 1} --tokens 36864 ${MOVEMENT---movement} --out "$out/kernels_fp8_blocks.json"
+      --pipeline-tiles ${PIPELINE_TILES:-0 1} --tokens 36864 ${MOVEMENT---movement} --shapes ${SHAPES:-gate_up down} \
+      --out "$out/kernels_fp8_blocks.json"
     [ -n "${RATIO_VARIANTS:-}" ] && run ratio_fp8_blocks $((560 - SECONDS)) python3 -u scripts/bench_ratio.py \
       --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 4 --iters 8 --variants $RATIO_VARIANTS \
       --out "$out/ratio_fp8_blocks.json"
