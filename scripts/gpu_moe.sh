@@ -379,7 +379,7 @@ case $stage in
     ;;
   blockkernels)
     [ -n "${BLOCK_TESTS:-}" ] && run block_tests 100 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
-      -k block_scaled_hidden_kernels_on_gpu
+      -k "block_scaled_hidden_kernels_on_gpu or fp8_tiled_kernel_and_block_on_gpu"
     run kernels_fp8_blocks 200 python3 -u scripts/bench_moe.py --fp8 --routings uniform --candidates tiled \
       --pipeline-tiles ${PIPELINE_TILES:-0 1} --tokens 36864 ${MOVEMENT---movement} --shapes ${SHAPES:-gate_up down} \
       --out "$out/kernels_fp8_blocks.json"
