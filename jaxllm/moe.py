@@ -122,10 +122,12 @@ FP8_HIDDEN = "blocks"
 # rows' abs-max) or its tile_n (a warpgroup's: no exchange, down in twice the k-steps); down's tile_k is set to it
 FP8_HIDDEN_BLOCK = 128
 
-# gate+up quantising its output in 128-wide blocks (`FP8_HIDDEN` "blocks"): `TILED_FP8_SWIGLU_CONFIG` with the
-# compute warpgroups splitting a tile's rows (64 each, all 128 columns: a block's abs-max in one warpgroup, no
-# exchange between them) and 64-row epilogue pieces
-TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_CONFIG._replace(epi_m=64, split_rows=True)
+# gate+up quantising its output in 128-wide blocks (`FP8_HIDDEN` "blocks"): `TILED_FP8_SWIGLU_CONFIG`, its compute
+# warpgroups splitting a tile's columns and exchanging their rows' abs-max. The other form,
+# `TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG` (the warpgroups split the rows: each holds whole blocks, no exchange), ran
+# 1.88 ms against 1.78 on an H200 at 294,912 rows (bench_moe.py --fp8, 2026-11-29, one call), so it is not the default
+TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG = TILED_FP8_SWIGLU_CONFIG._replace(epi_m=64, split_rows=True)
+TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_CONFIG
 
 # down on block-scaled hidden rows (`FP8_HIDDEN` "blocks"), by `grouped_gemm.BLOCK_SCALES` form: "rescale" keeps one
 # float32 tile per compute warpgroup, as `TILED_FP8_DOWN_SCALED_CONFIG`; "promote" two (a k-step's product and the

@@ -81,9 +81,9 @@ VARIANTS = {
     "fp8-moe-blocks-64": "the fp8 experts' hidden rows in 64-wide blocks (a compute warpgroup's columns: no abs-max "
                          "exchange in gate+up's epilogue; down in 64-deep k-steps, moe.FP8_HIDDEN_BLOCK = 64) "
                          "instead of 128",
-    "fp8-moe-blocks-exchange": "gate+up quantising its 128-wide blocks with its compute warpgroups splitting the "
-                               "columns and exchanging their rows' abs-max (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG = "
-                               "TILED_FP8_SWIGLU_CONFIG) instead of splitting the rows",
+    "fp8-moe-blocks-split-rows": "gate+up quantising its 128-wide blocks with its compute warpgroups splitting the "
+                                 "tile's rows (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG) "
+                                 "instead of the columns with their rows' abs-max exchanged",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -132,7 +132,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-hidden-rows": [(moe, "FP8_HIDDEN", "rows")],
         "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],
-        "fp8-moe-blocks-exchange": [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_CONFIG)],
+        "fp8-moe-blocks-split-rows": [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG)],
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

@@ -404,13 +404,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 # rows in each grouped_gemm.BLOCK_SCALES form, at the model's config (pipelined as it runs)
                 # (blocks of a CTA's 128 columns, and of a warpgroup's 64: moe.FP8_HIDDEN_BLOCK)
                 for block in (128, 64):
-                    if shape_name == "gate_up":  # the warpgroups splitting columns (128: exchanging abs-max), then
-                        # (128) rows, as the model runs it
+                    if shape_name == "gate_up":  # the warpgroups splitting columns (128: exchanging abs-max, as
+                        # the model runs it), then (128) rows
                         time_tiled(record, x, w, sizes, model_config, swiglu=True, scaled=True, quantize_out=True,
                                    quantize_block=block)
                         if block == 128:
-                            time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG, name="tiled_split_rows",
-                                       swiglu=True, scaled=True, quantize_out=True)
+                            time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG,
+                                       name="tiled_split_rows", swiglu=True, scaled=True, quantize_out=True)
                         continue
                     for form in grouped_gemm.BLOCK_SCALES_FORMS[:1] if block == 64 else grouped_gemm.BLOCK_SCALES_FORMS:
                         with (mock.patch.object(grouped_gemm, "BLOCK_SCALES", form),

@@ -542,18 +542,18 @@ def test_epilogue_pieces_of_128_rows_change_nothing_on_gpu():
         np.testing.assert_array_equal(on, off, err_msg=str(config))
 
 
-def _block_scaled_kernels(k, f, n, sizes, seed, interpret=None, down_config=None, exchange=False):
+def _block_scaled_kernels(k, f, n, sizes, seed, interpret=None, down_config=None, split_rows=False):
     """`moe.FP8_HIDDEN` "blocks"' two kernels at the model's configs on one random routing: gate+up [K -> 2F] with
     its scales, SwiGLU and the block quantisation in the epilogue, then down [F -> N] on those block-scaled rows.
     Returns, for the real rows: (gate+up's e4m3 values and scales, `fp8.quantize_blocks` of the float64 SwiGLU of
     the scaled exact products; down's output and its float64 reference on the kernel's own e4m3 rows). down_config:
-    default the model's (`moe.down_blocks_config`); exchange: gate+up with its warpgroups splitting the columns
-    (exchanging their rows' abs-max) instead of the rows, as the model runs it."""
+    default the model's (`moe.down_blocks_config`); split_rows: gate+up with its warpgroups splitting the tile's
+    rows (`moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG`) instead of its columns (exchanging their rows' abs-max at
+    128-wide blocks), as the model runs it."""
     from jaxllm.fp8 import dequantize_blocks, quantize_blocks
 
     rng = np.random.default_rng(seed)
-    gate_up_config = (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG if moe.FP8_HIDDEN_BLOCK == 128 and not exchange else
-                      moe.TILED_FP8_SWIGLU_CONFIG)
+    gate_up_config = moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG if split_rows else moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG
     down_config = down_config or moe.down_blocks_config(f)
     groups, m = len(sizes), int(sizes.sum())
     s = jnp.asarray(sizes, jnp.int32)
@@ -605,20 +605,20 @@ def _check_block_scaled(case, changed_values, scale_rtol, out_atol):
 BLOCK_CASES = [("rescale", 128, False), ("promote", 128, False), ("rescale", 64, False), ("rescale", 128, True)]
 
 
-@pytest.mark.parametrize("form, block, exchange", BLOCK_CASES)
-def test_block_scaled_hidden_kernels_interpreted(monkeypatch, form, block, exchange):
+@pytest.mark.parametrize("form, block, split_rows", BLOCK_CASES)
+def test_block_scaled_hidden_kernels_interpreted(monkeypatch, form, block, split_rows):
     """`moe.FP8_HIDDEN` "blocks" at the configs the model uses (Mosaic GPU's interpreter; down's column tiles 64
     wide, which is what it runs): gate+up's epilogue writes e4m3 values and one scale per row and 128-wide block
     (the two compute warpgroups' abs-max exchanged), equal to `fp8.quantize_blocks` of the scaled SwiGLU; down
     applies each 128-deep k-step's block scales (each `grouped_gemm.BLOCK_SCALES` form): the block-scaled sum of
     the exact products. Groups of several tiles, an empty one, part-filled ones, down pipelined over 3 k-steps
-    (6 with `moe.FP8_HIDDEN_BLOCK` 64: a warpgroup's columns). gate+up's warpgroups split the rows (the model's
-    `TILED_FP8_SWIGLU_BLOCKS_CONFIG`) or, with `exchange`, the columns."""
+    (6 with `moe.FP8_HIDDEN_BLOCK` 64: a warpgroup's columns, no exchange). gate+up's warpgroups split the
+    columns (the model's `TILED_FP8_SWIGLU_BLOCKS_CONFIG`) or, with `split_rows`, the rows."""
     monkeypatch.setattr(grouped_gemm, "BLOCK_SCALES", form)
     monkeypatch.setattr(moe, "FP8_HIDDEN_BLOCK", block)
     down_config = moe.down_blocks_config(384)._replace(tile_n=64)
     _check_block_scaled(_block_scaled_kernels(256, 384, 128, np.array([200, 0, 60]), 11, interpreter(),
-                                              down_config, exchange), 0.0, 1e-5, 2 ** -12)
+                                              down_config, split_rows), 0.0, 1e-5, 2 ** -12)
 
 
 def test_block_scaled_hidden_refuses_what_it_cannot_take():
@@ -637,8 +637,8 @@ def test_block_scaled_hidden_refuses_what_it_cannot_take():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-@pytest.mark.parametrize("form, block, exchange", BLOCK_CASES)
-def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, form, block, exchange):
+@pytest.mark.parametrize("form, block, split_rows", BLOCK_CASES)
+def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, form, block, split_rows):
     """Compiled at Qwen3-30B-A3B's expert shapes (K 2048, F 768, N 2048): as the interpreted test, on a routing
     with an empty expert and one of a single row (a few e4m3 values may round the other way: the kernel's SiLU
     is ex2.approx and its division approximate), with each `grouped_gemm.BLOCK_SCALES` form and 64-wide blocks."""
@@ -647,4 +647,5 @@ def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, form, block, exchange):
     rng = np.random.default_rng(12)
     sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
     sizes[2], sizes[5] = 0, 1
-    _check_block_scaled(_block_scaled_kernels(2048, 768, 2048, sizes, 13, exchange=exchange), 0.1, 2e-2, 1e-2)
+    _check_block_scaled(_block_scaled_kernels(2048, 768, 2048, sizes, 13, split_rows=split_rows), 0.1, 2e-2,
+                        1e-2)
