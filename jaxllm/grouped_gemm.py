@@ -128,7 +128,7 @@ def tile_plan(group_sizes: jax.Array, num_rows: int, tile_m: int, row_group: jax
 def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, config: TileConfig,
                  transposed: bool, swiglu: bool = False, row_scale: jax.Array | None = None,
                  col_scale: jax.Array | None = None, row_block_scales: jax.Array | None = None,
-                 quantize_out: bool = False) -> None:
+                 quantize_out: bool = False, quantize_block: int | None = None) -> None:
     """Raises ValueError naming the dimension that `tiled_grouped_matmul` cannot take with this config."""
     m, k = rows.shape
     n = weights.shape[1] if transposed else weights.shape[2]
@@ -168,6 +168,10 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
                         f"and {list(col_scale.shape)}")
     if (row_block_scales is not None or quantize_out) and jnp.dtype(rows.dtype).itemsize != 1:
         problems.append("row_block_scales and quantize_out take e4m3 rows")
+    if quantize_block not in (None, config.tile_n, 2 * config.tile_n) or (config.split_rows
+                                                                         and quantize_block == config.tile_n):
+        problems.append(f"quantize_block must be tile_n {config.tile_n} (not with split_rows) or 2 * tile_n, got "
+                        f"{quantize_block}")
     if problems:
         raise ValueError("tiled_grouped_matmul: " + "; ".join(problems))
 
@@ -218,7 +222,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     check_shapes(rows, weights, tile_groups, config, transposed, swiglu, row_scale, col_scale, row_block_scales,
-                 quantize_out)
+                 quantize_out, quantize_block)
     scaled = col_scale is not None  # the epilogue multiplies by the column scales (and row_scale, where given)
     row_scaled = row_scale is not None
     block_scaled = row_block_scales is not None
@@ -230,10 +234,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     n = weights.shape[1] if transposed else weights.shape[2]
     out_n = n // 2 if swiglu else n
     itemsize = jnp.dtype(rows.dtype).itemsize
-    if quantize_block not in (None, config.tile_n, 2 * config.tile_n) or (config.split_rows and quantize_block
-                                                                         == config.tile_n):
-        raise ValueError(f"tiled_grouped_matmul: quantize_block must be tile_n {config.tile_n} (not with split_rows) "
-                         f"or 2 * tile_n, got {quantize_block}")
     # blocks that span both compute warpgroups' columns
     exchange = quantize_block in (None, 2 * config.tile_n) and not config.split_rows
     if quantize_out:
@@ -283,8 +283,9 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         # still read the last tile's), exchanged on a barrier of both compute warpgroups; amax_smem[2, 0]: the rows'
         # scales on their way out. (One buffer, and the barrier's name sorting after the others': Mosaic GPU's
         # interpreter, jax 0.10.2, hung with a second scale buffer, or with the barrier named "amax_barrier".)
-        scale_buffers.update(amax_smem=plgpu.SMEM((3, 2, tm), jnp.float32),
-                             wg_exchange_barrier=plgpu.Barrier(num_arrivals=2))
+        scale_buffers["amax_smem"] = plgpu.SMEM((3, 2, tm), jnp.float32)
+        if exchange:
+            scale_buffers["wg_exchange_barrier"] = plgpu.Barrier(num_arrivals=2)
 
     def body(groups_gmem, used_gmem, a_gmem, b_gmem, *rest):
         if quantize_out:

@@ -446,9 +446,10 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
                         ) -> tuple[jax.Array, jax.Array, ExpertRowScales | None]:
     """fp8 (W8A8) experts: the tokens quantised per row to e4m3 once (before the row copy: half the bytes moved;
     `quantized`: already, by the step that normalised them), both GEMMs on e4m3 operands with float32
-    accumulation and per-row (down: per row and block with `FP8_HIDDEN` "blocks") x per-column scales after them. Returns (down's rows, the row of each flat
-    (token, expert) slot in them [N*k], and the scales the combine applies to them: each row's scale and expert,
-    the experts' column scales; None where down's epilogue applied them, `FP8_DOWN_SCALES`)."""
+    accumulation and per-row (down: per row and block with `FP8_HIDDEN` "blocks") x per-column scales after them.
+    Returns (down's rows, the row of each flat (token, expert) slot in them [N*k], and the scales the combine applies
+    to them: each row's scale and expert, the experts' column scales; None where down's epilogue applied them,
+    `FP8_DOWN_SCALES`)."""
     if (FP8_SWIGLU not in ("epilogue", "kernel") or FP8_DOWN_SCALES not in ("epilogue", "combine")
             or FP8_HIDDEN not in ("blocks", "rows")):
         raise ValueError(f"moe.FP8_SWIGLU must be 'epilogue' or 'kernel', moe.FP8_DOWN_SCALES 'epilogue' or "
@@ -488,16 +489,17 @@ def _fp8_expert_outputs(tokens: jax.Array, plan: Dispatch, gate_up: Fp8Matrix, d
                                          interpret=interpret, **kwargs)
             return None
 
-        gate_up_swiglu = scaled_gemm(FP8_SWIGLU == "epilogue", TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True)
-        down_scaled = scaled_gemm(FP8_DOWN_SCALES == "epilogue", _down_config(TILED_FP8_DOWN_SCALED_CONFIG, f), d, f)
-        down_blocks = down_blocks_config(f)
         if blocks and FP8_HIDDEN_BLOCK in (TILED_FP8_SWIGLU_CONFIG.tile_n, 2 * TILED_FP8_SWIGLU_CONFIG.tile_n):
             gate_up_config = (TILED_FP8_SWIGLU_BLOCKS_CONFIG if FP8_HIDDEN_BLOCK == 2 * TILED_FP8_SWIGLU_CONFIG.tile_n
                               else TILED_FP8_SWIGLU_CONFIG)
             pair = (scaled_gemm(True, gate_up_config, f, d, swiglu=True, quantize_out=True,
                                 quantize_block=FP8_HIDDEN_BLOCK),
-                    scaled_gemm(True, down_blocks, d, f))
+                    scaled_gemm(True, down_blocks_config(f), d, f))
             hidden_blocks = pair if None not in pair else None
+        if hidden_blocks is None:  # per row (`FP8_HIDDEN` "rows", or blocks the configs cannot take)
+            gate_up_swiglu = scaled_gemm(FP8_SWIGLU == "epilogue", TILED_FP8_SWIGLU_CONFIG, f, d, swiglu=True)
+            down_scaled = scaled_gemm(FP8_DOWN_SCALES == "epilogue", _down_config(TILED_FP8_DOWN_SCALED_CONFIG, f),
+                                      d, f)
 
     else:  # e4m3 values multiplied in float32 by ragged_dot (exact products, as fp8 tensor cores compute them)
         sources = plan.order // top_k

@@ -631,6 +631,9 @@ def test_block_scaled_hidden_refuses_what_it_cannot_take():
     with pytest.raises(ValueError, match="not both"):
         tiled_grouped_matmul(rows, weights, groups, config, row_block_scales=jnp.ones((2, 128)),
                              row_scale=jnp.ones((128,)), col_scale=col)
+    with pytest.raises(ValueError, match="quantize_block must be tile_n 64 .not with split_rows. or 2 . tile_n, got 32"):
+        tiled_grouped_matmul(rows, jnp.zeros((2, 256, 256), jnp.float8_e4m3fn), groups, moe.TILED_FP8_SWIGLU_CONFIG,
+                             swiglu=True, quantize_out=True, quantize_block=32)
     with pytest.raises(ValueError, match="take e4m3 rows"):
         tiled_grouped_matmul(rows.astype(jnp.bfloat16), weights.astype(jnp.bfloat16), groups, config,
                              quantize_out=True)
