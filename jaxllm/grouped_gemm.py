@@ -83,9 +83,15 @@ LOG2_E = 1.4426950408889634
 #     (Interpreted, the product is added to the rescaled sum instead: Mosaic GPU's interpreter has no run_state.)
 #   "promote": each step's product in its own zeroed accumulator, multiplied by its scales and added to the sum
 #     (DeepSeek-V3's promotion): two accumulators, so 64-wide column tiles.
-# Both give the sum of each block's exact products times its scale, rounded in float32 differently.
+#   "halves": "rescale" on the tile's rows in two halves, each its own accumulator: a k-step rescales one half
+#     while the other half's wgmma runs on the tensor cores (each step ends with both products done).
+#   "overlap": "halves" with the products left running when a step ends: a step rescales its first half while the
+#     last step's second half is still in the tensor cores, so no multiply waits for an idle tensor core. A step's
+#     buffers are released one step late, when its products are done (the pipeline's consumed barriers, arrived
+#     by hand).
+# All give the sum of each block's exact products times its scale, rounded in float32 differently.
 BLOCK_SCALES = "rescale"
-BLOCK_SCALES_FORMS = ("rescale", "promote")
+BLOCK_SCALES_FORMS = ("rescale", "promote", "halves", "overlap")
 
 
 def silu(x: jax.Array) -> jax.Array:
@@ -228,6 +234,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     block_scaled = row_block_scales is not None
     if block_scaled and BLOCK_SCALES not in BLOCK_SCALES_FORMS:
         raise ValueError(f"grouped_gemm.BLOCK_SCALES is {BLOCK_SCALES!r}; use one of {BLOCK_SCALES_FORMS}")
+    halves = block_scaled and BLOCK_SCALES in ("halves", "overlap")  # the tile's rows in two accumulators
+    late_release = block_scaled and BLOCK_SCALES == "overlap"  # a step's buffers released by the next step
     if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
         weights, transposed = jnp.swapaxes(weights, 1, 2), False
     m, k = rows.shape
@@ -264,6 +272,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=config.stages, compute_context=context, pipeline_state=state,
+            manual_consumed_barriers=late_release,
             in_specs=[plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout,
                                       memory_space=plgpu.SMEM)] + [b_spec] * parts + block_scale_specs)
 
@@ -309,6 +318,14 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                   wg_exchange_barrier=None):
             wg = lax.axis_index("wg")
             wg_rows = pl.ds(wg * wm if config.split_rows else 0, wm)
+
+            def release(k_step):
+                """`late_release`: this warpgroup is done with k-step k_step's buffers (one barrier per input)."""
+                for consumed in buffers["flat_consumed_barrier_refs"]:
+                    plgpu.barrier_arrive(consumed.at[lax.rem(k_step, slots)])
+
+            def release_previous(k_step):
+                pl.when(k_step > 0)(lambda: release(k_step - 1))
             wg_cols = pl.ds(0 if config.split_rows else wg * tn, wn)
 
             if config.pipeline_tiles:  # the used row tiles only (they come first), row by row
@@ -341,11 +358,12 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                                     barrier(int(row_scaled) + p))
 
                     def epilogue_values(values):
-                        """The tile's float32 results: the accumulators, scaled (W8A8), SwiGLU'd. The scales'
-                        barriers are waited on before."""
+                        """The tile's float32 results (or a block of its rows, without row_scale): the
+                        accumulators, scaled (W8A8), SwiGLU'd. The scales' barriers are waited on before."""
                         if scaled:
-                            row = lax.broadcast_in_dim(row_smem[wg], (wm, wn), [0]) if row_scaled else 1.0
-                            values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], (wm, wn), [1])
+                            shape = values[0].shape
+                            row = lax.broadcast_in_dim(row_smem[wg], shape, [0]) if row_scaled else 1.0
+                            values = [v * row * lax.broadcast_in_dim(col_smem[wg, p], shape, [1])
                                       for p, v in enumerate(values)]
                         if swiglu:
                             gate, up = values
@@ -369,31 +387,51 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     def context(run):
                         if scaled:
                             start_scale_copies()
+                        if halves:  # each half's sum, in units of its last step's scales
+                            ones = jnp.ones((tm // 2,), jnp.float32)
+                            if interpret is not None:  # values (the products added, as "rescale" interpreted)
+                                sums, lasts = run(((jnp.zeros((tm // 2, tn), jnp.float32),) * 2, (ones, ones)))
+                            else:
+                                def accumulate(accs):
+                                    accs, lasts = run((tuple(accs), (ones, ones)))
+                                    return [acc[...] for acc in accs], lasts  # waits for the last products
+
+                                sums, lasts = pl.run_scoped(
+                                    accumulate, [plgpu.ACC((tm // 2, tn), jnp.float32) for _ in range(2)])
+                            if late_release:
+                                release(k_steps - 1)
+                            finish([[total * lax.broadcast_in_dim(last, total.shape, [0])]
+                                    for total, last in zip(sums, lasts)])
+                            return
                         if block_scaled:  # the running sum is a value the steps carry (`step`)
                             total = jnp.zeros((tm, tn), jnp.float32)
                             if BLOCK_SCALES == "promote":
-                                finish(run((total,)))
+                                finish([list(run((total,)))])
                             else:  # the sum is kept in units of the last step's scales
                                 total, last = run((total, jnp.ones((tm,), jnp.float32)))
-                                finish([total * lax.broadcast_in_dim(last, (tm, tn), [0])])
+                                finish([[total * lax.broadcast_in_dim(last, (tm, tn), [0])]])
                             return
 
                         @functools.partial(pl.run_scoped,
                                            accs=[plgpu.ACC((wm, wn), jnp.float32) for _ in range(parts)])
                         def _(accs):
                             run(tuple(accs))
-                            finish([acc[...] for acc in accs])
+                            finish([[acc[...] for acc in accs]])
 
-                    def finish(values):
-                        """The epilogue: scales waited for and applied, SwiGLU, (quantisation,) the stores."""
+                    def finish(blocks):
+                        """The epilogue: scales waited for and applied, SwiGLU, (quantisation,) the stores. blocks:
+                        the warpgroup's rows in equal blocks (one, or the two halves), each its values per part."""
                         if scaled:
                             for i in range(copies):
                                 plgpu.barrier_wait(scale_barriers.at[wg * copies + i])
-                        result = epilogue_values(list(values))
+                        results = [epilogue_values(list(values)) for values in blocks]
                         if quantize_out:
+                            [result] = results
                             result, out_scale = quantized(result)
+                            results = [result]
                         else:
-                            result = result.astype(out_dtype)
+                            results = [result.astype(out_dtype) for result in results]
+                        block_m = wm // len(results)
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
                         piece = 0
                         for pm in range(wm // config.epi_m):
@@ -403,7 +441,13 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                 plgpu.wait_smem_to_gmem(1, wait_read_only=True)
                                 rs = slice(pm * config.epi_m, (pm + 1) * config.epi_m)
                                 cs = slice(pn * config.epi_n, (pn + 1) * config.epi_n)
-                                out_smem[wg, slot] = result[rs, cs]
+                                if block_m >= config.epi_m:  # the piece lies in one block
+                                    start = rs.start % block_m
+                                    out_smem[wg, slot] = results[rs.start // block_m][start:start + config.epi_m, cs]
+                                else:  # the piece spans blocks: each stored into its rows
+                                    for j in range(config.epi_m // block_m):
+                                        out_smem[wg, slot, pl.ds(j * block_m, block_m)] = (
+                                            results[rs.start // block_m + j][:, cs])
                                 plgpu.commit_smem()
                                 plgpu.copy_smem_to_gmem(
                                     out_smem.at[wg, slot],
@@ -425,12 +469,40 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         return (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
                                 else b_smem.at[:, wg_cols])
 
-                    def step(_, a_smem, *rest):
+                    def step(indices, a_smem, *rest):
                         a_smem = a_smem.at[wg_rows] if config.split_rows else a_smem
 
-                        def product(acc):
-                            plgpu.wgmma(acc, a_smem, weight_operand(rest[0]))
+                        def product(acc, a_operand=a_smem):
+                            plgpu.wgmma(acc, a_operand, weight_operand(rest[0]))
                             return acc[...]
+
+                        if halves:  # each half rescaled while the other's product runs
+                            b_smem, step_scales, *_, (sums, lasts) = rest  # (*_: the consumed barriers)
+                            hm = tm // 2
+                            new_sums, scales = [], []
+                            for h in range(2):
+                                rows = pl.ds(h * hm, hm)
+                                scale = step_scales[0, rows]
+                                ratio = lax.broadcast_in_dim(lasts[h] / scale, (hm, tn), [0])
+                                scales.append(scale)
+                                if interpret is not None:  # no accumulator stores: the product added
+                                    new_sums.append(sums[h] * ratio + pl.run_scoped(
+                                        functools.partial(product, a_operand=a_smem.at[rows]),
+                                        plgpu.ACC((hm, tn), jnp.float32)))
+                                    if late_release and h == 1:
+                                        release_previous(indices[0])
+                                    continue
+                                acc = sums[h]
+                                # this half's last product done (the other half's may still run)
+                                value = plgpu.wgmma_accumulator_load(acc, wait_n=1)
+                                if late_release and h == 1:  # both of the last step's products are done
+                                    release_previous(indices[0])
+                                acc[...] = value * ratio
+                                plgpu.wgmma(acc, a_smem.at[rows], weight_operand(b_smem))
+                                new_sums.append(acc)
+                            if interpret is None and not late_release:
+                                plgpu.wgmma_wait(0)
+                            return tuple(new_sums), tuple(scales)
 
                         if block_scaled and BLOCK_SCALES == "promote":  # the step's product, scaled, onto the sum
                             b_smem, step_scales, (total,) = rest
@@ -465,9 +537,9 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                 # for the last tile's (one per buffer) here, as a STOP pipeline would
                 @pl.when((lax.axis_index("wg") == 2) & (lax.axis_index("sm") < used_tiles * n_tiles))
                 def _():
-                    [consumed] = buffers["flat_consumed_barrier_refs"]
-                    for slot in range(slots):
-                        plgpu.barrier_wait(consumed.at[slot])
+                    for consumed in buffers["flat_consumed_barrier_refs"]:  # one, or one per input (late_release)
+                        for slot in range(slots):
+                            plgpu.barrier_wait(consumed.at[slot])
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 

@@ -138,6 +138,23 @@ def test_pipelined_fp8_expert_kernel_lowers_for_a_hopper_gpu(form):
     assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("form", ["rescale", "promote", "halves", "overlap"])
+def test_block_scaled_down_kernel_lowers_for_a_hopper_gpu(form, monkeypatch):
+    """Down on block-scaled hidden rows in each `grouped_gemm.BLOCK_SCALES` form, at the model's config (pipelined
+    over its six 128-deep k-steps): "halves" and "overlap" store into accumulators, which Mosaic GPU's interpreter
+    cannot run, so this is the CPU's only check of their GPU form."""
+    from jaxllm import grouped_gemm
+
+    monkeypatch.setattr(grouped_gemm, "BLOCK_SCALES", form)
+    config, rows = moe.down_blocks_config(768), 128 * 24
+    text = lowered_for_cuda(
+        lambda a, b, g, r, c: grouped_gemm.tiled_grouped_matmul(a, b, g, config, row_block_scales=r, col_scale=c),
+        jax.ShapeDtypeStruct((rows, 768), jnp.float8_e4m3fn), jax.ShapeDtypeStruct((16, 2048, 768), jnp.float8_e4m3fn),
+        jax.ShapeDtypeStruct((24,), jnp.int32), jax.ShapeDtypeStruct((6, rows), jnp.float32),
+        jax.ShapeDtypeStruct((16, 2048), jnp.float32))
+    assert "mosaic_gpu" in text
+
+
 @pytest.mark.parametrize("form, variant", [("gate_up", "silu-exp"), ("gate_up", "epi64"), ("down", "epi64")])
 def test_fp8_expert_kernel_variants_lower_for_a_hopper_gpu(form, variant, monkeypatch):
     """The e4m3 kernels in the forms bench_encoder's variants time: gate+up's SiLU by expf and a division

@@ -602,7 +602,8 @@ def _check_block_scaled(case, changed_values, scale_rtol, out_atol):
     np.testing.assert_allclose(out, want_out, rtol=2 ** -7, atol=np.abs(want_out).max() * out_atol)
 
 
-BLOCK_CASES = [("rescale", 128, False), ("promote", 128, False), ("rescale", 64, False), ("rescale", 128, True)]
+BLOCK_CASES = [("rescale", 128, False), ("promote", 128, False), ("rescale", 64, False), ("rescale", 128, True),
+               ("halves", 128, False), ("overlap", 128, False), ("overlap", 64, False)]
 
 
 @pytest.mark.parametrize("form, block, split_rows", BLOCK_CASES)
