@@ -84,14 +84,11 @@ LOG2_E = 1.4426950408889634
 #   "promote": each step's product in its own zeroed accumulator, multiplied by its scales and added to the sum
 #     (DeepSeek-V3's promotion): two accumulators, so 64-wide column tiles.
 #   "halves": "rescale" on the tile's rows in two halves, each its own accumulator: a k-step rescales one half
-#     while the other half's wgmma runs on the tensor cores (each step ends with both products done).
-#   "overlap": "halves" with the products left running when a step ends: a step rescales its first half while the
-#     last step's second half is still in the tensor cores, so no multiply waits for an idle tensor core. A step's
-#     buffers are released one step late, when its products are done (the pipeline's consumed barriers, arrived
-#     by hand).
+#     while the other half's wgmma runs on the tensor cores (each step ends with both products done). (Leaving
+#     the products running across k-steps, the buffers released a step late, was slower: `git show 85300a4`.)
 # All give the sum of each block's exact products times its scale, rounded in float32 differently.
 BLOCK_SCALES = "rescale"
-BLOCK_SCALES_FORMS = ("rescale", "promote", "halves", "overlap")
+BLOCK_SCALES_FORMS = ("rescale", "promote", "halves")
 
 
 def silu(x: jax.Array) -> jax.Array:
@@ -234,8 +231,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     block_scaled = row_block_scales is not None
     if block_scaled and BLOCK_SCALES not in BLOCK_SCALES_FORMS:
         raise ValueError(f"grouped_gemm.BLOCK_SCALES is {BLOCK_SCALES!r}; use one of {BLOCK_SCALES_FORMS}")
-    halves = block_scaled and BLOCK_SCALES in ("halves", "overlap")  # the tile's rows in two accumulators
-    late_release = block_scaled and BLOCK_SCALES == "overlap"  # a step's buffers released by the next step
+    halves = block_scaled and BLOCK_SCALES == "halves"  # the tile's rows in two accumulators
     if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
         weights, transposed = jnp.swapaxes(weights, 1, 2), False
     m, k = rows.shape
@@ -272,7 +268,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=config.stages, compute_context=context, pipeline_state=state,
-            manual_consumed_barriers=late_release,
             in_specs=[plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout,
                                       memory_space=plgpu.SMEM)] + [b_spec] * parts + block_scale_specs)
 
@@ -319,13 +314,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
             wg = lax.axis_index("wg")
             wg_rows = pl.ds(wg * wm if config.split_rows else 0, wm)
 
-            def release(k_step):
-                """`late_release`: this warpgroup is done with k-step k_step's buffers (one barrier per input)."""
-                for consumed in buffers["flat_consumed_barrier_refs"]:
-                    plgpu.barrier_arrive(consumed.at[lax.rem(k_step, slots)])
-
-            def release_previous(k_step):
-                pl.when(k_step > 0)(lambda: release(k_step - 1))
             wg_cols = pl.ds(0 if config.split_rows else wg * tn, wn)
 
             if config.pipeline_tiles:  # the used row tiles only (they come first), row by row
@@ -398,8 +386,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
                                 sums, lasts = pl.run_scoped(
                                     accumulate, [plgpu.ACC((tm // 2, tn), jnp.float32) for _ in range(2)])
-                            if late_release:
-                                release(k_steps - 1)
                             finish([[total * lax.broadcast_in_dim(last, total.shape, [0])]
                                     for total, last in zip(sums, lasts)])
                             return
@@ -469,7 +455,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         return (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
                                 else b_smem.at[:, wg_cols])
 
-                    def step(indices, a_smem, *rest):
+                    def step(_, a_smem, *rest):
                         a_smem = a_smem.at[wg_rows] if config.split_rows else a_smem
 
                         def product(acc, a_operand=a_smem):
@@ -477,7 +463,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             return acc[...]
 
                         if halves:  # each half rescaled while the other's product runs
-                            b_smem, step_scales, *_, (sums, lasts) = rest  # (*_: the consumed barriers)
+                            b_smem, step_scales, (sums, lasts) = rest
                             hm = tm // 2
                             new_sums, scales = [], []
                             for h in range(2):
@@ -489,18 +475,12 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                     new_sums.append(sums[h] * ratio + pl.run_scoped(
                                         functools.partial(product, a_operand=a_smem.at[rows]),
                                         plgpu.ACC((hm, tn), jnp.float32)))
-                                    if late_release and h == 1:
-                                        release_previous(indices[0])
                                     continue
-                                acc = sums[h]
-                                # this half's last product done (the other half's may still run)
-                                value = plgpu.wgmma_accumulator_load(acc, wait_n=1)
-                                if late_release and h == 1:  # both of the last step's products are done
-                                    release_previous(indices[0])
-                                acc[...] = value * ratio
+                                acc = sums[h]  # (the other half's product may still run)
+                                acc[...] = plgpu.wgmma_accumulator_load(acc, wait_n=1) * ratio
                                 plgpu.wgmma(acc, a_smem.at[rows], weight_operand(b_smem))
                                 new_sums.append(acc)
-                            if interpret is None and not late_release:
+                            if interpret is None:
                                 plgpu.wgmma_wait(0)
                             return tuple(new_sums), tuple(scales)
 
@@ -537,9 +517,9 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                 # for the last tile's (one per buffer) here, as a STOP pipeline would
                 @pl.when((lax.axis_index("wg") == 2) & (lax.axis_index("sm") < used_tiles * n_tiles))
                 def _():
-                    for consumed in buffers["flat_consumed_barrier_refs"]:  # one, or one per input (late_release)
-                        for slot in range(slots):
-                            plgpu.barrier_wait(consumed.at[slot])
+                    [consumed] = buffers["flat_consumed_barrier_refs"]
+                    for slot in range(slots):
+                        plgpu.barrier_wait(consumed.at[slot])
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 

@@ -130,12 +130,11 @@ TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG = TILED_FP8_SWIGLU_CONFIG._replace(epi_m=64, 
 TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_CONFIG
 
 # down on block-scaled hidden rows (`FP8_HIDDEN` "blocks"), by `grouped_gemm.BLOCK_SCALES` form: "rescale" keeps one
-# float32 tile per compute warpgroup, as `TILED_FP8_DOWN_SCALED_CONFIG` ("halves" and "overlap" the same, in two
-# row halves); "promote" two (a k-step's product and the sum), so 64 columns each. 128-deep k-steps, one block each
+# float32 tile per compute warpgroup, as `TILED_FP8_DOWN_SCALED_CONFIG` ("halves" the same, in two row
+# halves); "promote" two (a k-step's product and the sum), so 64 columns each. 128-deep k-steps, one block each
 TILED_FP8_DOWN_BLOCKS_CONFIGS = {
     "rescale": TILED_FP8_DOWN_SCALED_CONFIG,
     "halves": TILED_FP8_DOWN_SCALED_CONFIG,  # the same registers: two accumulators of half the rows
-    "overlap": TILED_FP8_DOWN_SCALED_CONFIG,
     "promote": TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=4, epi_m=128, band=16),
 }
 

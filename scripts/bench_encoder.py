@@ -80,8 +80,6 @@ VARIANTS = {
                               "instead of one sum rescaled before each step",
     "fp8-moe-blocks-halves": "down on the block-scaled hidden rows with the tile's rows in two accumulators, one "
                              "half rescaled while the other's product runs (grouped_gemm.BLOCK_SCALES = 'halves')",
-    "fp8-moe-blocks-overlap": "as fp8-moe-blocks-halves, with the products left running across k-steps and each "
-                              "step's buffers released one step late (grouped_gemm.BLOCK_SCALES = 'overlap')",
     "fp8-moe-blocks-64": "the fp8 experts' hidden rows in 64-wide blocks (a compute warpgroup's columns: no abs-max "
                          "exchange in gate+up's epilogue; down in 64-deep k-steps, moe.FP8_HIDDEN_BLOCK = 64) "
                          "instead of 128",
@@ -136,7 +134,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-hidden-rows": [(moe, "FP8_HIDDEN", "rows")],
         "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],
         "fp8-moe-blocks-halves": [(grouped_gemm, "BLOCK_SCALES", "halves")],
-        "fp8-moe-blocks-overlap": [(grouped_gemm, "BLOCK_SCALES", "overlap")],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],
         "fp8-moe-blocks-split-rows": [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG)],
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))

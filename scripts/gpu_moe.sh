@@ -101,14 +101,16 @@
 #                                         # rows, PIPELINE_TILES=1 the unpipelined ones; BLOCK_TESTS=1 runs the
 #                                         # block kernels' GPU tests first; SHAPES=gate_up: that GEMM only)
 #   bash scripts/gpu_moe.sh halves OUT    # down on block scales with its rows in two accumulators (BLOCK_SCALES
-#                                         # "halves", "overlap"): their GPU tests, down's kernels alone (every form),
-#                                         # then the fp8 encoders' ratio with the forms that passed, ~9 min
+#                                         # "halves"): its GPU tests, down's kernels alone (every form), then the
+#                                         # fp8 encoders' ratio with it, ~6 min
+#   bash scripts/gpu_moe.sh halvesprofile OUT  # the fp8 encoder profiled with down's "rescale" and "halves" in one
+#                                         # process, then the ratio with each, ~8 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -392,16 +394,18 @@ case $stage in
     ;;
   halves)
     run halves_tests 170 python3 -m pytest -q -rA tests/test_llm_grouped_gemm.py \
-      -k "block_scaled_hidden_kernels_on_gpu and (halves or overlap or rescale-128-False)"
-    variants=""
-    for form in halves overlap; do
-      grep -q "PASSED.*kernels_on_gpu\[$form-128" "$out/halves_tests.log" && variants="$variants fp8-moe-blocks-$form"
-    done
+      -k "block_scaled_hidden_kernels_on_gpu and (halves or rescale-128-False)"
     run kernels_fp8_down 150 python3 -u scripts/bench_moe.py --fp8 --routings uniform --candidates tiled \
       --pipeline-tiles 1 --tokens 36864 --shapes down --out "$out/kernels_fp8_down.json"
-    [ -n "$variants" ] && run ratio_fp8_halves $((570 - SECONDS)) python3 -u scripts/bench_ratio.py \
-      --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 4 --iters 8 --variants $variants \
-      --out "$out/ratio_fp8_halves.json"
+    run ratio_fp8_halves $((570 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-blocks-halves --out "$out/ratio_fp8_halves.json"
+    ;;
+  halvesprofile)  # both down forms in the fp8 encoder, profiled in one process; then the ratio with each
+    run profile_halves 240 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
+      --dtypes fp8 fp8-moe-blocks-halves --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
+      --profile-top 40 --out "$out/profile_halves.json"
+    run ratio_fp8_halves $((570 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-blocks-halves --out "$out/ratio_fp8_halves.json"
     ;;
   blocksprofile)
     run profile_blocks 240 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \

@@ -603,7 +603,7 @@ def _check_block_scaled(case, changed_values, scale_rtol, out_atol):
 
 
 BLOCK_CASES = [("rescale", 128, False), ("promote", 128, False), ("rescale", 64, False), ("rescale", 128, True),
-               ("halves", 128, False), ("overlap", 128, False), ("overlap", 64, False)]
+               ("halves", 128, False), ("halves", 64, False)]
 
 
 @pytest.mark.parametrize("form, block, split_rows", BLOCK_CASES)
