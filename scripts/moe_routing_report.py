@@ -8,6 +8,8 @@ and the cosine of the pooled vectors to float32's, for prompts with and without 
 
     python scripts/moe_routing_report.py --model tiny-moe --prompts 16          # CPU
     python scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 64     # GPU (random weights)
+    python scripts/moe_routing_report.py --moe-intermediate-size 256 --dtypes fp8 fp8-hidden-rows  # CPU: the fp8
+        # experts' hidden rows in 128-wide blocks (the default) against one scale per row (tiny-moe's 64 is below a block)
 
 The model is random (no real weights are reachable here): a trained router is more decisive, so the flip rates of
 a real checkpoint are expected to be lower; run it with `--model /path/to/Qwen3-30B-A3B` to measure them.
@@ -53,13 +55,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default="tiny-moe", help="an MoE preset or checkpoint directory")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--env", default="Craftax-Classic-Symbolic-v1")
-    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"])
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
+                   help="bfloat16, fp8 or fp8-hidden-rows (fp8 with moe.FP8_HIDDEN 'rows': one scale per hidden row)")
+    p.add_argument("--moe-intermediate-size", type=int, default=None,
+                   help="a preset's expert width replaced (random weights only), e.g. 256 for two 128-wide blocks")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
+    import dataclasses
+    from unittest import mock
+
     import numpy as np
 
-    from jaxllm import load_model, load_tokenizer
+    from jaxllm import PRESETS, load_model, load_tokenizer, moe
     from render.sample_prompts import craftax_prompts
 
     prompts = craftax_prompts(load_tokenizer(), args.prompts, args.env, steps=20)
@@ -71,16 +79,24 @@ def main(argv: list[str] | None = None) -> dict:
         ids[i, :len(w)] = w
     real = np.arange(width)[None, :] < lengths[:, None]  # routing of pad tokens is left out
 
+    source = args.model
+    if args.moe_intermediate_size:
+        if args.model not in PRESETS:
+            p.error("--moe-intermediate-size takes a preset (random weights), not a checkpoint")
+        source = dataclasses.replace(PRESETS[args.model], moe_intermediate_size=args.moe_intermediate_size)
+
     def run(dtype):
-        model = load_model(args.model, dtype=dtype)
-        assert model.config.is_moe, f"{args.model} is not an MoE model"
-        trace, final = routing_trace(model, ids)
+        hidden = "rows" if dtype == "fp8-hidden-rows" else moe.FP8_HIDDEN
+        with mock.patch.object(moe, "FP8_HIDDEN", hidden):
+            model = load_model(source, dtype="fp8" if dtype == "fp8-hidden-rows" else dtype)
+            assert model.config.is_moe, f"{args.model} is not an MoE model"
+            trace, final = routing_trace(model, ids)
         last = final[np.arange(len(whole)), lengths - 1]
         return model.config, [t.reshape(len(whole), width, -1)[real] for t in trace], last
 
     config, ref_trace, ref_vec = run("float32")
     loads = [np.bincount(t.reshape(-1), minlength=config.num_experts) for t in ref_trace]
-    result = {"model": args.model, "env": args.env, "prompts": len(whole), "tokens": int(real.sum()),
+    result = {"model": args.model, "moe_intermediate_size": config.moe_intermediate_size, "env": args.env, "prompts": len(whole), "tokens": int(real.sum()),
               "sparse_layers": len(ref_trace), "top_k": config.num_experts_per_tok,
               "load_max_over_mean": [float(x.max() / x.mean()) for x in loads], "dtypes": {}}
     token_of_row = np.repeat(np.arange(len(whole)), lengths)

@@ -263,6 +263,18 @@ def test_moe_routing_report_smoke():
     assert 0.0 <= res["dtypes"]["bfloat16"]["slot_flip_rate"] <= 1.0
 
 
+def test_moe_fp8_hidden_error_smoke():
+    """Both hidden forms at a small shape: errors of e4m3's size (a few %), and 128-wide blocks no coarser than one
+    scale per row (each block's largest value is exact, and there are F / 128 of them per row)."""
+    from scripts import moe_fp8_hidden_error
+
+    res = moe_fp8_hidden_error.main(["--hidden", "64", "--ffn", "256", "--experts", "8", "--top-k", "2",
+                                     "--tokens", "128"])
+    rows, blocks = res["forms"]["rows"], res["forms"]["blocks"]
+    assert all(0.005 < form[key] < 0.1 for form in (rows, blocks) for key in form)
+    assert blocks["hidden"] <= rows["hidden"]
+
+
 def test_hlo_fusions_finds_a_compiled_fusion_and_its_body(tmp_path, capsys):
     """scripts/hlo_fusions.py on a CPU program's optimised HLO written where an XLA dump would put it: the
     fusion's line (its shape) and the elementwise steps of the computation it calls."""
