@@ -105,12 +105,15 @@
 #                                         # fp8 encoders' ratio with it, ~6 min
 #   bash scripts/gpu_moe.sh halvesprofile OUT  # the fp8 encoder profiled with down's "rescale" and "halves" in one
 #                                         # process, then the ratio with each, ~8 min
+#   bash scripts/gpu_moe.sh routingreport OUT  # scripts/moe_routing_report.py at the 30B's shape (random weights):
+#                                         # fp8's routing flips against bf16 and the expert load on 32 real
+#                                         # Craftax-Symbolic prompts, ~5 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -399,6 +402,10 @@ case $stage in
       --pipeline-tiles 1 --tokens 36864 --shapes down --out "$out/kernels_fp8_down.json"
     run ratio_fp8_halves $((570 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-blocks-halves --out "$out/ratio_fp8_halves.json"
+    ;;
+  routingreport)  # routing flips fp8 vs bf16 and the expert load at the 30B's shape, random weights, real prompts
+    run routing_report 560 python3 -u scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 32 \
+      --reference bfloat16 --dtypes fp8 --env Craftax-Symbolic-v1 --out "$out/routing_report.json"
     ;;
   halvesprofile)  # both down forms in the fp8 encoder, profiled in one process; then the ratio with each
     run profile_halves 240 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \

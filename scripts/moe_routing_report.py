@@ -1,13 +1,15 @@
 """How often Qwen3-MoE routing flips between dtypes on real Craftax prompts, and what a flip does to the vector.
 
 Runs the same prompts (prefix + game text, the real tokenizer and template) through an MoE model in float32 (the
-reference), bfloat16 and fp8, and records every sparse layer's top-k expert choices per token. Reports, per dtype:
-the share of (token, layer) routing decisions whose expert set differs from float32's, the share of slots (one of
-the k experts) that differ, the expert load (max / mean rows per expert: what a padded batched GEMM would waste),
-and the cosine of the pooled vectors to float32's, for prompts with and without a flip. Used by docs/PARITY.md.
+reference, or `--reference`), bfloat16 and fp8, and records every sparse layer's top-k expert choices per token.
+Reports, per dtype: the share of (token, layer) routing decisions whose expert set differs from the reference's, the
+share of slots (one of the k experts) that differ, the expert load (max / mean rows per expert: what a padded batched
+GEMM would waste), and the cosine of the pooled vectors to the reference's, for prompts with and without a flip.
+Used by docs/PARITY.md.
 
     python scripts/moe_routing_report.py --model tiny-moe --prompts 16          # CPU
-    python scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 64     # GPU (random weights)
+    python scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 32 --reference bfloat16 --dtypes fp8 \
+        --env Craftax-Symbolic-v1      # GPU (random weights; a float32 30B does not fit next to its activations)
     python scripts/moe_routing_report.py --moe-intermediate-size 256 --dtypes fp8 fp8-hidden-rows  # CPU: the fp8
         # experts' hidden rows in 128-wide blocks (the default) against one scale per row (tiny-moe's 64 is below a block)
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--env", default="Craftax-Classic-Symbolic-v1")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "fp8"],
                    help="bfloat16, fp8 or fp8-hidden-rows (fp8 with moe.FP8_HIDDEN 'rows': one scale per hidden row)")
+    p.add_argument("--reference", default="float32", help="the dtype the others are compared with")
     p.add_argument("--moe-intermediate-size", type=int, default=None,
                    help="a preset's expert width replaced (random weights only), e.g. 256 for two 128-wide blocks")
     p.add_argument("--out", type=Path, default=None)
@@ -85,18 +89,22 @@ def main(argv: list[str] | None = None) -> dict:
             p.error("--moe-intermediate-size takes a preset (random weights), not a checkpoint")
         source = dataclasses.replace(PRESETS[args.model], moe_intermediate_size=args.moe_intermediate_size)
 
+    start = time.perf_counter()
+
     def run(dtype):
         hidden = "rows" if dtype == "fp8-hidden-rows" else moe.FP8_HIDDEN
         with mock.patch.object(moe, "FP8_HIDDEN", hidden):
             model = load_model(source, dtype="fp8" if dtype == "fp8-hidden-rows" else dtype)
             assert model.config.is_moe, f"{args.model} is not an MoE model"
+            print(f"[{time.perf_counter() - start:6.1f} s] {dtype}: loaded, tracing", file=sys.stderr, flush=True)
             trace, final = routing_trace(model, ids)
         last = final[np.arange(len(whole)), lengths - 1]
         return model.config, [t.reshape(len(whole), width, -1)[real] for t in trace], last
 
-    config, ref_trace, ref_vec = run("float32")
+    config, ref_trace, ref_vec = run(args.reference)
     loads = [np.bincount(t.reshape(-1), minlength=config.num_experts) for t in ref_trace]
-    result = {"model": args.model, "moe_intermediate_size": config.moe_intermediate_size, "env": args.env, "prompts": len(whole), "tokens": int(real.sum()),
+    result = {"model": args.model, "moe_intermediate_size": config.moe_intermediate_size, "env": args.env,
+              "reference": args.reference, "prompts": len(whole), "tokens": int(real.sum()),
               "sparse_layers": len(ref_trace), "top_k": config.num_experts_per_tok,
               "load_max_over_mean": [float(x.max() / x.mean()) for x in loads], "dtypes": {}}
     token_of_row = np.repeat(np.arange(len(whole)), lengths)
@@ -114,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
             "slot_flip_rate": float(np.mean(slot_flips)),
             "set_flip_rate_by_layer": [float(f.mean()) for f in set_flips],
             "prompts_with_a_flip": int(flipped_prompt.sum()),
-            "cosine_to_float32": {"min": float(cos.min()), "mean": float(cos.mean()),
+            "cosine_to_reference": {"min": float(cos.min()), "mean": float(cos.mean()),
                                   "mean_with_flip": float(cos[flipped_prompt].mean()) if flipped_prompt.any() else None,
                                   "mean_without_flip": float(cos[~flipped_prompt].mean())
                                   if (~flipped_prompt).any() else None}}

@@ -259,7 +259,7 @@ def test_moe_routing_report_smoke():
 
     res = moe_routing_report.main(["--prompts", "2", "--dtypes", "float32", "bfloat16"])
     assert res["dtypes"]["float32"]["token_layer_set_flip_rate"] == 0.0
-    assert res["dtypes"]["float32"]["cosine_to_float32"]["min"] > 0.99999
+    assert res["dtypes"]["float32"]["cosine_to_reference"]["min"] > 0.99999
     assert 0.0 <= res["dtypes"]["bfloat16"]["slot_flip_rate"] <= 1.0
 
 
