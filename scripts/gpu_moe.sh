@@ -107,7 +107,8 @@
 #                                         # process, then the ratio with each, ~8 min
 #   bash scripts/gpu_moe.sh routingreport OUT  # scripts/moe_routing_report.py at the 30B's shape (random weights):
 #                                         # fp8's routing flips against bf16 and the expert load on 32 real
-#                                         # Craftax-Symbolic prompts, ~5 min
+#                                         # Craftax-Symbolic prompts (compiled; op by op it did not finish
+#                                         # the bf16 model in 9 min), ~5 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
@@ -404,7 +405,7 @@ case $stage in
       --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-blocks-halves --out "$out/ratio_fp8_halves.json"
     ;;
   routingreport)  # routing flips fp8 vs bf16 and the expert load at the 30B's shape, random weights, real prompts
-    run routing_report 560 python3 -u scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 32 \
+    run routing_report ${LIMIT:-560} python3 -u scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 32 \
       --reference bfloat16 --dtypes fp8 --env Craftax-Symbolic-v1 --out "$out/routing_report.json"
     ;;
   halvesprofile)  # both down forms in the fp8 encoder, profiled in one process; then the ratio with each

@@ -24,14 +24,16 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def routing_trace(model, ids) -> tuple[list, list]:
-    """Runs model.hidden_states eagerly (jax.disable_jit, so every layer's router runs once, in order) and returns
-    (per sparse layer: experts int [N, k], the pooled last-token vector of each row of ids)."""
+def routing_trace(model, ids) -> tuple[list, np.ndarray]:
+    """Runs the model's forward pass on ids (compiled: each sparse layer's router hands its choices to the host by
+    an ordered callback, layer after layer) and returns (per sparse layer: experts int [N, k], the final hidden
+    state [B, T, D] in float32)."""
     import jax
-    import numpy as np
 
     from jaxllm import model as model_lib
     from jaxllm import moe
@@ -41,16 +43,18 @@ def routing_trace(model, ids) -> tuple[list, list]:
 
     def recording_route(x, router, top_k, norm_topk_prob):
         weights, experts = original(x, router, top_k, norm_topk_prob)
-        trace.append(np.asarray(experts))
+        jax.debug.callback(lambda e: trace.append(np.asarray(e)), experts, ordered=True)
         return weights, experts
 
     moe.route = recording_route
-    try:
-        with jax.disable_jit():
-            states = model_lib.hidden_states(model.params, model.config, jax.numpy.asarray(ids))
+    try:  # a new function: traced now, with the recording router
+        final = jax.jit(lambda params, ids: model_lib.forward(params, model.config, ids, layer=-1)[0])(
+            model.params, jax.numpy.asarray(ids))
+        final = np.asarray(final, np.float32)
+        jax.effects_barrier()
     finally:
         moe.route = original
-    return trace, np.asarray(states[-1], np.float32)
+    return trace, final
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -68,8 +72,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     import dataclasses
     from unittest import mock
-
-    import numpy as np
 
     from jaxllm import PRESETS, load_model, load_tokenizer, moe
     from render.sample_prompts import craftax_prompts
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
               "reference": args.reference, "prompts": len(whole), "tokens": int(real.sum()),
               "sparse_layers": len(ref_trace), "top_k": config.num_experts_per_tok,
               "load_max_over_mean": [float(x.max() / x.mean()) for x in loads], "dtypes": {}}
+    print(f"load max / mean per sparse layer ({args.reference}): {np.round(result['load_max_over_mean'], 3).tolist()}",
+          file=sys.stderr, flush=True)
     token_of_row = np.repeat(np.arange(len(whole)), lengths)
     for dtype in args.dtypes:
         _, trace, vec = run(dtype)
