@@ -30,31 +30,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def routing_trace(model, ids) -> tuple[list, np.ndarray]:
-    """Runs the model's forward pass on ids (compiled: each sparse layer's router hands its choices to the host by
-    an ordered callback, layer after layer) and returns (per sparse layer: experts int [N, k], the final hidden
-    state [B, T, D] in float32)."""
+    """Runs the model's forward pass on ids, compiled, and returns (per sparse layer, in order: experts int [N, k];
+    the final hidden state [B, T, D] in float32). Each sparse block hands its router's choices and its layer index
+    to the host by a callback. (Unordered: an ordered callback inside the layer scan crashed XLA's GPU fusion pass,
+    jax 0.11.2, 2026-11-29; so the host sorts them by layer.)"""
     import jax
 
     from jaxllm import model as model_lib
     from jaxllm import moe
 
-    trace = []
-    original = moe.route
+    trace, routed = [], []
+    original_route, original_outputs = moe.route, model_lib.moe_expert_outputs
 
     def recording_route(x, router, top_k, norm_topk_prob):
-        weights, experts = original(x, router, top_k, norm_topk_prob)
-        jax.debug.callback(lambda e: trace.append(np.asarray(e)), experts, ordered=True)
+        weights, experts = original_route(x, router, top_k, norm_topk_prob)
+        routed.append(experts)
         return weights, experts
 
-    moe.route = recording_route
+    def recording_outputs(x, params, top_k, norm_topk_prob, impl=None, layer=None):
+        outputs = original_outputs(x, params, top_k, norm_topk_prob, impl, layer)
+        layer = len(trace) if layer is None else layer  # (layers unrolled: the call order is the layer order)
+        jax.debug.callback(lambda e, i: trace.append((int(i), np.asarray(e))), routed.pop(), layer)
+        return outputs
+
+    moe.route, model_lib.moe_expert_outputs = recording_route, recording_outputs
     try:  # a new function: traced now, with the recording router
         final = jax.jit(lambda params, ids: model_lib.forward(params, model.config, ids, layer=-1)[0])(
             model.params, jax.numpy.asarray(ids))
         final = np.asarray(final, np.float32)
         jax.effects_barrier()
     finally:
-        moe.route = original
-    return trace, final
+        moe.route, model_lib.moe_expert_outputs = original_route, original_outputs
+    return [experts for _, experts in sorted(trace, key=lambda pair: pair[0])], final
 
 
 def main(argv: list[str] | None = None) -> dict:
