@@ -78,6 +78,10 @@ VARIANTS = {
     "fp8-moe-blocks-promote": "down on the block-scaled hidden rows with each k-step's product in its own "
                               "accumulator, scaled and added (grouped_gemm.BLOCK_SCALES = 'promote', 64-wide tiles), "
                               "instead of one sum rescaled before each step",
+    "fp8-moe-spread-routing": "the experts each token's router chose moved by the token's index (mod E), so the "
+                              "rows spread evenly over the experts as a trained router's do, instead of the random "
+                              "model's routing, which sends nearly every token to the same experts",
+    "bfloat16-moe-spread-routing": "as fp8-moe-spread-routing, in bf16",
     "fp8-moe-blocks-halves": "down on the block-scaled hidden rows with the tile's rows in two accumulators, one "
                              "half rescaled while the other's product runs (grouped_gemm.BLOCK_SCALES = 'halves')",
     "fp8-moe-blocks-64": "the fp8 experts' hidden rows in 64-wide blocks (a compute warpgroup's columns: no abs-max "
@@ -93,6 +97,8 @@ VARIANTS = {
 
 def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
     """(module, attribute, value): the settings `variant` (a --dtypes name) changes from its base dtype's."""
+    import jax.numpy as jnp
+
     from jaxllm import fp8, grouped_gemm, layer_ops, moe, moe_rows, packed_attention
     from jaxllm import model as model_module
 
@@ -103,6 +109,16 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         if keep_value or not isinstance(delta, fp8.Fp8Product):
             return layer_ops.residual_norm_reference(h, delta, weight, eps, quantized, keep_value)
         return residual_norm(h, delta, weight, eps, quantized, keep_value)
+
+    route = moe.route
+
+    def spread_route(x, router, top_k, norm_topk_prob):
+        """`moe.route` with token t's experts moved t places on (mod E): still top_k distinct experts with their
+        weights, but spread evenly over the experts. The random model sends nearly every token to the same experts
+        from its second layer on (scripts/moe_routing_report.py); a trained router's load is near even."""
+        weights, experts = route(x, router, top_k, norm_topk_prob)
+        shift = jnp.arange(experts.shape[0], dtype=experts.dtype) % router.shape[-1]
+        return weights, (experts + shift[:, None]) % router.shape[-1]
 
     gather = [(moe, "ROW_COPY", "gather")]
     xla_router = [(moe, "FUSED_ROUTER", False)]
@@ -132,6 +148,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-key-sort": key_sort,
         "fp8-moe-routing-before": xla_router + key_sort,
         "fp8-moe-hidden-rows": [(moe, "FP8_HIDDEN", "rows")],
+        "fp8-moe-spread-routing": [(moe, "route", spread_route)],
+        "bfloat16-moe-spread-routing": [(moe, "route", spread_route)],
         "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],
         "fp8-moe-blocks-halves": [(grouped_gemm, "BLOCK_SCALES", "halves")],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],

@@ -109,12 +109,15 @@
 #                                         # fp8's routing flips against bf16 and the expert load on 32 real
 #                                         # Craftax-Symbolic prompts (compiled; op by op it did not finish
 #                                         # the bf16 model in 9 min), ~5 min
+#   bash scripts/gpu_moe.sh spread OUT    # the encoders' ratio (fp8, then bf16) with the 30B's routing spread
+#                                         # evenly over the experts (bench_encoder's *-moe-spread-routing) next to
+#                                         # the random model's own, ~9 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -403,6 +406,13 @@ case $stage in
       --pipeline-tiles 1 --tokens 36864 --shapes down --out "$out/kernels_fp8_down.json"
     run ratio_fp8_halves $((570 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-blocks-halves --out "$out/ratio_fp8_halves.json"
+    ;;
+  spread)  # the encoders' ratio with the 30B's tokens spread evenly over the experts, as a trained router's are
+    # (the random 30B sends nearly every token to the same 8 experts), fp8 then bf16
+    run ratio_fp8_spread 270 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \
+      --rounds 4 --iters 8 --variants fp8-moe-spread-routing --out "$out/ratio_fp8_spread.json"
+    run ratio_bf16_spread $((580 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-spread-routing --out "$out/ratio_bf16_spread.json"
     ;;
   routingreport)  # routing flips fp8 vs bf16 and the expert load at the 30B's shape, random weights, real prompts
     run routing_report ${LIMIT:-560} python3 -u scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 32 \

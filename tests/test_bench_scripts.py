@@ -263,6 +263,29 @@ def test_moe_routing_report_smoke():
     assert 0.0 <= res["dtypes"]["bfloat16"]["slot_flip_rate"] <= 1.0
 
 
+def test_spread_routing_variant_evens_the_load_of_identical_tokens():
+    """bench_encoder's `*-moe-spread-routing`: tokens that all choose the same experts (as the random 30B's do)
+    come out spread evenly, each still with top_k distinct experts and the weights it had."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import bench_encoder
+    from jaxllm import moe
+
+    [(module, name, spread_route)] = bench_encoder.variant_patches("fp8-moe-spread-routing")
+    assert (module, name) == (moe, "route")
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(np.repeat(rng.normal(size=(1, 64)), 256, axis=0), jnp.float32)
+    router = jnp.asarray(rng.normal(size=(64, 32)), jnp.float32)
+    weights, experts = moe.route(x, router, 4, True)
+    assert len(np.unique(np.asarray(experts), axis=0)) == 1
+    spread_weights, spread = spread_route(x, router, 4, True)
+    np.testing.assert_array_equal(spread_weights, weights)
+    spread = np.asarray(spread)
+    assert all(len(set(row)) == 4 for row in spread)
+    assert np.all(np.bincount(spread.reshape(-1), minlength=32) == 256 * 4 // 32)
+
+
 def test_moe_fp8_hidden_error_smoke():
     """Both hidden forms at a small shape: errors of e4m3's size (a few %), and 128-wide blocks no coarser than one
     scale per row (each block's largest value is exact, and there are F / 128 of them per row)."""
