@@ -313,7 +313,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                   wg_exchange_barrier=None):
             wg = lax.axis_index("wg")
             wg_rows = pl.ds(wg * wm if config.split_rows else 0, wm)
-
             wg_cols = pl.ds(0 if config.split_rows else wg * tn, wn)
 
             if config.pipeline_tiles:  # the used row tiles only (they come first), row by row
