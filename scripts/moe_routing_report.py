@@ -48,8 +48,8 @@ def routing_trace(model, ids) -> tuple[list, np.ndarray]:
         return weights, experts
 
     def recording_outputs(x, params, top_k, norm_topk_prob, impl=None, layer=None):
+        # `model.forward` passes every sparse block its index in the expert stack: the layer order
         outputs = original_outputs(x, params, top_k, norm_topk_prob, impl, layer)
-        layer = len(trace) if layer is None else layer  # (layers unrolled: the call order is the layer order)
         jax.debug.callback(lambda e, i: trace.append((int(i), np.asarray(e))), routed.pop(), layer)
         return outputs
 
@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> dict:
             "set_flip_rate_by_layer": [float(f.mean()) for f in set_flips],
             "prompts_with_a_flip": int(flipped_prompt.sum()),
             "cosine_to_reference": {"min": float(cos.min()), "mean": float(cos.mean()),
-                                  "mean_with_flip": float(cos[flipped_prompt].mean()) if flipped_prompt.any() else None,
-                                  "mean_without_flip": float(cos[~flipped_prompt].mean())
-                                  if (~flipped_prompt).any() else None}}
+                                    "mean_with_flip": float(cos[flipped_prompt].mean()) if flipped_prompt.any()
+                                    else None,
+                                    "mean_without_flip": float(cos[~flipped_prompt].mean())
+                                    if (~flipped_prompt).any() else None}}
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
