@@ -82,15 +82,6 @@ VARIANTS = {
                               "rows spread evenly over the experts as a trained router's do, instead of the random "
                               "model's routing, which sends nearly every token to the same experts",
     "bfloat16-moe-spread-routing": "as fp8-moe-spread-routing, in bf16",
-    "fp8-moe-prefetch-weights": "each expert GEMM CTA prefetching its next tile's weights into L2 as a tile starts "
-                                "(grouped_gemm.PREFETCH = 'weights')",
-    "fp8-moe-prefetch-both": "as fp8-moe-prefetch-weights, the next tile's rows too (grouped_gemm.PREFETCH = 'both')",
-    "bfloat16-moe-prefetch-weights": "as fp8-moe-prefetch-weights, in bf16",
-    "bfloat16-moe-prefetch-both": "as fp8-moe-prefetch-both, in bf16",
-    "fp8-moe-spread-prefetch-weights": "fp8-moe-spread-routing and fp8-moe-prefetch-weights together",
-    "fp8-moe-spread-prefetch-both": "fp8-moe-spread-routing and fp8-moe-prefetch-both together",
-    "bfloat16-moe-spread-prefetch-weights": "as fp8-moe-spread-prefetch-weights, in bf16",
-    "bfloat16-moe-spread-prefetch-both": "as fp8-moe-spread-prefetch-both, in bf16",
     "fp8-moe-blocks-halves": "down on the block-scaled hidden rows with the tile's rows in two accumulators, one "
                              "half rescaled while the other's product runs (grouped_gemm.BLOCK_SCALES = 'halves')",
     "fp8-moe-blocks-64": "the fp8 experts' hidden rows in 64-wide blocks (a compute warpgroup's columns: no abs-max "
@@ -159,9 +150,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-hidden-rows": [(moe, "FP8_HIDDEN", "rows")],
         "fp8-moe-spread-routing": [(moe, "route", spread_route)],
         "bfloat16-moe-spread-routing": [(moe, "route", spread_route)],
-        **{f"{base}-moe-{spread}prefetch-{form}": [(grouped_gemm, "PREFETCH", form)]
-           + ([(moe, "route", spread_route)] if spread else [])
-           for base in ("fp8", "bfloat16") for spread in ("", "spread-") for form in ("weights", "both")},
         "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],
         "fp8-moe-blocks-halves": [(grouped_gemm, "BLOCK_SCALES", "halves")],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],

@@ -112,14 +112,12 @@
 #   bash scripts/gpu_moe.sh spread OUT    # the encoders' ratio (fp8, then bf16) with the 30B's routing spread
 #                                         # evenly over the experts (bench_encoder's *-moe-spread-routing) next to
 #                                         # the random model's own, ~9 min
-#   bash scripts/gpu_moe.sh prefetch OUT  # the expert kernels' L2 prefetches (grouped_gemm.PREFETCH): GPU test, then
-#                                         # the fp8 and bf16 ratios with them, spread and random routing, ~9 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | prefetch | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -415,16 +413,6 @@ case $stage in
       --rounds 4 --iters 8 --variants fp8-moe-spread-routing --out "$out/ratio_fp8_spread.json"
     run ratio_bf16_spread $((580 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-spread-routing --out "$out/ratio_bf16_spread.json"
-    ;;
-  prefetch)  # L2 prefetches of each CTA's next tile (grouped_gemm.PREFETCH): unchanged values, then the ratios
-    # with the routing spread evenly (as a trained router's) and as the random model routes, fp8 then bf16
-    run prefetch_test 150 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py -k "prefetch"
-    run ratio_fp8_prefetch 250 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \
-      --rounds 3 --iters 8 --variants fp8-moe-spread-routing fp8-moe-spread-prefetch-weights \
-      fp8-moe-spread-prefetch-both fp8-moe-prefetch-both --out "$out/ratio_fp8_prefetch.json"
-    run ratio_bf16_prefetch $((575 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-spread-routing \
-      bfloat16-moe-spread-prefetch-weights bfloat16-moe-spread-prefetch-both --out "$out/ratio_bf16_prefetch.json"
     ;;
   routingreport)  # routing flips fp8 vs bf16 and the expert load at the 30B's shape, random weights, real prompts
     run routing_report ${LIMIT:-560} python3 -u scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 32 \
