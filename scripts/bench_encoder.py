@@ -82,6 +82,10 @@ VARIANTS = {
                               "rows spread evenly over the experts as a trained router's do, instead of the random "
                               "model's routing, which sends nearly every token to the same experts",
     "bfloat16-moe-spread-routing": "as fp8-moe-spread-routing, in bf16",
+    "fp8-moe-scattered-routing": "as fp8-moe-spread-routing, each token's experts moved by a random draw "
+                                 "instead: spread but uneven, so each expert's last tile is part padding, as a "
+                                 "trained router's would be",
+    "bfloat16-moe-scattered-routing": "as fp8-moe-scattered-routing, in bf16",
     "fp8-moe-blocks-halves": "down on the block-scaled hidden rows with the tile's rows in two accumulators, one "
                              "half rescaled while the other's product runs (grouped_gemm.BLOCK_SCALES = 'halves')",
     "fp8-moe-blocks-64": "the fp8 experts' hidden rows in 64-wide blocks (a compute warpgroup's columns: no abs-max "
@@ -97,6 +101,7 @@ VARIANTS = {
 
 def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
     """(module, attribute, value): the settings `variant` (a --dtypes name) changes from its base dtype's."""
+    import jax
     import jax.numpy as jnp
 
     from jaxllm import fp8, grouped_gemm, layer_ops, moe, moe_rows, packed_attention
@@ -118,6 +123,14 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         from its second layer on (scripts/moe_routing_report.py); a trained router's load is near even."""
         weights, experts = route(x, router, top_k, norm_topk_prob)
         shift = jnp.arange(experts.shape[0], dtype=experts.dtype) % router.shape[-1]
+        return weights, (experts + shift[:, None]) % router.shape[-1]
+
+    def scattered_route(x, router, top_k, norm_topk_prob):
+        """As `spread_route`, with token t's experts moved by a random draw (mod E, a fixed key) instead of t: the
+        load is spread but not in whole tiles, as a trained router's is, so each expert's rows end in a part-filled
+        tile (the padding that the even spread never has: ~64 rows an expert on average)."""
+        weights, experts = route(x, router, top_k, norm_topk_prob)
+        shift = jax.random.randint(jax.random.key(0), experts.shape[:1], 0, router.shape[-1], experts.dtype)
         return weights, (experts + shift[:, None]) % router.shape[-1]
 
     gather = [(moe, "ROW_COPY", "gather")]
@@ -150,6 +163,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-hidden-rows": [(moe, "FP8_HIDDEN", "rows")],
         "fp8-moe-spread-routing": [(moe, "route", spread_route)],
         "bfloat16-moe-spread-routing": [(moe, "route", spread_route)],
+        "fp8-moe-scattered-routing": [(moe, "route", scattered_route)],
+        "bfloat16-moe-scattered-routing": [(moe, "route", scattered_route)],
         "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],
         "fp8-moe-blocks-halves": [(grouped_gemm, "BLOCK_SCALES", "halves")],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],

@@ -112,12 +112,14 @@
 #   bash scripts/gpu_moe.sh spread OUT    # the encoders' ratio (fp8, then bf16) with the 30B's routing spread
 #                                         # evenly over the experts (bench_encoder's *-moe-spread-routing) next to
 #                                         # the random model's own, ~9 min
+#   bash scripts/gpu_moe.sh scattered OUT # the ratios (fp8, then bf16) with the routing spread at random over the
+#                                         # experts (*-moe-scattered-routing: padded tiles, as a trained router's), ~8 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -413,6 +415,14 @@ case $stage in
       --rounds 4 --iters 8 --variants fp8-moe-spread-routing --out "$out/ratio_fp8_spread.json"
     run ratio_bf16_spread $((580 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-spread-routing --out "$out/ratio_bf16_spread.json"
+    ;;
+  scattered)  # the encoders' ratio with the routing spread evenly and spread at random (padded tiles), fp8 then bf16
+    run ratio_fp8_scattered 250 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \
+      --rounds 3 --iters 8 --variants fp8-moe-spread-routing fp8-moe-scattered-routing \
+      --out "$out/ratio_fp8_scattered.json"
+    run ratio_bf16_scattered $((540 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-scattered-routing \
+      --out "$out/ratio_bf16_scattered.json"
     ;;
   routingreport)  # routing flips fp8 vs bf16 and the expert load at the 30B's shape, random weights, real prompts
     run routing_report ${LIMIT:-560} python3 -u scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 32 \

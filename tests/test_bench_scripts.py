@@ -286,6 +286,33 @@ def test_spread_routing_variant_evens_the_load_of_identical_tokens():
     assert np.all(np.bincount(spread.reshape(-1), minlength=32) == 256 * 4 // 32)
 
 
+def test_scattered_routing_variant_spreads_the_load_unevenly():
+    """bench_encoder's `*-moe-scattered-routing`: identical tokens come out on every expert, each token with top_k
+    distinct experts and its weights, the load uneven (so tiles are part padding) but near the mean, as a trained
+    router's spread load would be."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import bench_encoder
+    from jaxllm import grouped_gemm, moe
+
+    [(module, name, scattered_route)] = bench_encoder.variant_patches("fp8-moe-scattered-routing")
+    assert (module, name) == (moe, "route")
+    rng = np.random.default_rng(1)
+    tokens, experts_n, top_k = 4096, 32, 4
+    x = jnp.asarray(np.repeat(rng.normal(size=(1, 64)), tokens, axis=0), jnp.float32)
+    router = jnp.asarray(rng.normal(size=(64, experts_n)), jnp.float32)
+    weights, _ = moe.route(x, router, top_k, True)
+    scattered_weights, scattered = scattered_route(x, router, top_k, True)
+    np.testing.assert_array_equal(scattered_weights, weights)
+    scattered = np.asarray(scattered)
+    assert all(len(set(row)) == top_k for row in scattered)
+    load = np.bincount(scattered.reshape(-1), minlength=experts_n)
+    assert load.min() > 0 and load.max() / load.mean() < 1.3
+    padded = grouped_gemm.padded_row_count(tokens * top_k, experts_n, 128)
+    assert np.sum(-load % 128) > 0 and padded >= tokens * top_k + np.sum(-load % 128)
+
+
 def test_moe_fp8_hidden_error_smoke():
     """Both hidden forms at a small shape: errors of e4m3's size (a few %), and 128-wide blocks no coarser than one
     scale per row (each block's largest value is exact, and there are F / 128 of them per row)."""
