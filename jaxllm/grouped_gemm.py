@@ -91,6 +91,17 @@ BLOCK_SCALES = "rescale"
 BLOCK_SCALES_FORMS = ("rescale", "promote", "halves")
 
 
+# Whether the expert GEMMs warm L2 with each expert's weights one wave of tiles ahead: "leader" (the CTA whose next
+# tile is its expert's first row tile TMA-prefetches that tile's weight columns into L2 as its current tile starts,
+# so the next wave's tiles of that expert start from L2 instead of HBM; one prefetch per expert and column tile) or
+# "none". A trained router spreads its rows over all 128 experts, so nearly every wave meets experts whose weights
+# are not in L2 yet (the random model's routing reuses the same 8). Prefetches change no value. Prefetching every
+# CTA's next tile, weights or rows too, made the encoders slower (2026-11-30: `git show c7e1bec`). Read at trace time.
+PREFETCH = "none"
+PREFETCH_FORMS = ("none", "leader")
+PREFETCH_BOX = 256  # elements per dimension of one TMA prefetch (the hardware's limit)
+
+
 def silu(x: jax.Array) -> jax.Array:
     """x * sigmoid(x) in float32, as the kernel's epilogue computes it (`SILU`)."""
     if SILU not in SILU_FORMS:
@@ -231,6 +242,9 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     block_scaled = row_block_scales is not None
     if block_scaled and BLOCK_SCALES not in BLOCK_SCALES_FORMS:
         raise ValueError(f"grouped_gemm.BLOCK_SCALES is {BLOCK_SCALES!r}; use one of {BLOCK_SCALES_FORMS}")
+    if PREFETCH not in PREFETCH_FORMS:
+        raise ValueError(f"grouped_gemm.PREFETCH is {PREFETCH!r}; use one of {PREFETCH_FORMS}")
+    prefetch = PREFETCH if interpret is None else "none"  # (no value changes: the interpreter skips them)
     halves = block_scaled and BLOCK_SCALES == "halves"  # the tile's rows in two accumulators
     if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
         weights, transposed = jnp.swapaxes(weights, 1, 2), False
@@ -321,12 +335,37 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
             else:
                 grid = (m_tiles * n_tiles,)
 
+            def tile_at(step):
+                """The (row tile, column tile) of the grid's linear step."""
+                if config.pipeline_tiles:
+                    return step // n_tiles, step % n_tiles
+                return plgpu.planar_snake(step, (m_tiles, n_tiles), 1, config.band)
+
+            def prefetch_next_tile(local_index):
+                """`PREFETCH` "leader": L2 prefetches of this CTA's next tile's weight columns, by the memory
+                warpgroup, where that tile is its expert's first row tile."""
+                step = (local_index + 1) * lax.axis_size("sm") + lax.axis_index("sm")
+                total = grid[0] * grid[1] if config.pipeline_tiles else grid[0]
+                mi, ni = tile_at(jnp.minimum(step, total - 1))
+                group = groups_gmem[mi]
+                first = (mi == 0) | (groups_gmem[jnp.maximum(mi - 1, 0)] != group)
+
+                @pl.when((step < total) & (group >= 0) & first & (lax.axis_index("wg") == 2))
+                def _():
+                    for start in range(0, k, PREFETCH_BOX):
+                        ks = pl.ds(start, min(PREFETCH_BOX, k - start))
+                        for p in range(parts):
+                            tile = weight_tile(b_gmem, group, ni, p)
+                            plgpu.async_prefetch(tile.at[:, ks] if transposed else tile.at[ks, :])
+
             @plgpu.nd_loop(grid, collective_axes="sm")
             def tile_loop(info):
                 if config.pipeline_tiles:
                     mi, ni = info.index
                 else:
-                    mi, ni = plgpu.planar_snake(info.index[0], (m_tiles, n_tiles), 1, config.band)
+                    mi, ni = tile_at(info.index[0])
+                if prefetch != "none":
+                    prefetch_next_tile(info.local_index)
                 group = groups_gmem[mi]
 
                 @pl.when(group >= 0)

@@ -82,6 +82,12 @@ VARIANTS = {
                               "rows spread evenly over the experts as a trained router's do, instead of the random "
                               "model's routing, which sends nearly every token to the same experts",
     "bfloat16-moe-spread-routing": "as fp8-moe-spread-routing, in bf16",
+    "fp8-moe-prefetch": "the expert GEMMs warming L2 with each expert's weights a wave of tiles ahead "
+                        "(grouped_gemm.PREFETCH = 'leader')",
+    "bfloat16-moe-prefetch": "as fp8-moe-prefetch, in bf16",
+    "fp8-moe-spread-prefetch": "fp8-moe-spread-routing and fp8-moe-prefetch together",
+    "bfloat16-moe-spread-prefetch": "as fp8-moe-spread-prefetch, in bf16",
+    "fp8-moe-scattered-prefetch": "fp8-moe-scattered-routing and fp8-moe-prefetch together",
     "fp8-moe-scattered-routing": "as fp8-moe-spread-routing, each token's experts moved by a random draw "
                                  "instead: spread but uneven, so each expert's last tile is part padding, as a "
                                  "trained router's would be",
@@ -134,6 +140,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         return weights, (experts + shift[:, None]) % router.shape[-1]
 
     gather = [(moe, "ROW_COPY", "gather")]
+    prefetch = [(grouped_gemm, "PREFETCH", "leader")]
     xla_router = [(moe, "FUSED_ROUTER", False)]
     key_sort = [(moe, "PAIR_SORT", False)]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
@@ -163,6 +170,11 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-hidden-rows": [(moe, "FP8_HIDDEN", "rows")],
         "fp8-moe-spread-routing": [(moe, "route", spread_route)],
         "bfloat16-moe-spread-routing": [(moe, "route", spread_route)],
+        "fp8-moe-prefetch": prefetch,
+        "bfloat16-moe-prefetch": prefetch,
+        "fp8-moe-spread-prefetch": prefetch + [(moe, "route", spread_route)],
+        "bfloat16-moe-spread-prefetch": prefetch + [(moe, "route", spread_route)],
+        "fp8-moe-scattered-prefetch": prefetch + [(moe, "route", scattered_route)],
         "fp8-moe-scattered-routing": [(moe, "route", scattered_route)],
         "bfloat16-moe-scattered-routing": [(moe, "route", scattered_route)],
         "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],

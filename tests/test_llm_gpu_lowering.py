@@ -178,6 +178,39 @@ def test_fp8_expert_kernel_variants_lower_for_a_hopper_gpu(form, variant, monkey
     assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("form", ["gate_up", "down_blocks", "bf16_gate_up"])
+def test_expert_kernels_with_l2_prefetch_lower_for_a_hopper_gpu(form, monkeypatch):
+    """The tiled kernels with `grouped_gemm.PREFETCH` "leader" (TMA prefetches of an expert's weight columns into
+    L2 a wave of tiles ahead): fp8 gate+up unpipelined with SwiGLU and blocks out, fp8 down pipelined on block
+    scales, bf16 gate+up with SwiGLU. The prefetches carry the tile's dynamic expert index, and show in the kernel
+    as L2 prefetches of the 3-d weights (none without the setting)."""
+    from jaxllm import grouped_gemm
+
+    monkeypatch.setattr(grouped_gemm, "PREFETCH", "leader")
+    rows, e = 128 * 24, 16
+    if form == "down_blocks":
+        config, k, n, dtype = moe.down_blocks_config(768), 768, 2048, jnp.float8_e4m3fn
+        scales = (jax.ShapeDtypeStruct((6, rows), jnp.float32), jax.ShapeDtypeStruct((e, n), jnp.float32))
+        fn = lambda a, b, g, r, c: grouped_gemm.tiled_grouped_matmul(a, b, g, config, row_block_scales=r,  # noqa
+                                                                     col_scale=c)
+    elif form == "gate_up":
+        config, k, n, dtype = moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG, 2048, 1536, jnp.float8_e4m3fn
+        scales = (jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((e, n), jnp.float32))
+        fn = lambda a, b, g, r, c: grouped_gemm.tiled_grouped_matmul(  # noqa: E731
+            a, b, g, config, swiglu=True, row_scale=r, col_scale=c, quantize_out=True,
+            quantize_block=moe.FP8_HIDDEN_BLOCK)
+    else:
+        config, k, n, dtype = moe.tiled_configs(2048, 768)[0], 2048, 1536, jnp.bfloat16
+        scales = ()
+        fn = lambda a, b, g: grouped_gemm.tiled_grouped_matmul(a, b, g, config, swiglu=True)  # noqa: E731
+    shapes = (jax.ShapeDtypeStruct((rows, k), dtype), jax.ShapeDtypeStruct((e, n, k), dtype),
+              jax.ShapeDtypeStruct((24,), jnp.int32), *scales)
+    text = lowered_for_cuda(fn, *shapes)
+    assert "cp.async.bulk.prefetch.tensor.3d.L2" in text  # the weights [G, N, K], the expert's index dynamic
+    monkeypatch.setattr(grouped_gemm, "PREFETCH", "none")
+    assert "cp.async.bulk.prefetch" not in lowered_for_cuda(lambda *a: fn(*a), *shapes)
+
+
 @pytest.mark.parametrize("heads_per", [32, 8])
 def test_attention_merge_quantize_kernel_lowers_for_a_hopper_gpu(heads_per):
     """Packed attention's halves merged inside o_proj's quantisation (`fp8_kernels.merge_quantize_pallas`, the fp8
