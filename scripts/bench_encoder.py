@@ -82,12 +82,11 @@ VARIANTS = {
                               "rows spread evenly over the experts as a trained router's do, instead of the random "
                               "model's routing, which sends nearly every token to the same experts",
     "bfloat16-moe-spread-routing": "as fp8-moe-spread-routing, in bf16",
-    "fp8-moe-prefetch": "the expert GEMMs warming L2 with each expert's weights a wave of tiles ahead "
-                        "(grouped_gemm.PREFETCH = 'leader')",
-    "bfloat16-moe-prefetch": "as fp8-moe-prefetch, in bf16",
-    "fp8-moe-spread-prefetch": "fp8-moe-spread-routing and fp8-moe-prefetch together",
-    "bfloat16-moe-spread-prefetch": "as fp8-moe-spread-prefetch, in bf16",
-    "fp8-moe-scattered-prefetch": "fp8-moe-scattered-routing and fp8-moe-prefetch together",
+    "fp8-moe-no-prefetch": "the expert GEMMs without warming L2 with each expert's weights a wave of tiles ahead, "
+                           "as before 2026-11-30 (grouped_gemm.PREFETCH = 'none')",
+    "bfloat16-moe-no-prefetch": "as fp8-moe-no-prefetch, in bf16",
+    "fp8-moe-spread-no-prefetch": "fp8-moe-spread-routing and fp8-moe-no-prefetch together",
+    "bfloat16-moe-spread-no-prefetch": "as fp8-moe-spread-no-prefetch, in bf16",
     "fp8-moe-scattered-routing": "as fp8-moe-spread-routing, each token's experts moved by a random draw "
                                  "instead: spread but uneven, so each expert's last tile is part padding, as a "
                                  "trained router's would be",
@@ -140,7 +139,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         return weights, (experts + shift[:, None]) % router.shape[-1]
 
     gather = [(moe, "ROW_COPY", "gather")]
-    prefetch = [(grouped_gemm, "PREFETCH", "leader")]
+    no_prefetch = [(grouped_gemm, "PREFETCH", "none")]
     xla_router = [(moe, "FUSED_ROUTER", False)]
     key_sort = [(moe, "PAIR_SORT", False)]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
@@ -170,11 +169,10 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-hidden-rows": [(moe, "FP8_HIDDEN", "rows")],
         "fp8-moe-spread-routing": [(moe, "route", spread_route)],
         "bfloat16-moe-spread-routing": [(moe, "route", spread_route)],
-        "fp8-moe-prefetch": prefetch,
-        "bfloat16-moe-prefetch": prefetch,
-        "fp8-moe-spread-prefetch": prefetch + [(moe, "route", spread_route)],
-        "bfloat16-moe-spread-prefetch": prefetch + [(moe, "route", spread_route)],
-        "fp8-moe-scattered-prefetch": prefetch + [(moe, "route", scattered_route)],
+        "fp8-moe-no-prefetch": no_prefetch,
+        "bfloat16-moe-no-prefetch": no_prefetch,
+        "fp8-moe-spread-no-prefetch": no_prefetch + [(moe, "route", spread_route)],
+        "bfloat16-moe-spread-no-prefetch": no_prefetch + [(moe, "route", spread_route)],
         "fp8-moe-scattered-routing": [(moe, "route", scattered_route)],
         "bfloat16-moe-scattered-routing": [(moe, "route", scattered_route)],
         "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],

@@ -114,12 +114,14 @@
 #                                         # the random model's own, ~9 min
 #   bash scripts/gpu_moe.sh scattered OUT # the ratios (fp8, then bf16) with the routing spread at random over the
 #                                         # experts (*-moe-scattered-routing: padded tiles, as a trained router's), ~8 min
+#   bash scripts/gpu_moe.sh prefetch OUT  # the L2 prefetch of each expert's weights (grouped_gemm.PREFETCH): its GPU
+#                                         # test, the bf16 ratio with and without it (even routing), fp8 without it, ~9 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | prefetch | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -415,6 +417,16 @@ case $stage in
       --rounds 4 --iters 8 --variants fp8-moe-spread-routing --out "$out/ratio_fp8_spread.json"
     run ratio_bf16_spread $((580 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-spread-routing --out "$out/ratio_bf16_spread.json"
+    ;;
+  prefetch)  # the expert kernels' L2 prefetch of each expert's weights a wave ahead (grouped_gemm.PREFETCH):
+    # unchanged values, then the bf16 ratio and the fp8 one on the random model's routing, each without it too
+    run prefetch_test 150 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py -k "prefetch"
+    run ratio_bf16_prefetch 230 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-spread-routing bfloat16-moe-spread-no-prefetch \
+      --out "$out/ratio_bf16_prefetch.json"
+    run ratio_fp8_prefetch $((575 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype fp8 --rounds 3 --iters 8 --variants fp8-moe-no-prefetch fp8-moe-scattered-routing \
+      --out "$out/ratio_fp8_prefetch.json"
     ;;
   scattered)  # the encoders' ratio with the routing spread evenly and spread at random (padded tiles), fp8 then bf16
     run ratio_fp8_scattered 250 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \

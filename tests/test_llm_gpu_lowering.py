@@ -180,7 +180,7 @@ def test_fp8_expert_kernel_variants_lower_for_a_hopper_gpu(form, variant, monkey
 
 @pytest.mark.parametrize("form", ["gate_up", "down_blocks", "bf16_gate_up"])
 def test_expert_kernels_with_l2_prefetch_lower_for_a_hopper_gpu(form, monkeypatch):
-    """The tiled kernels with `grouped_gemm.PREFETCH` "leader" (TMA prefetches of an expert's weight columns into
+    """The tiled kernels with `grouped_gemm.PREFETCH` "leader" (the default: TMA prefetches of an expert's weight columns into
     L2 a wave of tiles ahead): fp8 gate+up unpipelined with SwiGLU and blocks out, fp8 down pipelined on block
     scales, bf16 gate+up with SwiGLU. The prefetches carry the tile's dynamic expert index, and show in the kernel
     as L2 prefetches of the 3-d weights (none without the setting)."""
