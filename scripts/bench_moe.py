@@ -3,8 +3,10 @@ same FLOPs, and the whole sparse block (routing, sort, two grouped GEMMs, combin
 
 Shapes (defaults): a packed pass of 32,768 tokens, 8 experts each of 128 -> 262,144 sorted rows; gate+up is
 [rows, 2048] x [2048, 1536] per group, down [rows, 768] x [768, 2048]. Group sizes come from a random router on
-random tokens ("uniform", what random weights give), a skewed draw (a Zipf-like expert popularity: what a real
-router can look like), or every row in one expert ("one").
+random tokens ("uniform"), a skewed draw (a Zipf-like expert popularity: what a real router can look like), every
+row in one expert ("one"), every token on the same top_k experts ("same": what the random Qwen3-30B-A3B does on
+real prompts, its experts' weights staying in L2) or every expert the same rows ("even": a trained router's
+spread load, every expert's weights read from HBM).
 
 Candidates (each also checked against a per-group reference on a few groups):
 - `dense`: [rows, K] x [K, N] bf16 (jnp.matmul), the same FLOPs: the ceiling the others are compared with;
@@ -60,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ffn", type=int, default=768, help="moe_intermediate_size")
     p.add_argument("--shapes", nargs="+", default=["gate_up", "down"], choices=["gate_up", "down"],
                    help="the expert GEMMs to time")
-    p.add_argument("--routings", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed", "one"])
+    p.add_argument("--routings", nargs="+", default=["uniform", "skewed"], choices=["uniform", "skewed", "one", "same", "even"])
     p.add_argument("--candidates", nargs="+", default=["dense", "mgpu", "tiled", "cudnn", "padded"],
                    choices=["dense", "mgpu", "mgpu_kn", "tiled", "cudnn", "padded", "ragged_dot"])
     p.add_argument("--block-impls", nargs="+", default=None, choices=["ragged_dot", "mgpu", "tiled"],
@@ -141,6 +143,10 @@ def group_sizes_for(kind: str, rows: int, experts: int, top_k: int, seed: int = 
 
     if kind == "one":
         return jnp.zeros((experts,), jnp.int32).at[0].set(rows)
+    if kind == "same":  # every token on the same top_k experts, as the random Qwen3-30B-A3B routes
+        return jnp.zeros((experts,), jnp.int32).at[:top_k].set(rows // top_k).at[0].add(rows % top_k)
+    if kind == "even":  # every expert the same rows, as bench_encoder's *-moe-spread-routing
+        return jnp.full((experts,), rows // experts, jnp.int32).at[0].add(rows % experts)
     if kind == "uniform":
         kx, kr = jax.random.split(jax.random.key(seed))
         tokens = rows // top_k

@@ -116,12 +116,14 @@
 #                                         # experts (*-moe-scattered-routing: padded tiles, as a trained router's), ~8 min
 #   bash scripts/gpu_moe.sh prefetch OUT  # the L2 prefetch of each expert's weights (grouped_gemm.PREFETCH): its GPU
 #                                         # test, the bf16 ratio with and without it (even routing), fp8 without it, ~9 min
+#   bash scripts/gpu_moe.sh routingkernels OUT  # the fp8 expert kernels alone on the random 30B's routing and on a
+#                                         # spread one, then under Nsight Compute each way, ~7 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | prefetch | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | prefetch | routingkernels | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -427,6 +429,24 @@ case $stage in
     run ratio_fp8_prefetch $((575 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 3 --iters 8 --variants fp8-moe-no-prefetch fp8-moe-scattered-routing \
       --out "$out/ratio_fp8_prefetch.json"
+    ;;
+  routingkernels)  # the fp8 expert kernels alone with every token on the same 8 experts (the random 30B's routing)
+    # and with every expert the same rows (a trained router's spread), then Nsight Compute on gate+up and down each way
+    run routing_kernels 200 python3 -u scripts/bench_moe.py --fp8 --candidates tiled --routings same even \
+      --back-to-back 4 --out "$out/routing_kernels.json"
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for routing in same even; do
+      for form in "gate_up 0" "down 1"; do
+        # shellcheck disable=SC2086
+        set -- $form
+        timeout 80 "$ncu_bin" --clock-control none --kernel-name regex:mosaic --launch-skip 4 --launch-count 1 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
+          --section SchedulerStats python3 -u scripts/bench_moe.py --fp8 --shapes "$1" --pipeline-tiles "$2" \
+          --candidates tiled --routings "$routing" --iters 1 > "$out/ncu_${1}_$routing.txt" 2>&1
+        grep -vE "^\[|^\s*-+" "$out/ncu_${1}_$routing.txt" | grep -iE "_kernel|Duration|Throughput|Hit Rate|Stall|Eligible|Warp Cycles" \
+          > "$out/ncu_${1}_$routing.key.txt"; gzip -f "$out/ncu_${1}_$routing.txt"
+      done
+    done
     ;;
   scattered)  # the encoders' ratio with the routing spread evenly and spread at random (padded tiles), fp8 then bf16
     run ratio_fp8_scattered 250 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \

@@ -386,6 +386,22 @@ def test_every_bench_encoder_variant_changes_a_setting():
         bench_encoder.variant_patches("fp8-no-such-variant")
 
 
+def test_bench_moe_routings_sum_to_the_rows():
+    """bench_moe's group sizes: each routing's sizes sum to the rows; "same" fills top_k experts (the random 30B's
+    routing), "even" all of them alike (a spread load)."""
+    import numpy as np
+
+    from scripts import bench_moe
+
+    for kind, rows in (("uniform", 4096 * 8), ("skewed", 4096 * 8 + 3), ("one", 4096 * 8 + 3), ("same", 4096 * 8 + 3),
+                       ("even", 4096 * 8 + 3)):
+        sizes = np.asarray(bench_moe.group_sizes_for(kind, rows, 128, 8))
+        assert sizes.sum() == rows and sizes.min() >= 0, kind
+    same = np.asarray(bench_moe.group_sizes_for("same", 4096 * 8, 128, 8))
+    assert np.count_nonzero(same) == 8 and same.max() == 4096
+    assert np.all(np.asarray(bench_moe.group_sizes_for("even", 4096 * 8, 128, 8)) == 256)
+
+
 def test_bench_moe_times_calls_back_to_back():
     """--back-to-back N: each timed iteration queues N calls and synchronises once; the time is per call."""
     import argparse
