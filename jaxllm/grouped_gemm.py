@@ -91,16 +91,18 @@ BLOCK_SCALES = "rescale"
 BLOCK_SCALES_FORMS = ("rescale", "promote", "halves")
 
 
-# Whether the expert GEMMs warm L2 with each expert's weights one wave of tiles ahead: "leader" (the default: the
-# CTA whose next tile is its expert's first row tile TMA-prefetches that tile's weight columns into L2 as its
-# current tile starts, so the next wave's tiles of that expert start from L2 instead of HBM; one prefetch per
-# expert and column tile) or "none". A trained router spreads its rows over all 128 experts, so nearly every wave
-# meets experts whose weights are not in L2 yet (the random model's routing reuses the same 8). With the 30B's rows
-# spread evenly, the fp8 encoder ran ~1 ms faster (327.8 vs 328.9 ms, each of 3 alternating rounds faster; an H200,
-# 2026-11-30). Prefetching every CTA's next tile instead (its weights, or its rows too) made the encoders 10-53 ms
-# slower (`git show c7e1bec`). Prefetches change no value. Read at trace time.
-PREFETCH = "leader"
-PREFETCH_FORMS = ("none", "leader")
+# Whether the expert GEMMs warm L2 with each expert's weights one wave of tiles ahead: "leader" (the CTA whose next
+# tile is its expert's first row tile TMA-prefetches that tile's weight columns into L2 as its current tile starts,
+# so the next wave's tiles of that expert start from L2 instead of HBM; one prefetch per expert and column tile),
+# "fp8" (the default: "leader" on e4m3 operands, "none" on 16-bit ones) or "none". A trained router spreads its
+# rows over all 128 experts, so nearly every wave meets experts whose weights are not in L2 yet (the random model's
+# routing reuses the same 8). H200s, 2026-11-30, the 30B's encoders: fp8 with the rows spread evenly 327.8 vs 328.9
+# ms (faster in each of 3 alternating rounds), fp8 on the random routing 319.8 vs 320.1 (3 of 3 rounds); bf16 with
+# the rows spread 470.9 vs 466.6 ms, slower in each of 3 rounds, so 16-bit kernels do not prefetch. Prefetching
+# every CTA's next tile instead (its weights, or its rows too) made the encoders 10-53 ms slower (`git show
+# c7e1bec`). Prefetches change no value. Read at trace time.
+PREFETCH = "fp8"
+PREFETCH_FORMS = ("none", "leader", "fp8")
 PREFETCH_BOX = 256  # elements per dimension of one TMA prefetch (the hardware's limit)
 
 
@@ -246,7 +248,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         raise ValueError(f"grouped_gemm.BLOCK_SCALES is {BLOCK_SCALES!r}; use one of {BLOCK_SCALES_FORMS}")
     if PREFETCH not in PREFETCH_FORMS:
         raise ValueError(f"grouped_gemm.PREFETCH is {PREFETCH!r}; use one of {PREFETCH_FORMS}")
-    prefetch = PREFETCH if interpret is None else "none"  # (no value changes: the interpreter skips them)
+    # (no value changes: the interpreter skips them)
+    prefetch = interpret is None and (PREFETCH == "leader" or (PREFETCH == "fp8" and rows.dtype == E4M3))
     halves = block_scaled and BLOCK_SCALES == "halves"  # the tile's rows in two accumulators
     if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
         weights, transposed = jnp.swapaxes(weights, 1, 2), False
@@ -344,8 +347,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                 return plgpu.planar_snake(step, (m_tiles, n_tiles), 1, config.band)
 
             def prefetch_next_tile(local_index):
-                """`PREFETCH` "leader": L2 prefetches of this CTA's next tile's weight columns, by the memory
-                warpgroup, where that tile is its expert's first row tile."""
+                """`PREFETCH` "leader" ("fp8" on e4m3 operands): L2 prefetches of this CTA's next tile's weight
+                columns, by the memory warpgroup, where that tile is its expert's first row tile."""
                 step = (local_index + 1) * lax.axis_size("sm") + lax.axis_index("sm")
                 total = grid[0] * grid[1] if config.pipeline_tiles else grid[0]
                 mi, ni = tile_at(jnp.minimum(step, total - 1))
@@ -366,7 +369,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     mi, ni = info.index
                 else:
                     mi, ni = tile_at(info.index[0])
-                if prefetch != "none":
+                if prefetch:
                     prefetch_next_tile(info.local_index)
                 group = groups_gmem[mi]
 

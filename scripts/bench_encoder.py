@@ -84,9 +84,9 @@ VARIANTS = {
     "bfloat16-moe-spread-routing": "as fp8-moe-spread-routing, in bf16",
     "fp8-moe-no-prefetch": "the expert GEMMs without warming L2 with each expert's weights a wave of tiles ahead, "
                            "as before 2026-11-30 (grouped_gemm.PREFETCH = 'none')",
-    "bfloat16-moe-no-prefetch": "as fp8-moe-no-prefetch, in bf16",
     "fp8-moe-spread-no-prefetch": "fp8-moe-spread-routing and fp8-moe-no-prefetch together",
-    "bfloat16-moe-spread-no-prefetch": "as fp8-moe-spread-no-prefetch, in bf16",
+    "bfloat16-moe-spread-prefetch": "fp8-moe-spread-routing in bf16, with the bf16 expert GEMMs warming L2 with "
+                                    "each expert's weights a wave ahead too (grouped_gemm.PREFETCH = 'leader')",
     "fp8-moe-scattered-routing": "as fp8-moe-spread-routing, each token's experts moved by a random draw "
                                  "instead: spread but uneven, so each expert's last tile is part padding, as a "
                                  "trained router's would be",
@@ -170,9 +170,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-spread-routing": [(moe, "route", spread_route)],
         "bfloat16-moe-spread-routing": [(moe, "route", spread_route)],
         "fp8-moe-no-prefetch": no_prefetch,
-        "bfloat16-moe-no-prefetch": no_prefetch,
         "fp8-moe-spread-no-prefetch": no_prefetch + [(moe, "route", spread_route)],
-        "bfloat16-moe-spread-no-prefetch": no_prefetch + [(moe, "route", spread_route)],
+        "bfloat16-moe-spread-prefetch": [(grouped_gemm, "PREFETCH", "leader"), (moe, "route", spread_route)],
         "fp8-moe-scattered-routing": [(moe, "route", scattered_route)],
         "bfloat16-moe-scattered-routing": [(moe, "route", scattered_route)],
         "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],

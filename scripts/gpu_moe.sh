@@ -115,7 +115,8 @@
 #   bash scripts/gpu_moe.sh scattered OUT # the ratios (fp8, then bf16) with the routing spread at random over the
 #                                         # experts (*-moe-scattered-routing: padded tiles, as a trained router's), ~8 min
 #   bash scripts/gpu_moe.sh prefetch OUT  # the L2 prefetch of each expert's weights (grouped_gemm.PREFETCH): its GPU
-#                                         # test, the bf16 ratio with and without it (even routing), fp8 without it, ~9 min
+#                                         # test, the bf16 ratio without (the default) and with it (even routing),
+#                                         # fp8 with (the default) and without it, ~7 min
 #   bash scripts/gpu_moe.sh routingkernels OUT  # the fp8 expert kernels alone on the random 30B's routing and on a
 #                                         # spread one, then under Nsight Compute each way, ~7 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
@@ -421,10 +422,10 @@ case $stage in
       --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-spread-routing --out "$out/ratio_bf16_spread.json"
     ;;
   prefetch)  # the expert kernels' L2 prefetch of each expert's weights a wave ahead (grouped_gemm.PREFETCH):
-    # unchanged values, then the bf16 ratio and the fp8 one on the random model's routing, each without it too
+    # unchanged values, then the bf16 ratio (rows spread) and the fp8 one (the random model's routing), each way
     run prefetch_test 150 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py -k "prefetch"
     run ratio_bf16_prefetch 230 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-spread-routing bfloat16-moe-spread-no-prefetch \
+      --dtype bfloat16 --rounds 3 --iters 6 --variants bfloat16-moe-spread-routing bfloat16-moe-spread-prefetch \
       --out "$out/ratio_bf16_prefetch.json"
     run ratio_fp8_prefetch $((575 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 3 --iters 8 --variants fp8-moe-no-prefetch fp8-moe-scattered-routing \

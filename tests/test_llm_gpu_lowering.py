@@ -180,10 +180,10 @@ def test_fp8_expert_kernel_variants_lower_for_a_hopper_gpu(form, variant, monkey
 
 @pytest.mark.parametrize("form", ["gate_up", "down_blocks", "bf16_gate_up"])
 def test_expert_kernels_with_l2_prefetch_lower_for_a_hopper_gpu(form, monkeypatch):
-    """The tiled kernels with `grouped_gemm.PREFETCH` "leader" (the default: TMA prefetches of an expert's weight columns into
-    L2 a wave of tiles ahead): fp8 gate+up unpipelined with SwiGLU and blocks out, fp8 down pipelined on block
-    scales, bf16 gate+up with SwiGLU. The prefetches carry the tile's dynamic expert index, and show in the kernel
-    as L2 prefetches of the 3-d weights (none without the setting)."""
+    """The tiled kernels with `grouped_gemm.PREFETCH` "leader" (TMA prefetches of an expert's weight columns into L2 a
+    wave of tiles ahead): fp8 gate+up unpipelined with SwiGLU and blocks out, fp8 down pipelined on block scales,
+    bf16 gate+up with SwiGLU. The prefetches carry the tile's dynamic expert index, and show in the kernel as L2
+    prefetches of the 3-d weights; with "fp8" (the default) in the e4m3 kernels only, with "none" in none."""
     from jaxllm import grouped_gemm
 
     monkeypatch.setattr(grouped_gemm, "PREFETCH", "leader")
@@ -207,8 +207,10 @@ def test_expert_kernels_with_l2_prefetch_lower_for_a_hopper_gpu(form, monkeypatc
               jax.ShapeDtypeStruct((24,), jnp.int32), *scales)
     text = lowered_for_cuda(fn, *shapes)
     assert "cp.async.bulk.prefetch.tensor.3d.L2" in text  # the weights [G, N, K], the expert's index dynamic
+    monkeypatch.setattr(grouped_gemm, "PREFETCH", "fp8")  # the default: e4m3 kernels only
+    assert ("cp.async.bulk.prefetch" in lowered_for_cuda(lambda *a: fn(*a), *shapes)) == (dtype != jnp.bfloat16)
     monkeypatch.setattr(grouped_gemm, "PREFETCH", "none")
-    assert "cp.async.bulk.prefetch" not in lowered_for_cuda(lambda *a: fn(*a), *shapes)
+    assert "cp.async.bulk.prefetch" not in lowered_for_cuda(lambda *a, **k: fn(*a, **k), *shapes)
 
 
 @pytest.mark.parametrize("heads_per", [32, 8])
