@@ -127,11 +127,6 @@ FP8_HIDDEN_BLOCK = 128
 # `TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG` (the warpgroups split the rows: each holds whole blocks, no exchange), ran
 # 1.88 ms against 1.78 on an H200 at 294,912 rows (bench_moe.py --fp8, 2026-11-29, one call), so it is not the default
 TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG = TILED_FP8_SWIGLU_CONFIG._replace(epi_m=64, split_rows=True)
-# and pipelined (`TileConfig.pipeline_tiles`: a CTA's next tile's first k-steps load during the last one's epilogue)
-# through 4 stages, which fit with 64-row epilogue pieces (213 KiB; 128-row pieces need 231 KiB, over the 227 an H200
-# gives): a contraction of a multiple of 4 k-steps (Qwen3-30B-A3B's 2,048: 16). Before the block quantisation, gate+up
-# pipelined through 2 stages ran 1.818 vs 1.575 ms (H200, 2026-11-29); 4 stages were untimed. Not the default.
-TILED_FP8_SWIGLU_PIPELINED_CONFIG = TILED_FP8_SWIGLU_CONFIG._replace(epi_m=64, stages=4, pipeline_tiles=True)
 TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_CONFIG
 
 # down on block-scaled hidden rows (`FP8_HIDDEN` "blocks"), by `grouped_gemm.BLOCK_SCALES` form: "rescale" keeps one

@@ -99,10 +99,6 @@ VARIANTS = {
     "fp8-moe-blocks-split-rows": "gate+up quantising its 128-wide blocks with its compute warpgroups splitting the "
                                  "tile's rows (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG) "
                                  "instead of the columns with their rows' abs-max exchanged",
-    "fp8-moe-gate-up-pipelined": "gate+up quantising its 128-wide blocks with a CTA's tiles as one pipeline through 4 "
-                                 "stages (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_PIPELINED_CONFIG: the "
-                                 "next tile's loads during the last one's epilogue; 64-row epilogue pieces)",
-    "fp8-moe-spread-gate-up-pipelined": "fp8-moe-spread-routing and fp8-moe-gate-up-pipelined together",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -144,7 +140,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
 
     gather = [(moe, "ROW_COPY", "gather")]
     no_prefetch = [(grouped_gemm, "PREFETCH", "none")]
-    gate_up_pipelined = [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_PIPELINED_CONFIG)]
     xla_router = [(moe, "FUSED_ROUTER", False)]
     key_sort = [(moe, "PAIR_SORT", False)]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
@@ -183,8 +178,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-blocks-halves": [(grouped_gemm, "BLOCK_SCALES", "halves")],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],
         "fp8-moe-blocks-split-rows": [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG)],
-        "fp8-moe-gate-up-pipelined": gate_up_pipelined,
-        "fp8-moe-spread-gate-up-pipelined": gate_up_pipelined + [(moe, "route", spread_route)],
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

@@ -417,10 +417,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         if block == 128:
                             time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG,
                                        name="tiled_split_rows", swiglu=True, scaled=True, quantize_out=True)
-                            if k % (moe.TILED_FP8_SWIGLU_PIPELINED_CONFIG.tile_k
-                                    * moe.TILED_FP8_SWIGLU_PIPELINED_CONFIG.stages) == 0:
-                                time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_PIPELINED_CONFIG,
-                                           name="tiled_pipelined_4", swiglu=True, scaled=True, quantize_out=True)
                         continue
                     for form in grouped_gemm.BLOCK_SCALES_FORMS[:1] if block == 64 else grouped_gemm.BLOCK_SCALES_FORMS:
                         with (mock.patch.object(grouped_gemm, "BLOCK_SCALES", form),

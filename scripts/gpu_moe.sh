@@ -117,8 +117,6 @@
 #   bash scripts/gpu_moe.sh prefetch OUT  # the L2 prefetch of each expert's weights (grouped_gemm.PREFETCH): its GPU
 #                                         # test, the bf16 ratio without (the default) and with it (even routing),
 #                                         # fp8 with (the default) and without it, ~7 min
-#   bash scripts/gpu_moe.sh gateuppipe OUT  # fp8 gate+up pipelined through 4 stages: GPU test, kernel alone on
-#                                         # both routings, the encoders' ratio with it on both, ~7 min
 #   bash scripts/gpu_moe.sh routingkernels OUT  # the fp8 expert kernels alone on the random 30B's routing and on a
 #                                         # spread one, then under Nsight Compute each way, ~7 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
@@ -432,16 +430,6 @@ case $stage in
     run ratio_fp8_prefetch $((575 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
       --dtype fp8 --rounds 3 --iters 8 --variants fp8-moe-no-prefetch fp8-moe-scattered-routing \
       --out "$out/ratio_fp8_prefetch.json"
-    ;;
-  gateuppipe)  # fp8 gate+up with a CTA's tiles as one pipeline through 4 stages (moe.TILED_FP8_SWIGLU_PIPELINED_CONFIG):
-    # its GPU test, the kernel alone on both routings, then the encoders' ratio with it on both routings
-    run gate_up_pipe_test 150 python3 -m pytest -q -x tests/test_llm_grouped_gemm.py -k "gate_up_pipelined_on_gpu"
-    run gate_up_pipe_kernels 150 python3 -u scripts/bench_moe.py --fp8 --shapes gate_up --candidates tiled \
-      --routings same even --back-to-back 4 --out "$out/gate_up_pipe_kernels.json"
-    grep -E "quantized'|pipelined_4|split_rows" "$out/gate_up_pipe_kernels.log" | cut -c1-200
-    run ratio_fp8_gate_up_pipe $((580 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 3 --iters 8 --variants fp8-moe-gate-up-pipelined fp8-moe-spread-routing \
-      fp8-moe-spread-gate-up-pipelined --out "$out/ratio_fp8_gate_up_pipe.json"
     ;;
   routingkernels)  # the fp8 expert kernels alone with every token on the same 8 experts (the random 30B's routing)
     # and with every expert the same rows (a trained router's spread), then Nsight Compute on gate+up and down each way
