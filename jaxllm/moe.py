@@ -168,7 +168,8 @@ FP8_SWIGLU = "epilogue"
 # tiles as one pipeline (`grouped_gemm.pipelined`: the next tile's loads start while the compute warpgroups finish
 # the last one, its stages cut to a divisor of the k-steps). On an H200 (2026-11-29, 262,144 rows): fp8 down 1.073
 # vs 1.139 ms, bf16 down 1.422 vs 1.545; gate+up (16 or 32 k-steps) lost (fp8 cut to 2 stages: 1.818 vs 1.575;
-# bf16 with SwiGLU 2.723 vs 2.651), so it stays unpipelined. Read at trace time.
+# bf16 with SwiGLU 2.723 vs 2.651), so it stays unpipelined; fp8 gate+up through 4 stages with 64-row pieces lost
+# in the 30B's fp8 encoder too (326.8 vs 324.5 ms, H200, 2026-11-30: `git show af44f5f`). Read at trace time.
 PIPELINED_DOWN = True
 
 
