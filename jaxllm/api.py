@@ -143,10 +143,12 @@ def model_shapes(name: str | Path | Qwen3Config, dtype: Any = None) -> Model:
     (a preset, or a checkpoint's config.json) but no weight is read, drawn or allocated. What compiling a program
     ahead, while the weights load, needs. A checkpoint's params are assumed to have the LM head its config implies
     (untied: a head); a bare Qwen3Model checkpoint has none, and a program compiled for these shapes then compiles
-    again at its first call (same results, only the time is lost)."""
+    again at its first call (same results, only the time is lost). Raises `ModelTooLargeError` where `load_model`
+    would, so a model that cannot fit is refused before anything compiles for it."""
     dt = _as_dtype(dtype)
     is_fp8 = isinstance(dtype, str) and dtype == FP8
     config, _ = _config_of(name)
+    check_fits(config, FP8 if is_fp8 else dt)
 
     def params():
         drawn = init_params(config, dt, 0, fp8_experts=is_fp8 and config.is_moe)

@@ -57,11 +57,31 @@ def weight_bytes(config: Qwen3Config, dtype: Any) -> int:
     return total
 
 
+def host_memory_bytes() -> int | None:
+    """This machine's memory: the physical RAM, or the container's limit (cgroup v2 `memory.max`, v1
+    `memory.limit_in_bytes`) where that is lower; None where neither can be read."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": no limit
+            total = min(total, int(text)) if total else int(text)
+        break
+    return total or None
+
+
 def device_memory_bytes(device: Any = None) -> int | None:
-    """The memory XLA may use on `device` (default: the first), or None where it does not say (a CPU)."""
+    """The memory XLA may use on `device` (default: the first; a CPU: the machine's, `host_memory_bytes`), or None
+    where it does not say."""
     device = device or jax.devices()[0]
     if device.platform == "cpu":
-        return None
+        return host_memory_bytes()
     try:
         stats = device.memory_stats() or {}
     except Exception:  # noqa: BLE001 - a backend without memory statistics
@@ -72,7 +92,7 @@ def device_memory_bytes(device: Any = None) -> int | None:
 def check_fits(config: Qwen3Config, dtype: Any, device: Any = None,
                reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> None:
     """Raises ModelTooLargeError, in one line with the ways out, when the weights plus `reserve_bytes` exceed the
-    device's memory. Silent on a CPU (no fixed limit) or where the device does not report its memory."""
+    device's memory (on a CPU, the machine's). Silent where the device does not report its memory."""
     limit = device_memory_bytes(device)
     if limit is None:
         return
@@ -80,17 +100,25 @@ def check_fits(config: Qwen3Config, dtype: Any, device: Any = None,
     if need + reserve_bytes <= limit:
         return
     device = device or jax.devices()[0]
+    on_cpu = device.platform == "cpu"
     label = dtype if isinstance(dtype, str) else np.dtype(dtype or np.float32).name
     ways = []
     fraction = float(os.environ.get(MEM_FRACTION_VAR) or DEFAULT_MEM_FRACTION)
     card = limit / fraction  # JAX's allocator may use `fraction` of the card (default 75%)
-    if fraction < 0.95 and need + reserve_bytes <= 0.95 * card:
+    if not on_cpu and fraction < 0.95 and need + reserve_bytes <= 0.95 * card:
         ways.append(f"{MEM_FRACTION_VAR}=0.95 in the environment (JAX uses {fraction:.0%} of this GPU's "
                     f"~{card / GIB:.0f} GiB by default)")
-    if label != "fp8":
-        ways.append(f"--llm-dtype fp8 (load_model(..., dtype='fp8'): {weight_bytes(config, 'fp8') / GIB:.1f} GiB)")
-    ways.append("a GPU with more memory (an H200 has 141 GB)")
+    fp8_bytes = weight_bytes(config, "fp8")
+    if label != "fp8" and (not on_cpu or fp8_bytes + reserve_bytes <= limit):
+        ways.append(f"--llm-dtype fp8 (load_model(..., dtype='fp8'): {fp8_bytes / GIB:.1f} GiB)")
+    if on_cpu:
+        ways.append(f"a GPU with room for it ({weight_bytes(config, np.dtype('bfloat16')) / GIB:.1f} GiB in bf16, "
+                    f"{fp8_bytes / GIB:.1f} in fp8, plus ~{reserve_bytes / GIB:.0f})")
+        ways.append("a smaller model on this machine (the presets tiny, tiny-moe)")
+        where = f"this machine has {limit / GIB:.1f} GiB of memory (running on the CPU)"
+    else:
+        ways.append("a GPU with more memory (an H200 has 141 GB)")
+        where = f"{device.device_kind} has {limit / GIB:.1f} GiB"
     raise ModelTooLargeError(
         f"this model ({parameter_count(config) / 1e9:.1f}B parameters) needs {need / GIB:.1f} GiB for its weights "
-        f"in {label} plus ~{reserve_bytes / GIB:.0f} GiB for activations; {device.device_kind} has "
-        f"{limit / GIB:.1f} GiB. Ways out: " + "; ".join(ways))
+        f"in {label} plus ~{reserve_bytes / GIB:.0f} GiB for activations; {where}. Ways out: " + "; ".join(ways))

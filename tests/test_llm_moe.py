@@ -384,6 +384,30 @@ def test_a_model_too_large_for_the_device_fails_before_loading():
     assert "\n" not in message and "fp8" in message and "79.0 GiB" in message
 
 
+def test_a_model_too_large_for_this_machine_fails_on_a_cpu(monkeypatch):
+    """On a CPU the limit is the machine's memory (RAM, or the container's limit): the 30B says so in one line
+    with the ways out that apply there (a GPU, a smaller preset; fp8 only where it would fit)."""
+    from jaxllm import memory
+    from jaxllm.memory import ModelTooLargeError, check_fits, host_memory_bytes
+
+    assert host_memory_bytes() > 1 << 30  # this machine's, read from the OS
+
+    class Cpu:
+        platform, device_kind = "cpu", "cpu"
+
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 24 << 30)
+    check_fits(PRESETS["tiny-moe"], jnp.float32, Cpu())
+    check_fits(PRESETS["qwen3-4b"], jnp.bfloat16, Cpu())  # 7.5 GiB + 6
+    with pytest.raises(ModelTooLargeError) as info:
+        check_fits(PRESETS["qwen3-30b-a3b"], jnp.float32, Cpu())
+    message = str(info.value)
+    assert "\n" not in message and "24.0 GiB of memory (running on the CPU)" in message
+    assert "tiny-moe" in message and "56.9 GiB in bf16" in message and "--llm-dtype fp8" not in message
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 40 << 30)
+    with pytest.raises(ModelTooLargeError, match="--llm-dtype fp8"):  # 29.1 GiB + 6 fits 40
+        check_fits(PRESETS["qwen3-30b-a3b"], jnp.bfloat16, Cpu())
+
+
 def test_load_model_checks_the_dtype_it_will_load(monkeypatch):
     """dtype None (rl.train's --llm-dtype auto) is checked as the dtype load_model resolves it to (bfloat16 on a
     GPU), not as float32: the bf16 30B fits a 70 GiB allocator, its float32 copy does not."""
@@ -406,15 +430,16 @@ def test_load_model_checks_the_dtype_it_will_load(monkeypatch):
 
 
 def test_rl_train_says_in_one_line_that_the_model_does_not_fit(monkeypatch, tmp_path, capsys):
-    """The trainer's user sees the memory check as one line (no traceback), and no run directory is left."""
+    """The trainer's user sees the memory check as one line (no traceback), before anything compiles for the model
+    (the check runs on the shapes the programs compile from), and no run directory is left."""
     from jaxllm import memory
     from rl.train import main
 
     monkeypatch.setattr(memory, "device_memory_bytes", lambda device=None: 8 << 30)  # an 8 GiB card
     run_dir = tmp_path / "run"
     rc = main(["--encoder=inscan", "--preset", "test", "--model", "qwen3-30b-a3b", "--run-dir", str(run_dir)])
-    err = capsys.readouterr().err
-    assert rc != 0 and "Traceback" not in err
+    out, err = capsys.readouterr()
+    assert rc != 0 and "Traceback" not in err and "compiling" not in out + err
     line = next(ln for ln in err.splitlines() if "needs" in ln and "GiB" in ln)
     assert "fp8" in line and "30.5B parameters" in line
     assert not (run_dir / "checkpoints").exists()
