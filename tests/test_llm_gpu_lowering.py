@@ -210,7 +210,7 @@ def test_expert_kernels_with_l2_prefetch_lower_for_a_hopper_gpu(form, monkeypatc
     monkeypatch.setattr(grouped_gemm, "PREFETCH", "fp8")  # the default: e4m3 kernels only
     assert ("cp.async.bulk.prefetch" in lowered_for_cuda(lambda *a: fn(*a), *shapes)) == (dtype != jnp.bfloat16)
     monkeypatch.setattr(grouped_gemm, "PREFETCH", "none")
-    assert "cp.async.bulk.prefetch" not in lowered_for_cuda(lambda *a, **k: fn(*a, **k), *shapes)
+    assert "cp.async.bulk.prefetch" not in lowered_for_cuda(lambda *a: fn(*a), *shapes)
 
 
 @pytest.mark.parametrize("heads_per", [32, 8])

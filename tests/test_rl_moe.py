@@ -111,8 +111,8 @@ def test_train_against_the_moe_server(moe_server, tmp_path):
 
 
 def test_probe_of_the_moe_run(moe_run):
-    """`rl.probe` on the in-scan tiny-moe run: every LLM mode (real, zero, noise, shuffled, other_prompt) per kind,
-    the prompt kind's injected text through the MoE encoder."""
+    """`rl.probe` on the in-scan tiny-moe run: each kind with the LLM modes (real, zero and other_prompt among
+    them) finite, the prompt kind's injected text through the MoE encoder."""
     from rl.probe.__main__ import main
 
     out = moe_run / "probe"
@@ -125,7 +125,7 @@ def test_probe_of_the_moe_run(moe_run):
         assert all(np.isfinite(kind["modes"][m]["mean_dv"]) for m in kind["modes"])
 
 
-def test_offline_awr_on_moe_labels(moe_labelled, capsys):
+def test_offline_awr_on_moe_labels(moe_labelled):
     """`rl.offline train` on the tiny-moe labels, then `rl.offline eval` with a prompt variant, which re-encodes
     its prompts with the labels' model (tiny-moe)."""
     from rl.offline.__main__ import main
