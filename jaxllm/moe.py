@@ -143,7 +143,7 @@ def down_blocks_config(ffn: int) -> TileConfig:
     """Down's tiled config on block-scaled rows at contraction ffn: for the `grouped_gemm.BLOCK_SCALES` form,
     pipelined as `_down_config`."""
     return _down_config(TILED_FP8_DOWN_BLOCKS_CONFIGS[grouped_gemm.BLOCK_SCALES]._replace(tile_k=FP8_HIDDEN_BLOCK),
-                        ffn)
+                        ffn, pingpong=PINGPONG_DOWN and grouped_gemm.BLOCK_SCALES == "rescale")
 
 # where the fp8 experts apply down's scales on the tiled kernel: "epilogue" (the GEMM multiplies its float32
 # accumulators by the row and column scales and writes scaled bf16 rows: the combine then reads only the rows, as
@@ -172,6 +172,11 @@ FP8_SWIGLU = "epilogue"
 # in the 30B's fp8 encoder too (326.8 vs 324.5 ms, H200, 2026-11-30: `git show af44f5f`). Read at trace time.
 PIPELINED_DOWN = True
 
+# whether down's pipelined GEMM runs `TileConfig.pingpong`: its two compute warpgroups take a tile's column halves
+# in turn (one's epilogue under the other's product) instead of together. Block-scaled rows in the "rescale" form
+# only. Read at trace time.
+PINGPONG_DOWN = False
+
 
 # how the dispatch sorts the (token, expert) slots by expert: True, 16-bit expert keys with the slots as payload (a
 # stable pair sort, which XLA hands to CUB for unsigned keys: 2 radix passes, 6 bytes a row each); False, one int32
@@ -188,13 +193,15 @@ PAIR_SORT = True
 FUSED_ROUTER = True
 
 
-def _down_config(config: TileConfig, ffn: int) -> TileConfig:
+def _down_config(config: TileConfig, ffn: int, pingpong: bool | None = None) -> TileConfig:
     """Down's config at contraction ffn: `grouped_gemm.pipelined` where `PIPELINED_DOWN`, it takes ffn and its
-    stages stay deep enough (a prime number of k-steps would leave one: then as configured)."""
+    stages stay deep enough (a prime number of k-steps would leave one: then as configured); with `pingpong`
+    (default `PINGPONG_DOWN`) its warpgroups taking the column halves in turn."""
     if not PIPELINED_DOWN or ffn % config.tile_k:
         return config
-    steps = ffn // config.tile_k
-    piped = pipelined(config, ffn)
+    pingpong = PINGPONG_DOWN if pingpong is None else pingpong
+    piped = pipelined(config._replace(pingpong=pingpong), ffn)
+    steps = ffn // config.tile_k * (2 if pingpong else 1)
     return piped if piped.stages >= min(3, config.stages, steps) else config
 
 
