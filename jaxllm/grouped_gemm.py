@@ -40,10 +40,7 @@ class TileConfig(NamedTuple):
     before the unused ones (tile group -1), as `tile_plan` lays them out, and the k-steps must be a multiple of
     the buffers (min(stages, k-steps)). split_rows: the compute warpgroups split the tile's rows instead (each
     tile_m / 2 rows x 2 * tile_n columns): a row's 2 * tile_n outputs stay in one warpgroup, so `quantize_out`'s
-    blocks need no exchange; only with `quantize_out`. pingpong (with `pipeline_tiles`, without SwiGLU or
-    `quantize_out`): the compute warpgroups take the tile's column halves one after the other instead of together
-    (each half its own tile_m x tile_n product through the ring, the other warpgroup waiting), so one warpgroup's
-    epilogue runs while the other's product holds the tensor cores; each k-step's rows are loaded once per half."""
+    blocks need no exchange; only with `quantize_out`."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -54,7 +51,6 @@ class TileConfig(NamedTuple):
     band: int = 4
     pipeline_tiles: bool = False
     split_rows: bool = False
-    pingpong: bool = False
 
 
 class TilePlan(NamedTuple):
@@ -165,13 +161,9 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
         problems.append(f"output columns {out_n} must be a multiple of 2 * tile_n = {2 * config.tile_n}")
     if k % config.tile_k:
         problems.append(f"contraction {k} must be a multiple of tile_k {config.tile_k}")
-    elif config.pipeline_tiles and _pipeline_steps(config, k) % min(config.stages, _pipeline_steps(config, k)):
-        problems.append(f"pipeline_tiles: the {'pingpong pipeline steps (2 x k-steps)' if config.pingpong else 'k-steps'} "
-                        f"{_pipeline_steps(config, k)} must be a multiple of stages {config.stages} (see `pipelined`)")
-    if config.pingpong and (not config.pipeline_tiles or swiglu or quantize_out or config.split_rows
-                            or (row_block_scales is not None and BLOCK_SCALES != "rescale")):
-        problems.append("pingpong takes pipeline_tiles, no swiglu, quantize_out or split_rows, and block scales only "
-                        "in the \"rescale\" form")
+    elif config.pipeline_tiles and (k // config.tile_k) % min(config.stages, k // config.tile_k):
+        problems.append(f"pipeline_tiles: the k-steps {k // config.tile_k} must be a multiple of stages "
+                        f"{config.stages} (see `pipelined`)")
     if config.tile_m % config.epi_m or config.tile_n % config.epi_n:
         problems.append("the epilogue piece (epi_m, epi_n) must divide (tile_m, tile_n)")
     if config.split_rows and (not quantize_out or row_block_scales is not None or config.tile_m % 128
@@ -202,15 +194,10 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
         raise ValueError("tiled_grouped_matmul: " + "; ".join(problems))
 
 
-def _pipeline_steps(config: TileConfig, k: int) -> int:
-    """Steps of one tile's pipeline: its k-steps, twice over with `pingpong` (one pass per column half)."""
-    return k // config.tile_k * (2 if config.pingpong else 1)
-
-
 def pipelined(config: TileConfig, k: int) -> TileConfig:
     """config with `pipeline_tiles` on at contraction k: stages cut to the largest count that divides its
-    pipeline's steps (`_pipeline_steps`)."""
-    steps = _pipeline_steps(config, k)
+    k-steps."""
+    steps = k // config.tile_k
     stages = max(s for s in range(1, min(config.stages, steps) + 1) if steps % s == 0)
     return config._replace(pipeline_tiles=True, stages=stages)
 
@@ -291,25 +278,16 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     b_block, b_index = ((cta_n, tk), lambda s: (0, s)) if transposed else ((tk, cta_n), lambda s: (s, 0))
     b_spec = plgpu.BlockSpec(b_block, b_index, transforms=operand_layout, memory_space=plgpu.SMEM)
 
-    pingpong = config.pingpong
-    pipeline_steps = 2 * k_steps if pingpong else k_steps
-    slots = min(config.stages, pipeline_steps)  # the pipeline's buffers per operand
-    if pingpong:  # the pipeline's grid is (column half, k-step): each half's weight columns, the rows each time
-        b_block, b_index = ((tn, tk), lambda h, s: (h, s)) if transposed else ((tk, tn), lambda h, s: (s, h))
-        b_spec = plgpu.BlockSpec(b_block, b_index, memory_space=plgpu.SMEM,
-                                 transforms=operand_layout if transposed else smem_layout(tn, itemsize))
-    k_of = (lambda h, s: s) if pingpong else (lambda s: s)  # noqa: E731  (the k-step of a pipeline index)
+    slots = min(config.stages, k_steps)  # the pipeline's buffers per operand
 
     # block-scaled rows: each k-step's row scales [1, tm] ride the pipeline with the step's tiles
-    block_scale_specs = ([plgpu.BlockSpec((1, tm), lambda *i: (k_of(*i), 0), memory_space=plgpu.SMEM)]
-                         if block_scaled else [])
+    block_scale_specs = [plgpu.BlockSpec((1, tm), lambda s: (s, 0), memory_space=plgpu.SMEM)] if block_scaled else []
 
     def pipeline(step, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
-            step, grid=(2, k_steps) if pingpong else (k_steps,), memory_registers=40, wg_axis="wg",
-            num_compute_wgs=2, max_concurrent_steps=config.stages, compute_context=context, pipeline_state=state,
-            manual_consumed_barriers=pingpong,
-            in_specs=[plgpu.BlockSpec((tm, tk), lambda *i: (0, k_of(*i)), transforms=operand_layout,
+            step, grid=(k_steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
+            max_concurrent_steps=config.stages, compute_context=context, pipeline_state=state,
+            in_specs=[plgpu.BlockSpec((tm, tk), lambda s: (0, s), transforms=operand_layout,
                                       memory_space=plgpu.SMEM)] + [b_spec] * parts + block_scale_specs)
 
     def weight_tile(b_gmem, group, ni, part):
@@ -440,13 +418,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     def context(run):
                         if scaled:
                             start_scale_copies()
-                        if pingpong:  # wg 1's epilogue here; wg 0's ran in the first step of wg 1's half
-                            final = run(pingpong_start())
-
-                            @pl.when(wg == 1)
-                            def _():
-                                pingpong_finish(final)
-                            return
                         if halves:  # each half's sum, in units of its last step's scales
                             ones = jnp.ones((tm // 2,), jnp.float32)
                             if interpret is not None:  # values (the products added, as "rescale" interpreted)
@@ -524,56 +495,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                                     out_scale_gmem.at[block, row_slice].at[wg_rows])
 
                     def weight_operand(b_smem):
-                        if pingpong:  # the block is this warpgroup's columns
-                            return plgpu.transpose_ref(b_smem, (1, 0)) if transposed else b_smem
                         return (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
                                 else b_smem.at[:, wg_cols])
-
-                    def pingpong_start():
-                        """A half's carry before its first k-step: the sum (and, block-scaled, its unit)."""
-                        total = jnp.zeros((tm, tn), jnp.float32)
-                        return (total, jnp.ones((tm,), jnp.float32)) if block_scaled else (total,)
-
-                    def pingpong_finish(carry):
-                        """The epilogue of this warpgroup's half from its last carry."""
-                        if block_scaled:
-                            total, last = carry
-                            finish([[total * lax.broadcast_in_dim(last, (tm, tn), [0])]])
-                        else:
-                            finish([[carry[0]]])
-
-                    def pingpong_step(index, a_smem, b_smem, *rest):
-                        """`pingpong`: the pipeline step (half, k-step). The warpgroup whose half it is multiplies
-                        (the sum rescaled first where block-scaled, as "rescale"); the other only releases the
-                        buffers, and wg 0 runs its epilogue at the first step of wg 1's half."""
-                        half, k_step = index
-                        step_scales = rest[0] if block_scaled else None
-                        consumed, carry = rest[int(block_scaled):-1], rest[-1]
-
-                        def product(acc):
-                            plgpu.wgmma(acc, a_smem, weight_operand(b_smem))
-                            return acc[...]
-
-                        def own(carry):
-                            total = carry[0]
-                            if block_scaled:
-                                scale = step_scales[0]
-                                total = total * lax.broadcast_in_dim(carry[1] / scale, (tm, tn), [0])
-                            if interpret is None:  # the wgmma accumulates onto the sum
-                                total = pl.run_state(lambda acc: plgpu.wgmma(acc, a_smem, weight_operand(b_smem)))(
-                                    plgpu.ACC.init(total))
-                            else:  # the interpreter has no run_state: the product added
-                                total = total + pl.run_scoped(product, plgpu.ACC((tm, tn), jnp.float32))
-                            return (total, scale) if block_scaled else (total,)
-
-                        carry = lax.cond(half == wg, own, lambda carry: carry, carry)
-                        for barrier in consumed:
-                            plgpu.barrier_arrive(barrier)
-
-                        @pl.when((wg == 0) & (half == 1) & (k_step == 0))
-                        def _():
-                            pingpong_finish(carry)
-                        return carry
 
                     def step(_, a_smem, *rest):
                         a_smem = a_smem.at[wg_rows] if config.split_rows else a_smem
@@ -628,7 +551,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     # each k-step as soon as the previous tile's step in its buffer is consumed
                     state = (jnp.where(info.local_index == 0, int(plgpu.PipelinePipeline.START),
                                        int(plgpu.PipelinePipeline.STEADY)) if config.pipeline_tiles else None)
-                    pipeline(pingpong_step if pingpong else step, context, state)(a_gmem.at[row_slice, :],
+                    pipeline(step, context, state)(a_gmem.at[row_slice, :],
                                                    *(weight_tile(b_gmem, group, ni, p) for p in range(parts)),
                                                    *block_scale_tile(row_slice), allocations=buffers)
 
@@ -637,9 +560,9 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                 # for the last tile's (one per buffer) here, as a STOP pipeline would
                 @pl.when((lax.axis_index("wg") == 2) & (lax.axis_index("sm") < used_tiles * n_tiles))
                 def _():
-                    for consumed in buffers["flat_consumed_barrier_refs"]:  # one, or one per operand (pingpong)
-                        for slot in range(slots):
-                            plgpu.barrier_wait(consumed.at[slot])
+                    [consumed] = buffers["flat_consumed_barrier_refs"]
+                    for slot in range(slots):
+                        plgpu.barrier_wait(consumed.at[slot])
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 

@@ -143,7 +143,7 @@ def down_blocks_config(ffn: int) -> TileConfig:
     """Down's tiled config on block-scaled rows at contraction ffn: for the `grouped_gemm.BLOCK_SCALES` form,
     pipelined as `_down_config`."""
     return _down_config(TILED_FP8_DOWN_BLOCKS_CONFIGS[grouped_gemm.BLOCK_SCALES]._replace(tile_k=FP8_HIDDEN_BLOCK),
-                        ffn, pingpong=PINGPONG_DOWN and grouped_gemm.BLOCK_SCALES == "rescale")
+                        ffn)
 
 # where the fp8 experts apply down's scales on the tiled kernel: "epilogue" (the GEMM multiplies its float32
 # accumulators by the row and column scales and writes scaled bf16 rows: the combine then reads only the rows, as
@@ -169,13 +169,11 @@ FP8_SWIGLU = "epilogue"
 # the last one, its stages cut to a divisor of the k-steps). On an H200 (2026-11-29, 262,144 rows): fp8 down 1.073
 # vs 1.139 ms, bf16 down 1.422 vs 1.545; gate+up (16 or 32 k-steps) lost (fp8 cut to 2 stages: 1.818 vs 1.575;
 # bf16 with SwiGLU 2.723 vs 2.651), so it stays unpipelined; fp8 gate+up through 4 stages with 64-row pieces lost
-# in the 30B's fp8 encoder too (326.8 vs 324.5 ms, H200, 2026-11-30: `git show af44f5f`). Read at trace time.
+# in the 30B's fp8 encoder too (326.8 vs 324.5 ms, H200, 2026-11-30: `git show af44f5f`). Down with its compute
+# warpgroups taking a tile's column halves in turn (a ping-pong: one's epilogue under the other's product) lost by
+# ~25%: fp8 on block scales 1.175 vs 0.921 ms, bf16 1.698 vs 1.446, the 30B's fp8 encoder 334.6 vs 322.8 ms
+# (H200, 2026-11-30: `git show 303aeb8`). Read at trace time.
 PIPELINED_DOWN = True
-
-# whether down's pipelined GEMM runs `TileConfig.pingpong`: its two compute warpgroups take a tile's column halves
-# in turn (one's epilogue under the other's product) instead of together. Block-scaled rows in the "rescale" form
-# only. Read at trace time.
-PINGPONG_DOWN = False
 
 
 # how the dispatch sorts the (token, expert) slots by expert: True, 16-bit expert keys with the slots as payload (a
@@ -193,15 +191,13 @@ PAIR_SORT = True
 FUSED_ROUTER = True
 
 
-def _down_config(config: TileConfig, ffn: int, pingpong: bool | None = None) -> TileConfig:
+def _down_config(config: TileConfig, ffn: int) -> TileConfig:
     """Down's config at contraction ffn: `grouped_gemm.pipelined` where `PIPELINED_DOWN`, it takes ffn and its
-    stages stay deep enough (a prime number of k-steps would leave one: then as configured); with `pingpong`
-    (default `PINGPONG_DOWN`) its warpgroups taking the column halves in turn."""
+    stages stay deep enough (a prime number of k-steps would leave one: then as configured)."""
     if not PIPELINED_DOWN or ffn % config.tile_k:
         return config
-    pingpong = PINGPONG_DOWN if pingpong is None else pingpong
-    piped = pipelined(config._replace(pingpong=pingpong), ffn)
-    steps = ffn // config.tile_k * (2 if pingpong else 1)
+    steps = ffn // config.tile_k
+    piped = pipelined(config, ffn)
     return piped if piped.stages >= min(3, config.stages, steps) else config
 
 

@@ -91,10 +91,6 @@ VARIANTS = {
                                  "instead: spread but uneven, so each expert's last tile is part padding, as a "
                                  "trained router's would be",
     "bfloat16-moe-scattered-routing": "as fp8-moe-scattered-routing, in bf16",
-    "fp8-moe-pingpong-down": "down's GEMM with its compute warpgroups taking a tile's column halves in turn, one's "
-                             "epilogue under the other's product (moe.PINGPONG_DOWN = True)",
-    "fp8-moe-spread-pingpong-down": "fp8-moe-spread-routing and fp8-moe-pingpong-down together",
-    "bfloat16-moe-pingpong-down": "as fp8-moe-pingpong-down, in bf16",
     "fp8-moe-blocks-halves": "down on the block-scaled hidden rows with the tile's rows in two accumulators, one "
                              "half rescaled while the other's product runs (grouped_gemm.BLOCK_SCALES = 'halves')",
     "fp8-moe-blocks-64": "the fp8 experts' hidden rows in 64-wide blocks (a compute warpgroup's columns: no abs-max "
@@ -180,9 +176,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-scattered-routing": [(moe, "route", scattered_route)],
         "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],
         "fp8-moe-blocks-halves": [(grouped_gemm, "BLOCK_SCALES", "halves")],
-        "fp8-moe-pingpong-down": [(moe, "PINGPONG_DOWN", True)],
-        "fp8-moe-spread-pingpong-down": [(moe, "PINGPONG_DOWN", True), (moe, "route", spread_route)],
-        "bfloat16-moe-pingpong-down": [(moe, "PINGPONG_DOWN", True)],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],
         "fp8-moe-blocks-split-rows": [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG)],
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))

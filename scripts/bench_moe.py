@@ -87,9 +87,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--silu", nargs="+", default=None, choices=["exp", "exp2"],
                    help="tiled, gate+up with SwiGLU: time its kernel forms with each of these ways to compute the "
                         "SiLU (grouped_gemm.SILU; default: its value)")
-    p.add_argument("--pingpong", type=int, nargs="*", default=[], metavar="STAGES",
-                   help="down: also time the model's down kernel with TileConfig.pingpong (its warpgroups take the "
-                        "column halves in turn), pipelined through each of these stage counts")
     p.add_argument("--pipeline-stages", type=int, default=None,
                    help="with --pipeline-tiles 1: the stages before grouped_gemm.pipelined cuts them to a divisor "
                         "of the k-steps (default: the config's; fp8 gate+up at 4 keeps 4 of its 16 k-steps)")
@@ -426,11 +423,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               mock.patch.object(moe, "FP8_HIDDEN_BLOCK", block)):
                             time_tiled(record, x, w, sizes, moe.down_blocks_config(k), name=f"tiled_{form}_{block}",
                                        block_scaled=True)
-                for stages in args.pingpong if shape_name == "down" else []:
-                    with mock.patch.object(grouped_gemm, "BLOCK_SCALES", "rescale"):
-                        config = moe.down_blocks_config(k)._replace(pingpong=True, stages=stages)
-                        time_tiled(record, x, w, sizes, grouped_gemm.pipelined(config, k),
-                                   name=f"tiled_pingpong_{stages}_rescale_128", block_scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
                     pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
@@ -440,9 +432,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             time_tiled(record, x, w, sizes, config, name=name, swiglu=True)
                 for name, config, _ in kernel_forms(pair[1], False):
                     time_tiled(record, x, w, sizes, config, name=name)
-                for stages in args.pingpong if shape_name == "down" else []:
-                    config = grouped_gemm.pipelined(pair[1]._replace(pingpong=True, stages=stages), k)
-                    time_tiled(record, x, w, sizes, config, name=f"tiled_pingpong_{stages}")
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
                 fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)

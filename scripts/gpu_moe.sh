@@ -119,16 +119,12 @@
 #                                         # fp8 with (the default) and without it, ~7 min
 #   bash scripts/gpu_moe.sh routingkernels OUT  # the fp8 expert kernels alone on the random 30B's routing and on a
 #                                         # spread one, then under Nsight Compute each way, ~7 min
-#   bash scripts/gpu_moe.sh pingpong OUT  # down's GEMM with its warpgroups taking a tile's column halves in turn
-#                                         # (TileConfig.pingpong): its GPU test, fp8 and bf16 down alone against
-#                                         # dense and the pipelined kernel, then the fp8 encoders' ratio with it on
-#                                         # both routings, ~9.5 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | prefetch | routingkernels | pingpong | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | prefetch | routingkernels | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -452,17 +448,6 @@ case $stage in
           > "$out/ncu_${1}_$routing.key.txt"; gzip -f "$out/ncu_${1}_$routing.txt"
       done
     done
-    ;;
-  pingpong)  # down's GEMM with TileConfig.pingpong: bit-equal to the pipelined kernel, the kernels alone, the ratio
-    run pingpong_test 170 python3 -m pytest -q -rA tests/test_llm_grouped_gemm.py -k "pingpong"
-    run kernels_fp8_down 170 python3 -u scripts/bench_moe.py --fp8 --shapes down --candidates dense tiled \
-      --routings uniform even --iters 10 --back-to-back 10 --pingpong 3 4 --out "$out/kernels_fp8_down.json"
-    run kernels_bf16_down 110 python3 -u scripts/bench_moe.py --shapes down --candidates dense tiled \
-      --routings uniform even --pipeline-tiles 1 --iters 10 --back-to-back 10 --pingpong 4 \
-      --out "$out/kernels_bf16_down.json"
-    run ratio_fp8_pingpong $((575 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 3 --iters 8 --variants fp8-moe-pingpong-down fp8-moe-spread-routing \
-      fp8-moe-spread-pingpong-down --out "$out/ratio_fp8_pingpong.json"
     ;;
   scattered)  # the encoders' ratio with the routing spread evenly and spread at random (padded tiles), fp8 then bf16
     run ratio_fp8_scattered 250 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \

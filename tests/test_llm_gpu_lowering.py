@@ -155,30 +155,6 @@ def test_block_scaled_down_kernel_lowers_for_a_hopper_gpu(form, monkeypatch):
     assert "mosaic_gpu" in text
 
 
-@pytest.mark.parametrize("form", ["fp8_blocks", "bf16"])
-def test_pingpong_down_kernel_lowers_for_a_hopper_gpu(form, monkeypatch):
-    """Down with `TileConfig.pingpong` (the compute warpgroups take a tile's column halves in turn, each step's
-    product under a cond on whose half it is), at the model's configs as `moe.PINGPONG_DOWN` makes them: fp8 on
-    block-scaled rows ("rescale"), bf16 plain. The interpreter runs its products without accumulator state, so
-    this is the CPU's only check of its GPU form."""
-    from jaxllm import grouped_gemm
-
-    monkeypatch.setattr(moe, "PINGPONG_DOWN", True)
-    rows, e = 128 * 24, 16
-    if form == "fp8_blocks":
-        config, dtype = moe.down_blocks_config(768), jnp.float8_e4m3fn
-        scales = (jax.ShapeDtypeStruct((6, rows), jnp.float32), jax.ShapeDtypeStruct((e, 2048), jnp.float32))
-        fn = lambda a, b, g, r, c: grouped_gemm.tiled_grouped_matmul(a, b, g, config, row_block_scales=r,  # noqa
-                                                                     col_scale=c)
-    else:
-        config, dtype, scales = moe.tiled_configs(2048, 768)[1], jnp.bfloat16, ()
-        fn = lambda a, b, g: grouped_gemm.tiled_grouped_matmul(a, b, g, config)  # noqa: E731
-    assert config.pingpong and config.pipeline_tiles and config.stages == 4
-    text = lowered_for_cuda(fn, jax.ShapeDtypeStruct((rows, 768), dtype), jax.ShapeDtypeStruct((e, 2048, 768), dtype),
-                            jax.ShapeDtypeStruct((24,), jnp.int32), *scales)
-    assert "mosaic_gpu" in text
-
-
 @pytest.mark.parametrize("form, variant", [("gate_up", "silu-exp"), ("gate_up", "epi64"), ("down", "epi64")])
 def test_fp8_expert_kernel_variants_lower_for_a_hopper_gpu(form, variant, monkeypatch):
     """The e4m3 kernels in the forms bench_encoder's variants time: gate+up's SiLU by expf and a division

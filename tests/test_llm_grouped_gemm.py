@@ -349,67 +349,6 @@ def test_pipelined_config_divides_the_steps():
                              config._replace(pipeline_tiles=True))
 
 
-def _pingpong_pair(config, k):
-    """config pipelined at contraction k (as down runs), without and with `TileConfig.pingpong` (as
-    `moe.PINGPONG_DOWN` makes it: through as many stages as divide twice the k-steps)."""
-    return grouped_gemm.pipelined(config, k), grouped_gemm.pipelined(config._replace(pingpong=True), k)
-
-
-def _down_blocks_base():
-    """Down's config on block-scaled rows ("rescale") before `moe._down_config` pipelines it."""
-    return moe.TILED_FP8_DOWN_BLOCKS_CONFIGS["rescale"]._replace(tile_k=moe.FP8_HIDDEN_BLOCK)
-
-
-def test_pingpong_changes_nothing_interpreted():
-    """`TileConfig.pingpong` (the compute warpgroups take a tile's column halves in turn) gives the pipelined
-    kernel's output bit for bit, interpreted on 2 CTAs at 64-wide column tiles: bf16 down unscaled over 4 k-steps
-    (two column halves, several tiles a CTA), fp8 down with row and column scales over 6, and fp8 down on
-    block-scaled rows (gate+up's e4m3 output and scales, as the model runs them), which also equals the exact
-    block-scaled sum."""
-    sizes = np.asarray([70, 0, 130, 1])
-    fp8_down = moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64)
-    for seed, (config, k, n, dtype) in enumerate(((SMALL, 256, 256, jnp.bfloat16),
-                                                  (fp8_down, 768, 128, jnp.float8_e4m3fn))):
-        off, on = _outputs_of_configs(_pingpong_pair(config, k), k, n, False, dtype, sizes, seed, interpreter())
-        assert np.abs(off).max() > 0
-        np.testing.assert_array_equal(on, off, err_msg=str(config))
-    off, on = (_block_scaled_kernels(256, 384, 128, np.array([200, 0, 60]), 11, interpreter(), config)
-               for config in _pingpong_pair(_down_blocks_base()._replace(tile_n=64), 384))
-    _check_block_scaled(on, 0.0, 1e-5, 2 ** -12)
-    np.testing.assert_array_equal(on[1][0], off[1][0])
-
-
-def test_pingpong_refuses_what_it_cannot_take():
-    rows, groups = jnp.zeros((128, 256), jnp.bfloat16), jnp.zeros((1,), jnp.int32)
-    with pytest.raises(ValueError, match="pingpong takes pipeline_tiles, no swiglu"):
-        tiled_grouped_matmul(rows, jnp.zeros((2, 256, 256), jnp.bfloat16), groups, SMALL._replace(pingpong=True))
-    with pytest.raises(ValueError, match="pingpong pipeline steps .2 x k-steps. 8 must be a multiple of stages 3"):
-        tiled_grouped_matmul(rows, jnp.zeros((2, 256, 256), jnp.bfloat16), groups,
-                             SMALL._replace(pingpong=True, pipeline_tiles=True, stages=3))
-    assert grouped_gemm.pipelined(TileConfig(tile_k=128, stages=4, pingpong=True), 768).stages == 4  # 12 steps
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-def test_pingpong_changes_nothing_on_gpu():
-    """Compiled at Qwen3-30B-A3B's down shapes (F 768, N 2048) and the model's configs: `TileConfig.pingpong`
-    gives the pipelined kernel's output bit for bit, for bf16 down, fp8 down with row and column scales, and fp8
-    down on gate+up's block-scaled rows, on a routing with an empty expert, an expert of one row and unused tiles
-    at the end, and on one of a single used row tile."""
-    rng = np.random.default_rng(17)
-    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
-    sizes[2], sizes[5] = 0, 1
-    for routing in (sizes, np.eye(16, dtype=int)[3] * 7):
-        for seed, (config, dtype) in enumerate(((moe.TILED_CONFIGS[0][1], jnp.bfloat16),
-                                                (moe.TILED_FP8_DOWN_SCALED_CONFIG, jnp.float8_e4m3fn))):
-            off, on = _outputs_of_configs(_pingpong_pair(config, 768), 768, 2048, False, dtype, routing, seed)
-            assert np.abs(off).max() > 0
-            np.testing.assert_array_equal(on, off, err_msg=str(config))
-    off, on = (_block_scaled_kernels(2048, 768, 2048, sizes, 18, down_config=config)
-               for config in _pingpong_pair(_down_blocks_base(), 768))
-    np.testing.assert_array_equal(on[1][0], off[1][0])
-    _check_block_scaled(on, 0.1, 2e-2, 1e-2)
-
-
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
 def test_pipelined_tiles_change_nothing_on_gpu():
     """Compiled at the model's configs (fp8 gate+up scaled with SwiGLU, fp8 down scaled, bf16 both) with
