@@ -40,10 +40,7 @@ class TileConfig(NamedTuple):
     before the unused ones (tile group -1), as `tile_plan` lays them out, and the k-steps must be a multiple of
     the buffers (min(stages, k-steps)). split_rows: the compute warpgroups split the tile's rows instead (each
     tile_m / 2 rows x 2 * tile_n columns): a row's 2 * tile_n outputs stay in one warpgroup, so `quantize_out`'s
-    blocks need no exchange; only with `quantize_out`. turns: the compute warpgroups issue each k-step's products in
-    turn (wg 0, then wg 1, then wg 0's next step: a barrier each way), so one's products run on the tensor cores
-    while the other waits for its own and rescales its sum (block scales) instead of both waiting at once; not with
-    the "promote" or "halves" `BLOCK_SCALES` forms."""
+    blocks need no exchange; only with `quantize_out`."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -54,7 +51,6 @@ class TileConfig(NamedTuple):
     band: int = 4
     pipeline_tiles: bool = False
     split_rows: bool = False
-    turns: bool = False
 
 
 class TilePlan(NamedTuple):
@@ -91,6 +87,10 @@ LOG2_E = 1.4426950408889634
 #     while the other half's wgmma runs on the tensor cores (each step ends with both products done). (Leaving
 #     the products running across k-steps, the buffers released a step late, was slower: `git show 85300a4`.)
 # All give the sum of each block's exact products times its scale, rounded in float32 differently.
+# The two compute warpgroups issuing each k-step's products in turn (an order barrier each way, so one rescales
+# while the other's products run) changed no value and gained nothing: down on block scales 0.959 vs 0.888 ms,
+# fp8 gate+up 1.583 vs 1.562, bf16 within 3%, the 30B's fp8 encoder 324.9 vs 325.2 ms (H200, 2026-11-30:
+# `git show ca951a0`).
 BLOCK_SCALES = "rescale"
 BLOCK_SCALES_FORMS = ("rescale", "promote", "halves")
 
@@ -174,8 +174,6 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
                               or (config.tile_m // 2) % config.epi_m):
         problems.append("split_rows takes quantize_out (not row_block_scales), tile_m a multiple of 128 and epi_m "
                         "dividing tile_m / 2")
-    if config.turns and row_block_scales is not None and BLOCK_SCALES != "rescale":
-        problems.append(f"turns takes block scales in the \"rescale\" form, not {BLOCK_SCALES!r}")
     if rows.dtype != weights.dtype:
         problems.append(f"rows are {rows.dtype} but weights {weights.dtype}")
     if row_scale is not None and row_block_scales is not None:
@@ -315,8 +313,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         scale_buffers["amax_smem"] = plgpu.SMEM((3, 2, tm), jnp.float32)
         if exchange:
             scale_buffers["wg_exchange_barrier"] = plgpu.Barrier(num_arrivals=2)
-    if config.turns:  # wg_turns[w]: warpgroup w may issue its next k-step's products
-        scale_buffers["wg_turns"] = plgpu.Barrier(num_barriers=2)
 
     def body(groups_gmem, used_gmem, a_gmem, b_gmem, *rest):
         if quantize_out:
@@ -337,25 +333,10 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                                transforms=out_layout),
                            **scale_buffers, collective_axes="wg")
         def scope(buffers, out_smem, row_smem=None, col_smem=None, scale_barriers=None, amax_smem=None,
-                  wg_exchange_barrier=None, wg_turns=None):
+                  wg_exchange_barrier=None):
             wg = lax.axis_index("wg")
             wg_rows = pl.ds(wg * wm if config.split_rows else 0, wm)
             wg_cols = pl.ds(0 if config.split_rows else wg * tn, wn)
-
-            def take_turn():
-                """`TileConfig.turns`: wait until the other compute warpgroup has issued its last products."""
-                if config.turns:
-                    plgpu.barrier_wait(wg_turns.at[wg])
-
-            def pass_turn():
-                """`TileConfig.turns`: let the other compute warpgroup issue its next products."""
-                if config.turns:
-                    plgpu.barrier_arrive(wg_turns.at[1 - wg])
-
-            if config.turns:  # wg 0 issues first
-                @pl.when(wg == 1)
-                def _():
-                    plgpu.barrier_arrive(wg_turns.at[0])
 
             if config.pipeline_tiles:  # the used row tiles only (they come first), row by row
                 used_tiles = used_gmem[0]
@@ -558,22 +539,15 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             b_smem, step_scales, (total, last) = rest
                             scale = step_scales[0]
                             total = total * lax.broadcast_in_dim(last / scale, (tm, tn), [0])
-                            take_turn()
                             if interpret is None:  # the wgmma accumulates onto the rescaled sum
-                                def issue(acc):
-                                    plgpu.wgmma(acc, a_smem, weight_operand(b_smem))
-                                    pass_turn()  # (before the product is done: reading it waits)
-
-                                total = pl.run_state(issue)(plgpu.ACC.init(total))
+                                total = pl.run_state(lambda acc: plgpu.wgmma(acc, a_smem, weight_operand(b_smem)))(
+                                    plgpu.ACC.init(total))
                             else:  # the interpreter has no run_state: the product added (same sum, rounded apart)
                                 total = total + pl.run_scoped(product, plgpu.ACC((tm, tn), jnp.float32))
-                                pass_turn()
                             return total, scale
                         b_tiles, accs = rest[:-1], rest[-1]
-                        take_turn()
                         for b_smem, acc in zip(b_tiles, accs):
                             plgpu.wgmma(acc, a_smem, weight_operand(b_smem))
-                        pass_turn()
                         plgpu.wgmma_wait(0)
                         return accs
 
@@ -593,11 +567,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     [consumed] = buffers["flat_consumed_barrier_refs"]
                     for slot in range(slots):
                         plgpu.barrier_wait(consumed.at[slot])
-
-            if config.turns:  # wg 1's turn after its last products, to leave no phase unobserved
-                @pl.when(wg == 0)
-                def _():
-                    take_turn()
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 

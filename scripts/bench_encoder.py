@@ -91,11 +91,6 @@ VARIANTS = {
                                  "instead: spread but uneven, so each expert's last tile is part padding, as a "
                                  "trained router's would be",
     "bfloat16-moe-scattered-routing": "as fp8-moe-scattered-routing, in bf16",
-    "fp8-moe-turns": "the expert GEMMs' compute warpgroups issuing each k-step's products in turn "
-                     "(TileConfig.turns on the fp8 gate+up and down configs)",
-    "fp8-moe-spread-turns": "fp8-moe-spread-routing and fp8-moe-turns together",
-    "fp8-moe-down-turns": "fp8-moe-turns on down's GEMM only",
-    "bfloat16-moe-turns": "as fp8-moe-turns, on the bf16 expert GEMMs",
     "fp8-moe-blocks-halves": "down on the block-scaled hidden rows with the tile's rows in two accumulators, one "
                              "half rescaled while the other's product runs (grouped_gemm.BLOCK_SCALES = 'halves')",
     "fp8-moe-blocks-64": "the fp8 experts' hidden rows in 64-wide blocks (a compute warpgroup's columns: no abs-max "
@@ -149,15 +144,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
     key_sort = [(moe, "PAIR_SORT", False)]
     unpipelined = [(moe, "PIPELINED_DOWN", False)]
     silu_exp = [(grouped_gemm, "SILU", "exp")]
-    down_turns = [(moe, "TILED_FP8_DOWN_BLOCKS_CONFIGS", {**moe.TILED_FP8_DOWN_BLOCKS_CONFIGS,
-                                                          "rescale": moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(turns=True)})]
-    turns = down_turns + [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG._replace(turns=True))]
     patches = {
-        "fp8-moe-turns": turns,
-        "fp8-moe-spread-turns": turns + [(moe, "route", spread_route)],
-        "fp8-moe-down-turns": down_turns,
-        "bfloat16-moe-turns": [(moe, "TILED_CONFIGS", tuple(tuple(c._replace(turns=True) for c in pair)
-                                                            for pair in moe.TILED_CONFIGS))],
         "fp8-xla-swiglu": [(fp8, "swiglu_quantize", fp8.swiglu_quantize_reference)],
         "fp8-xla-norms": [(layer_ops, "_one_pass_kernels", lambda y: False)],
         "fp8-moe-xla-norms": [(model_module, "residual_norm", moe_residual_steps_in_xla)],

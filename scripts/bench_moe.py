@@ -87,9 +87,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--silu", nargs="+", default=None, choices=["exp", "exp2"],
                    help="tiled, gate+up with SwiGLU: time its kernel forms with each of these ways to compute the "
                         "SiLU (grouped_gemm.SILU; default: its value)")
-    p.add_argument("--turns", action="store_true",
-                   help="tiled: also time the model's kernel forms with TileConfig.turns (the compute warpgroups "
-                        "issue each k-step's products in turn)")
     p.add_argument("--pipeline-stages", type=int, default=None,
                    help="with --pipeline-tiles 1: the stages before grouped_gemm.pipelined cuts them to a divisor "
                         "of the k-steps (default: the config's; fp8 gate+up at 4 keeps 4 of its 16 k-steps)")
@@ -394,7 +391,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 than the default)."""
                 piped = grouped_gemm.pipelined(config._replace(stages=args.pipeline_stages or config.stages), k)
                 forms = [("tiled_pipelined", piped) if on else ("tiled", config) for on in args.pipeline_tiles]
-                forms += [(name + "_turns", c._replace(turns=True)) for name, c in forms if args.turns]
                 silus = (args.silu or [grouped_gemm.SILU]) if swiglu else [grouped_gemm.SILU]
                 return [(name + f"_silu_{silu}" * (silu != grouped_gemm.SILU), c, silu) for name, c in forms
                         for silu in silus]
@@ -418,9 +414,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         # the model runs it), then (128) rows
                         time_tiled(record, x, w, sizes, model_config, swiglu=True, scaled=True, quantize_out=True,
                                    quantize_block=block)
-                        if block == 128 and args.turns:
-                            time_tiled(record, x, w, sizes, model_config._replace(turns=True), name="tiled_turns",
-                                       swiglu=True, scaled=True, quantize_out=True, quantize_block=block)
                         if block == 128:
                             time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG,
                                        name="tiled_split_rows", swiglu=True, scaled=True, quantize_out=True)
@@ -430,9 +423,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               mock.patch.object(moe, "FP8_HIDDEN_BLOCK", block)):
                             time_tiled(record, x, w, sizes, moe.down_blocks_config(k), name=f"tiled_{form}_{block}",
                                        block_scaled=True)
-                            if form == "rescale" and block == 128 and args.turns:
-                                time_tiled(record, x, w, sizes, moe.down_blocks_config(k)._replace(turns=True),
-                                           name="tiled_turns_rescale_128", block_scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
                     pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2

@@ -119,15 +119,12 @@
 #                                         # fp8 with (the default) and without it, ~7 min
 #   bash scripts/gpu_moe.sh routingkernels OUT  # the fp8 expert kernels alone on the random 30B's routing and on a
 #                                         # spread one, then under Nsight Compute each way, ~7 min
-#   bash scripts/gpu_moe.sh turns OUT     # the expert GEMMs' warpgroups issuing each k-step's products in turn
-#                                         # (TileConfig.turns): its GPU test, the fp8 and bf16 kernels alone with
-#                                         # and without, then the fp8 encoders' ratio with it on both routings, ~9.5 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | prefetch | routingkernels | turns | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | prefetch | routingkernels | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -451,16 +448,6 @@ case $stage in
           > "$out/ncu_${1}_$routing.key.txt"; gzip -f "$out/ncu_${1}_$routing.txt"
       done
     done
-    ;;
-  turns)  # TileConfig.turns: bit-equal on the GPU, the kernels alone each way, the fp8 ratio each way
-    run turns_test 170 python3 -m pytest -q -rA tests/test_llm_grouped_gemm.py -k "turns_change_nothing_on_gpu"
-    run kernels_fp8 150 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform even \
-      --iters 10 --back-to-back 10 --turns --out "$out/kernels_fp8.json"
-    run kernels_bf16 100 python3 -u scripts/bench_moe.py --candidates dense tiled --routings uniform \
-      --pipeline-tiles 0 1 --iters 10 --back-to-back 10 --turns --out "$out/kernels_bf16.json"
-    run ratio_fp8_turns $((580 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 3 --iters 8 --variants fp8-moe-turns fp8-moe-down-turns fp8-moe-spread-routing \
-      fp8-moe-spread-turns --out "$out/ratio_fp8_turns.json"
     ;;
   scattered)  # the encoders' ratio with the routing spread evenly and spread at random (padded tiles), fp8 then bf16
     run ratio_fp8_scattered 250 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \

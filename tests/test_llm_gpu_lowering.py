@@ -155,40 +155,6 @@ def test_block_scaled_down_kernel_lowers_for_a_hopper_gpu(form, monkeypatch):
     assert "mosaic_gpu" in text
 
 
-@pytest.mark.parametrize("form", ["gate_up_blocks", "down_blocks", "bf16_gate_up", "bf16_down"])
-def test_expert_kernels_taking_turns_lower_for_a_hopper_gpu(form):
-    """The tiled kernels with `TileConfig.turns` (the compute warpgroups issue each k-step's products in turn, on
-    two barriers) at the model's configs: fp8 gate+up with SwiGLU and blocks out, fp8 down pipelined on block
-    scales ("rescale", the products issued inside the accumulator's state), bf16 gate+up and down."""
-    from jaxllm import grouped_gemm
-
-    rows, e = 128 * 24, 16
-    scales, extra = (), {}
-    if form == "gate_up_blocks":
-        config, k, n, dtype = moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG, 2048, 1536, jnp.float8_e4m3fn
-        scales = (jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((e, n), jnp.float32))
-        extra = dict(swiglu=True, quantize_out=True)
-    elif form == "down_blocks":
-        config, k, n, dtype = moe.down_blocks_config(768), 768, 2048, jnp.float8_e4m3fn
-        scales = (jax.ShapeDtypeStruct((6, rows), jnp.float32), jax.ShapeDtypeStruct((e, n), jnp.float32))
-    else:
-        pair = moe.tiled_configs(2048, 768)
-        config, k, n = (pair[0], 2048, 1536) if form == "bf16_gate_up" else (pair[1], 768, 2048)
-        dtype, extra = jnp.bfloat16, dict(swiglu=form == "bf16_gate_up")
-    config = config._replace(turns=True)
-
-    def fn(a, b, g, *s):
-        if form == "gate_up_blocks":
-            extra.update(row_scale=s[0], col_scale=s[1])
-        elif s:
-            extra.update(row_block_scales=s[0], col_scale=s[1])
-        return grouped_gemm.tiled_grouped_matmul(a, b, g, config, **extra)
-
-    text = lowered_for_cuda(fn, jax.ShapeDtypeStruct((rows, k), dtype), jax.ShapeDtypeStruct((e, n, k), dtype),
-                            jax.ShapeDtypeStruct((24,), jnp.int32), *scales)
-    assert "mosaic_gpu" in text
-
-
 @pytest.mark.parametrize("form, variant", [("gate_up", "silu-exp"), ("gate_up", "epi64"), ("down", "epi64")])
 def test_fp8_expert_kernel_variants_lower_for_a_hopper_gpu(form, variant, monkeypatch):
     """The e4m3 kernels in the forms bench_encoder's variants time: gate+up's SiLU by expf and a division

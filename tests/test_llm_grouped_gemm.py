@@ -349,57 +349,6 @@ def test_pipelined_config_divides_the_steps():
                              config._replace(pipeline_tiles=True))
 
 
-def test_turns_change_nothing_interpreted():
-    """`TileConfig.turns` (the compute warpgroups issue each k-step's products in turn, on two barriers) gives the
-    same output bit for bit, interpreted on 2 CTAs at 64-wide column tiles (where a barrier phase left unobserved
-    fails): bf16 gate+up with SwiGLU, bf16 down pipelined, fp8 down with row and column scales, and fp8 down on
-    gate+up's block-scaled rows ("rescale")."""
-    sizes = np.asarray([70, 0, 130, 1])
-    cases = ((SMALL, 256, 256, True, jnp.bfloat16), (grouped_gemm.pipelined(SMALL, 256), 256, 256, False, jnp.bfloat16),
-             (moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_n=64), 768, 128, False, jnp.float8_e4m3fn))
-    for seed, (config, k, n, swiglu, dtype) in enumerate(cases):
-        off, on = _outputs_of_configs((config, config._replace(turns=True)), k, n, swiglu, dtype, sizes, seed,
-                                      interpreter())
-        assert np.abs(off).max() > 0
-        np.testing.assert_array_equal(on, off, err_msg=str(config))
-    down = moe.down_blocks_config(384)._replace(tile_n=64)
-    off, on = (_block_scaled_kernels(256, 384, 128, np.array([200, 0, 60]), 11, interpreter(), config)
-               for config in (down, down._replace(turns=True)))
-    np.testing.assert_array_equal(on[1][0], off[1][0])
-
-
-def test_turns_refuse_the_block_forms_they_cannot_take(monkeypatch):
-    monkeypatch.setattr(grouped_gemm, "BLOCK_SCALES", "halves")
-    rows, weights = jnp.zeros((128, 256), jnp.float8_e4m3fn), jnp.zeros((2, 256, 256), jnp.float8_e4m3fn)
-    with pytest.raises(ValueError, match="turns takes block scales in the \"rescale\" form, not 'halves'"):
-        tiled_grouped_matmul(rows, weights, jnp.zeros((1,), jnp.int32), TileConfig(tile_k=128, turns=True),
-                             row_block_scales=jnp.ones((2, 128)), col_scale=jnp.ones((2, 256)))
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-def test_turns_change_nothing_on_gpu(monkeypatch):
-    """Compiled at Qwen3-30B-A3B's expert shapes and the model's configs: `TileConfig.turns` gives the same
-    outputs bit for bit for the fp8 pair on block scales (gate+up with SwiGLU and its block quantisation, down
-    pipelined), bf16 gate+up with SwiGLU and bf16 down pipelined, on a routing with an empty expert, one of a single
-    row and unused tiles at the end."""
-    rng = np.random.default_rng(19)
-    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
-    sizes[2], sizes[5] = 0, 1
-    bf16_cases = ((moe.TILED_CONFIGS[0][0], 2048, 1536, True),
-                  (moe._down_config(moe.TILED_CONFIGS[0][1], 768), 768, 2048, False))
-    for config, k, n, swiglu in bf16_cases:
-        off, on = _outputs_of_configs((config, config._replace(turns=True)), k, n, swiglu, jnp.bfloat16, sizes, 20)
-        assert np.abs(off).max() > 0
-        np.testing.assert_array_equal(on, off, err_msg=str(config))
-    gate_up_config = moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG
-    off = _block_scaled_kernels(2048, 768, 2048, sizes, 21)
-    monkeypatch.setattr(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", gate_up_config._replace(turns=True))
-    on = _block_scaled_kernels(2048, 768, 2048, sizes, 21, down_config=moe.down_blocks_config(768)._replace(turns=True))
-    for name, a, b in zip(("gate+up e4m3", "gate+up scales", "down"), (off[0][0], off[0][1], off[1][0]),
-                          (on[0][0], on[0][1], on[1][0])):
-        np.testing.assert_array_equal(b, a, err_msg=name)
-
-
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
 def test_pipelined_tiles_change_nothing_on_gpu():
     """Compiled at the model's configs (fp8 gate+up scaled with SwiGLU, fp8 down scaled, bf16 both) with
