@@ -76,23 +76,18 @@ SILU_FORMS = ("exp", "exp2")
 LOG2_E = 1.4426950408889634
 
 
-# How the GEMM on block-scaled rows (`tiled_grouped_matmul`'s row_block_scales) applies a k-step's scales:
-#   "rescale" (the default): one float32 sum per tile, kept in units of the last k-step's row scales: before each
-#     step's wgmma accumulates onto it, it is multiplied by last / this step's scales (a division per row, a
-#     multiply per value), and by the last step's scales in the epilogue. One accumulator: 128-wide column tiles fit.
-#     (Interpreted, the product is added to the rescaled sum instead: Mosaic GPU's interpreter has no run_state.)
-#   "promote": each step's product in its own zeroed accumulator, multiplied by its scales and added to the sum
-#     (DeepSeek-V3's promotion): two accumulators, so 64-wide column tiles.
-#   "halves": "rescale" on the tile's rows in two halves, each its own accumulator: a k-step rescales one half
-#     while the other half's wgmma runs on the tensor cores (each step ends with both products done). (Leaving
-#     the products running across k-steps, the buffers released a step late, was slower: `git show 85300a4`.)
-# All give the sum of each block's exact products times its scale, rounded in float32 differently.
-# The two compute warpgroups issuing each k-step's products in turn (an order barrier each way, so one rescales
-# while the other's products run) changed no value and gained nothing: down on block scales 0.959 vs 0.888 ms,
-# fp8 gate+up 1.583 vs 1.562, bf16 within 3%, the 30B's fp8 encoder 324.9 vs 325.2 ms (H200, 2026-11-30:
-# `git show ca951a0`).
-BLOCK_SCALES = "rescale"
-BLOCK_SCALES_FORMS = ("rescale", "promote", "halves")
+# How the GEMM on block-scaled rows (`tiled_grouped_matmul`'s row_block_scales) applies a k-step's scales: one
+# float32 sum per tile, kept in units of the last k-step's row scales. Before each step's wgmma accumulates onto it,
+# the sum is multiplied by last / this step's scales (a division per row, a multiply per value); the epilogue
+# multiplies it by the last step's scales. (Interpreted, the product is added to the rescaled sum instead: Mosaic
+# GPU's interpreter has no run_state.) The sum of each block's exact products times its scale. Measured and removed
+# on H200s (2026-11-29/30; docs/BENCHMARKS.md, nineteenth and twenty-second sessions), all slower:
+#   "promote": each step's product in its own zeroed accumulator, scaled and added (DeepSeek-V3's promotion; two
+#     accumulators, so 64-wide column tiles): down 0.997-1.114 ms against 0.888-0.921;
+#   "halves": the tile's rows in two accumulators, one half rescaled while the other's wgmma runs: 0.875-0.955;
+#   (`git show 1c53d63:jaxllm/grouped_gemm.py` has both);
+#   the two compute warpgroups issuing each k-step's products in turn (an order barrier each way): 0.942-0.959
+#     (`git show ca951a0`); a ping-pong over the tile's column halves: 1.110-1.196 (`git show 303aeb8`).
 
 
 # Whether the expert GEMMs warm L2 with each expert's weights one wave of tiles ahead: "leader" (the CTA whose next
@@ -231,7 +226,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
 
     Block-scaled fp8 (`jaxllm.moe`'s experts with `FP8_HIDDEN` "blocks"): with row_block_scales float32
     [K // tile_k, R] (and col_scale, without row_scale) the rows' e4m3 values carry one scale per row and tile_k-deep
-    block of K, applied a k-step at a time as `BLOCK_SCALES` says (col_scale in the epilogue). With `quantize_out`
+    block of K, applied a k-step at a time by rescaling the running sum (col_scale in the epilogue). With `quantize_out`
     the float32 result (scaled, SwiGLU'd) is quantised to e4m3 in the epilogue with one scale per row and block of
     `quantize_block` columns: the CTA's 2 * tile_n (the default: the two compute warpgroups exchange their rows'
     abs-max through shared memory) or a warpgroup's tile_n (no exchange). Returns (e4m3 [R, out_n], float32 scales
@@ -248,13 +243,10 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     scaled = col_scale is not None  # the epilogue multiplies by the column scales (and row_scale, where given)
     row_scaled = row_scale is not None
     block_scaled = row_block_scales is not None
-    if block_scaled and BLOCK_SCALES not in BLOCK_SCALES_FORMS:
-        raise ValueError(f"grouped_gemm.BLOCK_SCALES is {BLOCK_SCALES!r}; use one of {BLOCK_SCALES_FORMS}")
     if PREFETCH not in PREFETCH_FORMS:
         raise ValueError(f"grouped_gemm.PREFETCH is {PREFETCH!r}; use one of {PREFETCH_FORMS}")
     # (no value changes: the interpreter skips them)
     prefetch = interpret is None and (PREFETCH == "leader" or (PREFETCH == "fp8" and rows.dtype == E4M3))
-    halves = block_scaled and BLOCK_SCALES == "halves"  # the tile's rows in two accumulators
     if interpret is not None and transposed:  # the interpreter cannot transpose a shared-memory operand yet
         weights, transposed = jnp.swapaxes(weights, 1, 2), False
     m, k = rows.shape
@@ -393,8 +385,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                                     barrier(int(row_scaled) + p))
 
                     def epilogue_values(values):
-                        """The tile's float32 results (or a block of its rows, without row_scale): the
-                        accumulators, scaled (W8A8), SwiGLU'd. The scales' barriers are waited on before."""
+                        """The warpgroup's float32 results: the accumulators, scaled (W8A8), SwiGLU'd. The scales'
+                        barriers are waited on before."""
                         if scaled:
                             shape = values[0].shape
                             row = lax.broadcast_in_dim(row_smem[wg], shape, [0]) if row_scaled else 1.0
@@ -422,49 +414,29 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     def context(run):
                         if scaled:
                             start_scale_copies()
-                        if halves:  # each half's sum, in units of its last step's scales
-                            ones = jnp.ones((tm // 2,), jnp.float32)
-                            if interpret is not None:  # values (the products added, as "rescale" interpreted)
-                                sums, lasts = run(((jnp.zeros((tm // 2, tn), jnp.float32),) * 2, (ones, ones)))
-                            else:
-                                def accumulate(accs):
-                                    accs, lasts = run((tuple(accs), (ones, ones)))
-                                    return [acc[...] for acc in accs], lasts  # waits for the last products
-
-                                sums, lasts = pl.run_scoped(
-                                    accumulate, [plgpu.ACC((tm // 2, tn), jnp.float32) for _ in range(2)])
-                            finish([[total * lax.broadcast_in_dim(last, total.shape, [0])]
-                                    for total, last in zip(sums, lasts)])
-                            return
-                        if block_scaled:  # the running sum is a value the steps carry (`step`)
-                            total = jnp.zeros((tm, tn), jnp.float32)
-                            if BLOCK_SCALES == "promote":
-                                finish([list(run((total,)))])
-                            else:  # the sum is kept in units of the last step's scales
-                                total, last = run((total, jnp.ones((tm,), jnp.float32)))
-                                finish([[total * lax.broadcast_in_dim(last, (tm, tn), [0])]])
+                        if block_scaled:  # the running sum, in units of the last step's scales, is a value the
+                            # steps carry (`step`)
+                            total, last = run((jnp.zeros((tm, tn), jnp.float32), jnp.ones((tm,), jnp.float32)))
+                            finish([total * lax.broadcast_in_dim(last, (tm, tn), [0])])
                             return
 
                         @functools.partial(pl.run_scoped,
                                            accs=[plgpu.ACC((wm, wn), jnp.float32) for _ in range(parts)])
                         def _(accs):
                             run(tuple(accs))
-                            finish([[acc[...] for acc in accs]])
+                            finish([acc[...] for acc in accs])
 
-                    def finish(blocks):
-                        """The epilogue: scales waited for and applied, SwiGLU, (quantisation,) the stores. blocks:
-                        the warpgroup's rows in equal blocks (one, or the two halves), each its values per part."""
+                    def finish(values):
+                        """The epilogue from the warpgroup's float32 values (one per part): scales waited for and
+                        applied, SwiGLU, (quantisation,) the stores."""
                         if scaled:
                             for i in range(copies):
                                 plgpu.barrier_wait(scale_barriers.at[wg * copies + i])
-                        results = [epilogue_values(list(values)) for values in blocks]
+                        result = epilogue_values(values)
                         if quantize_out:
-                            [result] = results
                             result, out_scale = quantized(result)
-                            results = [result]
                         else:
-                            results = [result.astype(out_dtype) for result in results]
-                        block_m = wm // len(results)
+                            result = result.astype(out_dtype)
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores left the slots
                         piece = 0
                         for pm in range(wm // config.epi_m):
@@ -474,13 +446,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                 plgpu.wait_smem_to_gmem(1, wait_read_only=True)
                                 rs = slice(pm * config.epi_m, (pm + 1) * config.epi_m)
                                 cs = slice(pn * config.epi_n, (pn + 1) * config.epi_n)
-                                if block_m >= config.epi_m:  # the piece lies in one block
-                                    start = rs.start % block_m
-                                    out_smem[wg, slot] = results[rs.start // block_m][start:start + config.epi_m, cs]
-                                else:  # the piece spans blocks: each stored into its rows
-                                    for j in range(config.epi_m // block_m):
-                                        out_smem[wg, slot, pl.ds(j * block_m, block_m)] = (
-                                            results[rs.start // block_m + j][:, cs])
+                                out_smem[wg, slot] = result[rs, cs]
                                 plgpu.commit_smem()
                                 plgpu.copy_smem_to_gmem(
                                     out_smem.at[wg, slot],
@@ -505,36 +471,10 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     def step(_, a_smem, *rest):
                         a_smem = a_smem.at[wg_rows] if config.split_rows else a_smem
 
-                        def product(acc, a_operand=a_smem):
-                            plgpu.wgmma(acc, a_operand, weight_operand(rest[0]))
+                        def product(acc):
+                            plgpu.wgmma(acc, a_smem, weight_operand(rest[0]))
                             return acc[...]
 
-                        if halves:  # each half rescaled while the other's product runs
-                            b_smem, step_scales, (sums, lasts) = rest
-                            hm = tm // 2
-                            new_sums, scales = [], []
-                            for h in range(2):
-                                rows = pl.ds(h * hm, hm)
-                                scale = step_scales[0, rows]
-                                ratio = lax.broadcast_in_dim(lasts[h] / scale, (hm, tn), [0])
-                                scales.append(scale)
-                                if interpret is not None:  # no accumulator stores: the product added
-                                    new_sums.append(sums[h] * ratio + pl.run_scoped(
-                                        functools.partial(product, a_operand=a_smem.at[rows]),
-                                        plgpu.ACC((hm, tn), jnp.float32)))
-                                    continue
-                                acc = sums[h]  # (the other half's product may still run)
-                                acc[...] = plgpu.wgmma_accumulator_load(acc, wait_n=1) * ratio
-                                plgpu.wgmma(acc, a_smem.at[rows], weight_operand(b_smem))
-                                new_sums.append(acc)
-                            if interpret is None:
-                                plgpu.wgmma_wait(0)
-                            return tuple(new_sums), tuple(scales)
-
-                        if block_scaled and BLOCK_SCALES == "promote":  # the step's product, scaled, onto the sum
-                            b_smem, step_scales, (total,) = rest
-                            part = pl.run_scoped(product, plgpu.ACC((tm, tn), jnp.float32))
-                            return (total + part * lax.broadcast_in_dim(step_scales[0], (tm, tn), [0]),)
                         if block_scaled:  # the sum rescaled to this step's scales, then the product onto it
                             b_smem, step_scales, (total, last) = rest
                             scale = step_scales[0]

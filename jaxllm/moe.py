@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import grouped_gemm
 from .devices import on_gpu as _on_gpu  # moe._on_gpu: a name tests can replace
 from .fp8 import (Fp8Matrix, QuantizedRows, ValueAndRows, dequantize_blocks, native_fp8_available, quantize_blocks,
                   quantize_rows, quantize_rows_one_pass)
@@ -129,21 +128,11 @@ FP8_HIDDEN_BLOCK = 128
 TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG = TILED_FP8_SWIGLU_CONFIG._replace(epi_m=64, split_rows=True)
 TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_CONFIG
 
-# down on block-scaled hidden rows (`FP8_HIDDEN` "blocks"), by `grouped_gemm.BLOCK_SCALES` form: "rescale" keeps one
-# float32 tile per compute warpgroup, as `TILED_FP8_DOWN_SCALED_CONFIG` ("halves" the same, in two row
-# halves); "promote" two (a k-step's product and the sum), so 64 columns each. 128-deep k-steps, one block each
-TILED_FP8_DOWN_BLOCKS_CONFIGS = {
-    "rescale": TILED_FP8_DOWN_SCALED_CONFIG,
-    "halves": TILED_FP8_DOWN_SCALED_CONFIG,  # the same registers: two accumulators of half the rows
-    "promote": TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=4, epi_m=128, band=16),
-}
-
-
 def down_blocks_config(ffn: int) -> TileConfig:
-    """Down's tiled config on block-scaled rows at contraction ffn: for the `grouped_gemm.BLOCK_SCALES` form,
-    pipelined as `_down_config`."""
-    return _down_config(TILED_FP8_DOWN_BLOCKS_CONFIGS[grouped_gemm.BLOCK_SCALES]._replace(tile_k=FP8_HIDDEN_BLOCK),
-                        ffn)
+    """Down's tiled config on block-scaled hidden rows (`FP8_HIDDEN` "blocks") at contraction ffn:
+    `TILED_FP8_DOWN_SCALED_CONFIG` (one float32 sum per compute warpgroup) in k-steps of one block, pipelined as
+    `_down_config`."""
+    return _down_config(TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_k=FP8_HIDDEN_BLOCK), ffn)
 
 # where the fp8 experts apply down's scales on the tiled kernel: "epilogue" (the GEMM multiplies its float32
 # accumulators by the row and column scales and writes scaled bf16 rows: the combine then reads only the rows, as

@@ -75,9 +75,6 @@ VARIANTS = {
     "fp8-moe-hidden-rows": "the fp8 experts' hidden rows quantised with one scale per row by their own pass after "
                            "gate+up's epilogue, as before 2026-11-29's eighteenth session (moe.FP8_HIDDEN = 'rows'), "
                            "instead of one scale per 128-wide block inside the epilogue",
-    "fp8-moe-blocks-promote": "down on the block-scaled hidden rows with each k-step's product in its own "
-                              "accumulator, scaled and added (grouped_gemm.BLOCK_SCALES = 'promote', 64-wide tiles), "
-                              "instead of one sum rescaled before each step",
     "fp8-moe-spread-routing": "the experts each token's router chose moved by the token's index (mod E), so the "
                               "rows spread evenly over the experts as a trained router's do, instead of the random "
                               "model's routing, which sends nearly every token to the same experts",
@@ -91,8 +88,6 @@ VARIANTS = {
                                  "instead: spread but uneven, so each expert's last tile is part padding, as a "
                                  "trained router's would be",
     "bfloat16-moe-scattered-routing": "as fp8-moe-scattered-routing, in bf16",
-    "fp8-moe-blocks-halves": "down on the block-scaled hidden rows with the tile's rows in two accumulators, one "
-                             "half rescaled while the other's product runs (grouped_gemm.BLOCK_SCALES = 'halves')",
     "fp8-moe-blocks-64": "the fp8 experts' hidden rows in 64-wide blocks (a compute warpgroup's columns: no abs-max "
                          "exchange in gate+up's epilogue; down in 64-deep k-steps, moe.FP8_HIDDEN_BLOCK = 64) "
                          "instead of 128",
@@ -174,8 +169,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-spread-prefetch": [(grouped_gemm, "PREFETCH", "leader"), (moe, "route", spread_route)],
         "fp8-moe-scattered-routing": [(moe, "route", scattered_route)],
         "bfloat16-moe-scattered-routing": [(moe, "route", scattered_route)],
-        "fp8-moe-blocks-promote": [(grouped_gemm, "BLOCK_SCALES", "promote")],
-        "fp8-moe-blocks-halves": [(grouped_gemm, "BLOCK_SCALES", "halves")],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],
         "fp8-moe-blocks-split-rows": [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG)],
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))

@@ -100,11 +100,6 @@
 #                                         # then the fp8 encoders' ratio with them (MOVEMENT= skips the movement
 #                                         # rows, PIPELINE_TILES=1 the unpipelined ones; BLOCK_TESTS=1 runs the
 #                                         # block kernels' GPU tests first; SHAPES=gate_up: that GEMM only)
-#   bash scripts/gpu_moe.sh halves OUT    # down on block scales with its rows in two accumulators (BLOCK_SCALES
-#                                         # "halves"): its GPU tests, down's kernels alone (every form), then the
-#                                         # fp8 encoders' ratio with it, ~6 min
-#   bash scripts/gpu_moe.sh halvesprofile OUT  # the fp8 encoder profiled with down's "rescale" and "halves" in one
-#                                         # process, then the ratio with each, ~8 min
 #   bash scripts/gpu_moe.sh routingreport OUT  # scripts/moe_routing_report.py at the 30B's shape (random weights):
 #                                         # fp8's routing flips against bf16 and the expert load on 32 real
 #                                         # Craftax-Symbolic prompts (compiled; op by op it did not finish
@@ -124,7 +119,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | halves | halvesprofile | routingreport | spread | scattered | prefetch | routingkernels | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -393,7 +388,7 @@ case $stage in
       -k "block_scaled_hidden_kernels_on_gpu or fp8_tiled_kernel_and_block_on_gpu or fp8_swiglu_epilogue_on_gpu" \
       | tail -40
     run ratio_fp8_blocks $((560 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-moe-hidden-rows fp8-moe-blocks-promote} \
+      --dtype fp8 --rounds 4 --iters 8 --variants ${VARIANTS:-fp8-moe-hidden-rows} \
       --out "$out/ratio_fp8_blocks.json"
     ;;
   blockkernels)
@@ -405,14 +400,6 @@ case $stage in
     [ -n "${RATIO_VARIANTS:-}" ] && run ratio_fp8_blocks $((560 - SECONDS)) python3 -u scripts/bench_ratio.py \
       --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 4 --iters 8 --variants $RATIO_VARIANTS \
       --out "$out/ratio_fp8_blocks.json"
-    ;;
-  halves)
-    run halves_tests 170 python3 -m pytest -q -rA tests/test_llm_grouped_gemm.py \
-      -k "block_scaled_hidden_kernels_on_gpu and (halves or rescale-128-False)"
-    run kernels_fp8_down 150 python3 -u scripts/bench_moe.py --fp8 --routings uniform --candidates tiled \
-      --pipeline-tiles 1 --tokens 36864 --shapes down --out "$out/kernels_fp8_down.json"
-    run ratio_fp8_halves $((570 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-blocks-halves --out "$out/ratio_fp8_halves.json"
     ;;
   spread)  # the encoders' ratio with the 30B's tokens spread evenly over the experts, as a trained router's are
     # (the random 30B sends nearly every token to the same 8 experts), fp8 then bf16
@@ -460,13 +447,6 @@ case $stage in
   routingreport)  # routing flips fp8 vs bf16 and the expert load at the 30B's shape, random weights, real prompts
     run routing_report ${LIMIT:-560} python3 -u scripts/moe_routing_report.py --model qwen3-30b-a3b --prompts 32 \
       --reference bfloat16 --dtypes fp8 --env Craftax-Symbolic-v1 --out "$out/routing_report.json"
-    ;;
-  halvesprofile)  # both down forms in the fp8 encoder, profiled in one process; then the ratio with each
-    run profile_halves 240 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \
-      --dtypes fp8 fp8-moe-blocks-halves --methods packed --no-hf --no-gemm-ceiling --profile /tmp/encoder-profile \
-      --profile-top 40 --out "$out/profile_halves.json"
-    run ratio_fp8_halves $((570 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-blocks-halves --out "$out/ratio_fp8_halves.json"
     ;;
   blocksprofile)
     run profile_blocks 240 python3 -u scripts/bench_encoder.py --ragged --model qwen3-30b-a3b \

@@ -602,20 +602,18 @@ def _check_block_scaled(case, changed_values, scale_rtol, out_atol):
     np.testing.assert_allclose(out, want_out, rtol=2 ** -7, atol=np.abs(want_out).max() * out_atol)
 
 
-BLOCK_CASES = [("rescale", 128, False), ("promote", 128, False), ("rescale", 64, False), ("rescale", 128, True),
-               ("halves", 128, False), ("halves", 64, False)]
+BLOCK_CASES = [(128, False), (64, False), (128, True)]
 
 
-@pytest.mark.parametrize("form, block, split_rows", BLOCK_CASES)
-def test_block_scaled_hidden_kernels_interpreted(monkeypatch, form, block, split_rows):
+@pytest.mark.parametrize("block, split_rows", BLOCK_CASES)
+def test_block_scaled_hidden_kernels_interpreted(monkeypatch, block, split_rows):
     """`moe.FP8_HIDDEN` "blocks" at the configs the model uses (Mosaic GPU's interpreter; down's column tiles 64
     wide, which is what it runs): gate+up's epilogue writes e4m3 values and one scale per row and 128-wide block
     (the two compute warpgroups' abs-max exchanged), equal to `fp8.quantize_blocks` of the scaled SwiGLU; down
-    applies each 128-deep k-step's block scales (each `grouped_gemm.BLOCK_SCALES` form): the block-scaled sum of
-    the exact products. Groups of several tiles, an empty one, part-filled ones, down pipelined over 3 k-steps
+    applies each 128-deep k-step's block scales (its running sum rescaled at each): the block-scaled sum of the
+    exact products. Groups of several tiles, an empty one, part-filled ones, down pipelined over 3 k-steps
     (6 with `moe.FP8_HIDDEN_BLOCK` 64: a warpgroup's columns, no exchange). gate+up's warpgroups split the
     columns (the model's `TILED_FP8_SWIGLU_BLOCKS_CONFIG`) or, with `split_rows`, the rows."""
-    monkeypatch.setattr(grouped_gemm, "BLOCK_SCALES", form)
     monkeypatch.setattr(moe, "FP8_HIDDEN_BLOCK", block)
     down_config = moe.down_blocks_config(384)._replace(tile_n=64)
     _check_block_scaled(_block_scaled_kernels(256, 384, 128, np.array([200, 0, 60]), 11, interpreter(),
@@ -641,12 +639,11 @@ def test_block_scaled_hidden_refuses_what_it_cannot_take():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-@pytest.mark.parametrize("form, block, split_rows", BLOCK_CASES)
-def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, form, block, split_rows):
+@pytest.mark.parametrize("block, split_rows", BLOCK_CASES)
+def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, block, split_rows):
     """Compiled at Qwen3-30B-A3B's expert shapes (K 2048, F 768, N 2048): as the interpreted test, on a routing
     with an empty expert and one of a single row (a few e4m3 values may round the other way: the kernel's SiLU
-    is ex2.approx and its division approximate), with each `grouped_gemm.BLOCK_SCALES` form and 64-wide blocks."""
-    monkeypatch.setattr(grouped_gemm, "BLOCK_SCALES", form)
+    is ex2.approx and its division approximate), with 128- and 64-wide blocks."""
     monkeypatch.setattr(moe, "FP8_HIDDEN_BLOCK", block)
     rng = np.random.default_rng(12)
     sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
