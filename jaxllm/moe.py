@@ -106,8 +106,10 @@ TILED_FP8_CONFIGS = (
 TILED_FP8_SWIGLU_CONFIG = TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=3, epi_m=128, band=16)
 
 # fp8 down with its scales in the kernel's epilogue (`FP8_DOWN_SCALES`="epilogue"): the best of a sweep on an H200
-# (scripts/bench_moe.py --fp8 --tune-tiled, 2026-11-29): 1.09 ms at 262,144 rows, the unscaled kernel 1.02-1.08
-TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=4, epi_m=128, band=16)
+# (scripts/bench_moe.py --fp8 --tune-tiled, 2026-11-29): 1.09 ms at 262,144 rows, the unscaled kernel 1.02-1.08.
+# 3 stages: pipelined over F 768's six k-steps it runs 3 anyway (`grouped_gemm.pipelined`), and unpipelined
+# (`PIPELINED_DOWN` off) 4 stages with 128-row epilogue pieces ask for 258 KiB of shared memory (227 fit)
+TILED_FP8_DOWN_SCALED_CONFIG = TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=3, epi_m=128, band=16)
 
 # how the fp8 experts quantise the hidden rows (silu(gate) * up) for down: "blocks" (one scale per row and
 # `FP8_HIDDEN_BLOCK`-wide block of F, as Qwen3's FP8 checkpoints quantise activations: on the tiled kernel gate+up's
