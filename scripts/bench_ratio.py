@@ -10,7 +10,9 @@ falls on both; the ratio is the median of the per-round ratios, reported with th
 (bench_encoder's --dtypes variants of --dtype) adds the first model compiled with each variant's module settings,
 timed in the same rounds, each with its own ratio: an A/B of a kernel change against the same yardstick.
 `--variants-on both` compiles the second model with them too, and each variant's ratio is then that of the two
-models with the same settings (for a change that both models run, such as the attention's).
+models with the same settings (for a change that both models run, such as the attention's). The result's
+`timed_windows` (the wall-clock start and end of each row's timings) let `scripts/gpu_clocks.py` read the card's
+clock and power inside them.
 
     python scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 6 --out ratio.json
     python scripts/bench_ratio.py --dtype fp8 --variants fp8-moe-silu-exp   # + the 30B as it was, same rounds
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             calls[row] = (lambda fn=fn, p=params, c=cache, i=model_ids: fn(p, c, i, lengths))
     names = list(calls)
     ms: dict[str, list[float]] = {name: [] for name in names}
+    windows: dict[str, list[list[float]]] = {name: [] for name in names}  # wall-clock [start, end] of each timing
     yardstick = args.models[1]
     # each first-model row against the yardstick row with its settings where there is one (--variants-on both)
     against = {name: f"{yardstick}{name[len(args.models[0]):]}" for name in names
@@ -125,7 +128,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ratios: dict[str, list[float]] = {name: [] for name in against}
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
+            start = time.time()
             ms[name].append(time_calls(calls[name], jax.block_until_ready, args.iters) * 1e3)
+            windows[name].append([start, time.time()])
         for name in ratios:  # prompts/s of each first-model row over its yardstick row's
             ratios[name].append(ms[against[name]][-1] / ms[name][-1])
         log(f"round {r + 1}: " + ", ".join(f"{n} {ms[n][-1]:.1f} ms" for n in names) + "; ratios "
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "dtype": args.dtype, "batch": args.batch, "capacity": capacity, "rounds": args.rounds, "iters": args.iters,
         "device": str(jax.devices()[0].device_kind), "date": time.strftime("%Y-%m-%d"), "yardstick": yardstick,
-        "ms": ms, "median_ms": {n: statistics.median(v) for n, v in ms.items()},
+        "ms": ms, "timed_windows": windows, "median_ms": {n: statistics.median(v) for n, v in ms.items()},
         "prompts_per_s": {n: args.batch / statistics.median(v) * 1e3 for n, v in ms.items()},
         "ratios": {n: {"median": statistics.median(v), "min": min(v), "max": max(v), "against": against[n]}
                    for n, v in ratios.items()},

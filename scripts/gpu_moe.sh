@@ -114,12 +114,15 @@
 #                                         # fp8 with (the default) and without it, ~7 min
 #   bash scripts/gpu_moe.sh routingkernels OUT  # the fp8 expert kernels alone on the random 30B's routing and on a
 #                                         # spread one, then under Nsight Compute each way, ~7 min
+#   bash scripts/gpu_moe.sh clocks OUT    # the SM clock, power and throttle reasons in each timed window of the fp8
+#                                         # ratio (the 30B on both routings, the 4B: scripts/gpu_clocks.py), then
+#                                         # the same in bf16, ~8 min
 #   OLD_TREE=DIR bash scripts/gpu_moe.sh coldstart OUT  # the 30B bf16 trainer cold (2 updates) here, then in an
 #                                         # older tree DIR on the same machine: what a change cost the first status
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -435,6 +438,14 @@ case $stage in
           > "$out/ncu_${1}_$routing.key.txt"; gzip -f "$out/ncu_${1}_$routing.txt"
       done
     done
+    ;;
+  clocks)  # where the power cap leaves each encoder's clock: every timed window of the ratio, fp8 then bf16
+    run clocks_fp8 280 python3 -u scripts/gpu_clocks.py --out "$out/clocks_fp8" -- python3 -u scripts/bench_ratio.py \
+      --models qwen3-30b-a3b qwen3-4b --dtype fp8 --rounds 3 --iters 24 --variants fp8-moe-spread-routing \
+      --out "$out/clocks_fp8/ratio.json"
+    run clocks_bf16 $((570 - SECONDS)) python3 -u scripts/gpu_clocks.py --out "$out/clocks_bf16" -- python3 -u \
+      scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype bfloat16 --rounds 3 --iters 16 \
+      --variants bfloat16-moe-spread-routing --out "$out/clocks_bf16/ratio.json"
     ;;
   scattered)  # the encoders' ratio with the routing spread evenly and spread at random (padded tiles), fp8 then bf16
     run ratio_fp8_scattered 250 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \

@@ -105,6 +105,11 @@ def test_bench_ratio_smoke(tmp_path):
         assert res["ratios"][row]["min"] == pytest.approx(ratios[0])
     assert res["ratio"] == res["ratios"][rows[0]]["median"] and "qwen3-4b" not in res["ratios"]
     assert json.loads((tmp_path / "r.json").read_text())["ratio"] == pytest.approx(res["ratio"])
+    # each row's timings as wall-clock windows (scripts/gpu_clocks.py reads the card's clocks in them), one a
+    # round, none overlapping another
+    spans = sorted(span for row in rows for span in res["timed_windows"][row])
+    assert [len(res["timed_windows"][row]) for row in rows] == [3, 3, 3]
+    assert all(start < end <= later for (start, end), (later, _) in zip(spans, spans[1:] + [(math.inf, 0)]))
     # --variants-on both: the second model with the variant too, and the variant's ratio between the two of them
     both = bench_ratio.main(["--smoke", "--rounds", "2", "--iters", "1", "--variants", "fp8-xla-merge",
                              "--variants-on", "both"])
@@ -116,6 +121,60 @@ def test_bench_ratio_smoke(tmp_path):
         bench_ratio.parse_args(["--dtype", "bfloat16", "--variants", variant])
     with pytest.raises(SystemExit):
         bench_ratio.parse_args(["--models", "qwen3-4b", "qwen3-4b"])
+
+
+def test_gpu_clocks_reads_samples_and_summarises_each_rows_windows():
+    """nvidia-smi's CSV lines become samples (a cut-off last line skipped); each row's summary takes only the samples
+    inside its windows: clock mean and low, power mean and high, the throttle reasons any of them had, by name."""
+    import gpu_clocks
+
+    lines = ["2026/11/30 06:20:48.000, 1980, 300.5, 40, 0x0000000000000000",
+             "2026/11/30 06:20:48.100, 1700, 690.0, 55, 0x0000000000000004",
+             "2026/11/30 06:20:48.200, 1500, 705.0, 58, 0x0000000000000024",
+             "2026/11/30 06:20:48.300, 1980, 120.0, 41, 0x0000000000000001",
+             "2026/11/30 06:20:48.4"]
+    samples = gpu_clocks.parse_samples(lines)
+    assert [s.sm_mhz for s in samples] == [1980, 1700, 1500, 1980] and samples[2].reasons == 0x24
+    t = samples[1].time
+    summary = gpu_clocks.summarise(samples, {"busy": [[t - 0.01, t + 0.11]], "idle": [[t + 0.15, t + 0.25]],
+                                             "never": [[t + 10, t + 11]]})
+    busy = summary["busy"]
+    assert busy["samples"] == 2 and busy["sm_mhz_mean"] == 1600 and busy["sm_mhz_min"] == 1500
+    assert busy["power_w_mean"] == pytest.approx(697.5) and busy["power_w_max"] == 705 and busy["temperature_c_max"] == 58
+    assert busy["throttle_reasons"] == ["sw_power_cap", "sw_thermal_slowdown"]
+    assert summary["idle"]["throttle_reasons"] == ["gpu_idle"] and summary["never"] == {"samples": 0}
+    assert gpu_clocks.throttle_names(0x1004) == ["sw_power_cap", "0x1000"]
+
+
+def test_gpu_clocks_runs_a_benchmark_under_the_sampler(tmp_path, monkeypatch):
+    """End to end with a stand-in nvidia-smi on PATH (it writes two samples a loop until stopped): the command runs,
+    the sampler is stopped, and its samples inside the windows of the command's --out result are summarised;
+    a command without --out, or whose result has no windows, is refused in one line."""
+    import gpu_clocks
+
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/usr/bin/env python3\n"
+                    "import datetime, sys, time\n"
+                    "out = open(sys.argv[sys.argv.index('-f') + 1], 'a')\n"
+                    "while True:\n"
+                    "    now = datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]\n"
+                    "    out.write(f'{now}, 1650, 640.0, 57, 0x0000000000000004\\n'); out.flush(); time.sleep(0.02)\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    result = tmp_path / "r.json"
+    bench = ("import json, sys, time; s = time.time(); time.sleep(0.5); "
+             "json.dump({'timed_windows': {'row': [[s, time.time()]]}}, open(sys.argv[2], 'w'))")
+    summary = gpu_clocks.main(["--out", str(tmp_path / "clocks"), "--", sys.executable, "-c", bench, "--out",
+                               str(result)])
+    assert summary["row"]["samples"] >= 3 and summary["row"]["sm_mhz_mean"] == 1650
+    assert summary["row"]["throttle_reasons"] == ["sw_power_cap"]
+    assert json.loads((tmp_path / "clocks" / "clocks_summary.json").read_text()) == summary
+    with pytest.raises(SystemExit, match="must write its result with --out"):
+        gpu_clocks.main(["--out", str(tmp_path / "c2"), "--", sys.executable, "-c", "pass"])
+    with pytest.raises(SystemExit, match="has no timed_windows"):
+        gpu_clocks.main(["--out", str(tmp_path / "c3"), "--", sys.executable, "-c",
+                         "import json, sys; json.dump({}, open(sys.argv[2], 'w'))", "--out", str(result)])
 
 
 def test_bench_template_smoke(tmp_path):
