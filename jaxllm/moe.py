@@ -130,11 +130,13 @@ FP8_HIDDEN_BLOCK = 128
 TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG = TILED_FP8_SWIGLU_CONFIG._replace(epi_m=64, split_rows=True)
 TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_CONFIG
 
+
 def down_blocks_config(ffn: int) -> TileConfig:
     """Down's tiled config on block-scaled hidden rows (`FP8_HIDDEN` "blocks") at contraction ffn:
     `TILED_FP8_DOWN_SCALED_CONFIG` (one float32 sum per compute warpgroup) in k-steps of one block, pipelined as
     `_down_config`."""
     return _down_config(TILED_FP8_DOWN_SCALED_CONFIG._replace(tile_k=FP8_HIDDEN_BLOCK), ffn)
+
 
 # where the fp8 experts apply down's scales on the tiled kernel: "epilogue" (the GEMM multiplies its float32
 # accumulators by the row and column scales and writes scaled bf16 rows: the combine then reads only the rows, as
