@@ -139,21 +139,6 @@ def test_pipelined_fp8_expert_kernel_lowers_for_a_hopper_gpu(form):
     assert "mosaic_gpu" in text
 
 
-def test_block_scaled_down_kernel_lowers_for_a_hopper_gpu():
-    """Down on block-scaled hidden rows at the model's config (pipelined over its six 128-deep k-steps): its
-    products accumulate onto the rescaled sum through accumulator state, which Mosaic GPU's interpreter cannot run,
-    so this is the CPU's only check of its GPU form."""
-    from jaxllm import grouped_gemm
-
-    config, rows = moe.down_blocks_config(768), 128 * 24
-    text = lowered_for_cuda(
-        lambda a, b, g, r, c: grouped_gemm.tiled_grouped_matmul(a, b, g, config, row_block_scales=r, col_scale=c),
-        jax.ShapeDtypeStruct((rows, 768), jnp.float8_e4m3fn), jax.ShapeDtypeStruct((16, 2048, 768), jnp.float8_e4m3fn),
-        jax.ShapeDtypeStruct((24,), jnp.int32), jax.ShapeDtypeStruct((6, rows), jnp.float32),
-        jax.ShapeDtypeStruct((16, 2048), jnp.float32))
-    assert "mosaic_gpu" in text
-
-
 @pytest.mark.parametrize("form, variant", [("gate_up", "silu-exp"), ("gate_up", "epi64"), ("down", "epi64")])
 def test_fp8_expert_kernel_variants_lower_for_a_hopper_gpu(form, variant, monkeypatch):
     """The e4m3 kernels in the forms bench_encoder's variants time: gate+up's SiLU by expf and a division
@@ -214,57 +199,58 @@ def test_expert_kernels_with_l2_prefetch_lower_for_a_hopper_gpu(form, monkeypatc
 
 def _tiled_kernel_forms() -> dict[str, tuple]:
     """Every tiled config the model or a benchmark variant runs at Qwen3-30B-A3B's expert shapes (D 2048, F 768),
-    as name -> (config, contraction, outputs, dtype, form): form "swiglu" (bf16 gate+up), "plain" (no scales),
-    "row_scaled" (W8A8 row and column scales; with SwiGLU for gate+up), "blocks_out" (gate+up's e4m3 blocks out,
-    of 2 * tile_n or, named "_64", tile_n columns) or "block_scaled" (down on block-scaled rows)."""
+    as name -> (config, contraction, outputs, dtype, scales, swiglu): scales "none", "rows" (W8A8 row and column
+    scales), "blocks_out" (row and column scales in, gate+up's e4m3 blocks out, of 2 * tile_n columns or, named
+    "_64", tile_n) or "blocks_in" (down on block-scaled rows); swiglu: the gate+up kernels' SwiGLU epilogue."""
     from jaxllm.grouped_gemm import pipelined
 
     bf16_gate_up, bf16_down = moe.TILED_CONFIGS[0]
     fp8_gate_up, fp8_down = moe.TILED_FP8_CONFIGS[0]
     bf16, e4m3 = jnp.bfloat16, jnp.float8_e4m3fn
-    forms = {"bf16 gate+up": (bf16_gate_up, 2048, 1536, bf16, "swiglu"),
-             "bf16 down": (bf16_down, 768, 2048, bf16, "plain"),
-             "fp8 gate+up unscaled": (fp8_gate_up, 2048, 1536, e4m3, "plain"),
-             "fp8 down unscaled": (fp8_down, 768, 2048, e4m3, "plain"),
-             "fp8 gate+up scaled": (moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, e4m3, "row_scaled"),
-             "fp8 down scaled": (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048, e4m3, "row_scaled"),
-             "fp8 gate+up blocks": (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG, 2048, 1536, e4m3, "blocks_out"),
-             "fp8 gate+up blocks_64": (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG, 2048, 1536, e4m3, "blocks_out"),
-             "fp8 gate+up blocks split rows": (moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG, 2048, 1536, e4m3, "blocks_out"),
-             "fp8 down blocks": (moe.down_blocks_config(768), 768, 2048, e4m3, "block_scaled"),
-             "fp8 down blocks_64": (moe.down_blocks_config(768)._replace(tile_k=64), 768, 2048, e4m3, "block_scaled")}
+    forms = {"bf16 gate+up": (bf16_gate_up, 2048, 1536, bf16, "none", True),
+             "bf16 down": (bf16_down, 768, 2048, bf16, "none", False),
+             "fp8 gate+up unscaled": (fp8_gate_up, 2048, 1536, e4m3, "none", False),
+             "fp8 down unscaled": (fp8_down, 768, 2048, e4m3, "none", False),
+             "fp8 gate+up scaled": (moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, e4m3, "rows", True),
+             "fp8 down scaled": (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048, e4m3, "rows", False),
+             "fp8 gate+up blocks": (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG, 2048, 1536, e4m3, "blocks_out", True),
+             "fp8 gate+up blocks_64": (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG, 2048, 1536, e4m3, "blocks_out", True),
+             "fp8 gate+up blocks split rows": (moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG, 2048, 1536, e4m3, "blocks_out",
+                                               True),
+             "fp8 down blocks": (moe.down_blocks_config(768), 768, 2048, e4m3, "blocks_in", False),
+             "fp8 down blocks_64": (moe.down_blocks_config(768)._replace(tile_k=64), 768, 2048, e4m3, "blocks_in",
+                                    False)}
     # each unpipelined one also pipelined (the model pipelines down; bench_moe --pipeline-tiles 1 times both)
-    for name, (config, k, n, dtype, form) in list(forms.items()):
+    for name, (config, k, *rest) in list(forms.items()):
         if not config.pipeline_tiles:
-            forms[name + " pipelined"] = (pipelined(config, k), k, n, dtype, form)
+            forms[name + " pipelined"] = (pipelined(config, k), k, *rest)
     return forms
 
 
 @pytest.mark.parametrize("name", sorted(_tiled_kernel_forms()))
 def test_every_tiled_config_fits_a_hopper_gpu(name):
     """Each tiled config in each form it runs lowers for a Hopper GPU, its shared memory within 227 KiB (until
-    2026-11-30, fp8 down's config unpipelined asked for 258 KiB, which only its GPU test found)."""
+    2026-11-30, fp8 down's config unpipelined asked for 258 KiB, which only its GPU test found). For down on
+    block-scaled rows this is the CPU's only check of its GPU form: its products accumulate onto the rescaled sum
+    through accumulator state, which Mosaic GPU's interpreter cannot run."""
     from jaxllm import grouped_gemm
 
-    config, k, n, dtype, form = _tiled_kernel_forms()[name]
+    config, k, n, dtype, scales, swiglu = _tiled_kernel_forms()[name]
     rows, e = 128 * 24, 16
-    kwargs = {"swiglu": form == "swiglu" or (form in ("row_scaled", "blocks_out") and n == 1536)}
-    if form == "blocks_out":
+    kwargs = {"swiglu": swiglu}
+    if scales == "blocks_out":
         kwargs |= {"quantize_out": True, "quantize_block": config.tile_n if name.endswith("_64") else None}
-    scales = {"plain": (), "swiglu": (),
-              "block_scaled": (jax.ShapeDtypeStruct((k // config.tile_k, rows), jnp.float32),
-                               jax.ShapeDtypeStruct((e, n), jnp.float32))}.get(
-        form, (jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((e, n), jnp.float32)))
+    row_scales = (k // config.tile_k, rows) if scales == "blocks_in" else (rows,)
+    scale_shapes = () if scales == "none" else (jax.ShapeDtypeStruct(row_scales, jnp.float32),
+                                                jax.ShapeDtypeStruct((e, n), jnp.float32))
 
     def fn(a, b, g, *s):
-        if form == "block_scaled":
-            return grouped_gemm.tiled_grouped_matmul(a, b, g, config, row_block_scales=s[0], col_scale=s[1], **kwargs)
         if s:
-            return grouped_gemm.tiled_grouped_matmul(a, b, g, config, row_scale=s[0], col_scale=s[1], **kwargs)
+            kwargs.update(col_scale=s[1], **{"row_block_scales" if scales == "blocks_in" else "row_scale": s[0]})
         return grouped_gemm.tiled_grouped_matmul(a, b, g, config, **kwargs)
 
     text = lowered_for_cuda(fn, jax.ShapeDtypeStruct((rows, k), dtype), jax.ShapeDtypeStruct((e, n, k), dtype),
-                            jax.ShapeDtypeStruct((rows // config.tile_m,), jnp.int32), *scales)
+                            jax.ShapeDtypeStruct((rows // config.tile_m,), jnp.int32), *scale_shapes)
     assert "mosaic_gpu" in text
 
 
