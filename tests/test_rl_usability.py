@@ -347,8 +347,9 @@ def test_llm_share_times_updates_without_and_with_windows_back_to_back():
 
 def test_llm_share_of_a_cpu_run_is_measured_and_shown_after_its_first_update(tmp_path, capsys):
     """The tiny model with skip_n 128 over 64-step rollouts (the even updates open an LLM window, the odd ones do
-    not): the first record has no share ("LLM - of time"), every later one has one, a fraction of the update, and the
-    setup says each step in order. How the share is computed from timed updates is checked on a fake clock
+    not): the first record has no share ("LLM - of time"), every later one has one, and the setup says each step in
+    order. The tiny model's windows cost so little that a busy machine can read a share just below 0 ("LLM -8% of
+    time" failed an earlier form of this check, which looked for "LLM -"); the meter shows it unclipped, by design. How the share is computed from timed updates is checked on a fake clock
     (`test_llm_share_times_updates_without_and_with_windows_back_to_back`); its agreement with the run's own
     updates is a timing, which a 2-core CI machine shared with another test process made flaky (0.43-0.50 read
     against 0.08-0.19), so it is printed here, not asserted."""
@@ -361,7 +362,7 @@ def test_llm_share_of_a_cpu_run_is_measured_and_shown_after_its_first_update(tmp
     err = capsys.readouterr().err
     status = [ln for ln in err.splitlines() if ln.startswith("[update")]
     assert rows[0]["llm_time_share"] is None and "LLM - of time" in status[0]
-    assert all(r["llm_time_share"] is not None for r in rows[1:]) and "LLM -" not in status[-1]
+    assert all(r["llm_time_share"] is not None for r in rows[1:]) and "LLM - of time" not in status[-1]
     setup = ["envs x 64 steps per update", "reading the LLM's config and tokenizer (tiny)", "compiling the update in "
              "the background", "the first states' LLM call in the background", "loading the LLM's weights "
              "(tiny", "LLM: tiny (", "resetting the envs and encoding", "the update is compiled",
