@@ -40,7 +40,9 @@ class TileConfig(NamedTuple):
     before the unused ones (tile group -1), as `tile_plan` lays them out, and the k-steps must be a multiple of
     the buffers (min(stages, k-steps)). split_rows: the compute warpgroups split the tile's rows instead (each
     tile_m / 2 rows x 2 * tile_n columns): a row's 2 * tile_n outputs stay in one warpgroup, so `quantize_out`'s
-    blocks need no exchange; only with `quantize_out`."""
+    blocks need no exchange; only with `quantize_out`. block_factors: how `row_block_scales` reach the running
+    sum (this module's comment "How the GEMM on block-scaled rows"): True, each k-step's factor
+    between consecutive blocks' scales is computed before the kernel; False, the kernel divides them itself."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -51,6 +53,7 @@ class TileConfig(NamedTuple):
     band: int = 4
     pipeline_tiles: bool = False
     split_rows: bool = False
+    block_factors: bool = False
 
 
 class TilePlan(NamedTuple):
@@ -80,8 +83,15 @@ LOG2_E = 1.4426950408889634
 # float32 sum per tile, kept in units of the last k-step's row scales. Before each step's wgmma accumulates onto it,
 # the sum is multiplied by last / this step's scales (a division per row, a multiply per value); the epilogue
 # multiplies it by the last step's scales. (Interpreted, the product is added to the rescaled sum instead: Mosaic
-# GPU's interpreter has no run_state.) The sum of each block's exact products times its scale. Measured and removed
-# on H200s (2026-11-29/30; docs/BENCHMARKS.md, nineteenth and twenty-second sessions), all slower:
+# GPU's interpreter has no run_state.) The sum of each block's exact products times its scale.
+# With `TileConfig.block_factors`, the same arithmetic without a division in the kernel: before it, one elementwise
+# pass turns the scales s [K / tile_k, R] into each step's factor s[b - 1] / s[b] (the same IEEE division the kernel
+# makes); the kernel leaves the first k-step's sum alone (it is zero), multiplies each later one by its factor, and
+# the last block's scales s[-1] join the column scales in the epilogue (as `row_scale`). Per k-step and thread that
+# drops 4 IEEE divisions (several instructions each, on the critical path ahead of the 128 multiplies) and, on the
+# first step, the multiplies: a sixth of them at Qwen3-30B-A3B's 6 k-steps. Not yet timed on a GPU (2026-11-30).
+# Other forms, measured and removed on H200s (2026-11-29/30; docs/BENCHMARKS.md, nineteenth and twenty-second
+# sessions), all slower:
 #   "promote": each step's product in its own zeroed accumulator, scaled and added (DeepSeek-V3's promotion; two
 #     accumulators, so 64-wide column tiles): down 0.997-1.114 ms against 0.888-0.921;
 #   "halves": the tile's rows in two accumulators, one half rescaled while the other's wgmma runs: 0.875-0.955;
@@ -243,6 +253,12 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     scaled = col_scale is not None  # the epilogue multiplies by the column scales (and row_scale, where given)
     row_scaled = row_scale is not None
     block_scaled = row_block_scales is not None
+    factors = block_scaled and config.block_factors
+    if factors:  # each k-step's factor s[b - 1] / s[b] (the first unread), the last block's scales in the epilogue
+        block_scales = row_block_scales.astype(jnp.float32)
+        row_scale, row_scaled = block_scales[-1], True
+        unread = jnp.full_like(block_scales[:1], jnp.nan)  # (a step that read it would make its tile NaN)
+        row_block_scales = jnp.concatenate([unread, block_scales[:-1] / block_scales[1:]])
     if PREFETCH not in PREFETCH_FORMS:
         raise ValueError(f"grouped_gemm.PREFETCH is {PREFETCH!r}; use one of {PREFETCH_FORMS}")
     # (no value changes: the interpreter skips them)
@@ -414,8 +430,11 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     def context(run):
                         if scaled:
                             start_scale_copies()
-                        if block_scaled:  # the running sum, in units of the last step's scales, is a value the
-                            # steps carry (`step`)
+                        if factors:  # the running sum, in units of the last step's scales (`row_scale`, applied
+                            # by the epilogue), is a value the steps carry (`step`)
+                            finish([run(jnp.zeros((tm, tn), jnp.float32))])
+                            return
+                        if block_scaled:  # the same, with the last step's scales carried beside it
                             total, last = run((jnp.zeros((tm, tn), jnp.float32), jnp.ones((tm,), jnp.float32)))
                             finish([total * lax.broadcast_in_dim(last, (tm, tn), [0])])
                             return
@@ -468,23 +487,31 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         return (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
                                 else b_smem.at[:, wg_cols])
 
-                    def step(_, a_smem, *rest):
+                    def step(indices, a_smem, *rest):
                         a_smem = a_smem.at[wg_rows] if config.split_rows else a_smem
 
                         def product(acc):
                             plgpu.wgmma(acc, a_smem, weight_operand(rest[0]))
                             return acc[...]
 
+                        def accumulated(total, b_smem):
+                            """The step's product accumulated onto the (rescaled) running sum."""
+                            if interpret is None:  # the wgmma accumulates onto it
+                                return pl.run_state(lambda acc: plgpu.wgmma(acc, a_smem, weight_operand(b_smem)))(
+                                    plgpu.ACC.init(total))
+                            # the interpreter has no run_state: the product added (same sum, rounded apart)
+                            return total + pl.run_scoped(product, plgpu.ACC((tm, tn), jnp.float32))
+
+                        if factors:  # the sum times this step's factor (the first step's sum is zero: as it is)
+                            b_smem, step_factors, total = rest
+                            factor = lax.broadcast_in_dim(step_factors[0], (tm, tn), [0])
+                            total = lax.cond(indices[0] == 0, lambda t: t, lambda t: t * factor, total)
+                            return accumulated(total, b_smem)
                         if block_scaled:  # the sum rescaled to this step's scales, then the product onto it
                             b_smem, step_scales, (total, last) = rest
                             scale = step_scales[0]
                             total = total * lax.broadcast_in_dim(last / scale, (tm, tn), [0])
-                            if interpret is None:  # the wgmma accumulates onto the rescaled sum
-                                total = pl.run_state(lambda acc: plgpu.wgmma(acc, a_smem, weight_operand(b_smem)))(
-                                    plgpu.ACC.init(total))
-                            else:  # the interpreter has no run_state: the product added (same sum, rounded apart)
-                                total = total + pl.run_scoped(product, plgpu.ACC((tm, tn), jnp.float32))
-                            return total, scale
+                            return accumulated(total, b_smem), scale
                         b_tiles, accs = rest[:-1], rest[-1]
                         for b_smem, acc in zip(b_tiles, accs):
                             plgpu.wgmma(acc, a_smem, weight_operand(b_smem))

@@ -94,6 +94,9 @@ VARIANTS = {
     "fp8-moe-blocks-split-rows": "gate+up quantising its 128-wide blocks with its compute warpgroups splitting the "
                                  "tile's rows (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG) "
                                  "instead of the columns with their rows' abs-max exchanged",
+    "fp8-moe-block-factors": "down on block-scaled rows with each k-step's factor between the blocks' scales computed "
+                             "before the kernel, the first step's rescale skipped (TileConfig.block_factors), instead "
+                             "of a division per k-step in the kernel",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -155,7 +158,10 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-unpipelined": unpipelined,
         "fp8-moe-silu-exp": silu_exp,
         "bfloat16-moe-silu-exp": silu_exp,
-        "fp8-xla-merge": [(packed_attention, "FUSED_MERGE_QUANTIZE", False)],
+        "fp8-moe-block-factors": "down on block-scaled rows with each k-step's factor between the blocks' scales computed "
+                             "before the kernel, the first step's rescale skipped (TileConfig.block_factors), instead "
+                             "of a division per k-step in the kernel",
+    "fp8-xla-merge": [(packed_attention, "FUSED_MERGE_QUANTIZE", False)],
         "fp8-moe-xla-router": xla_router,
         "bfloat16-moe-xla-router": xla_router,
         "fp8-moe-key-sort": key_sort,
@@ -171,6 +177,8 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-scattered-routing": [(moe, "route", scattered_route)],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],
         "fp8-moe-blocks-split-rows": [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG)],
+        "fp8-moe-block-factors": [(moe, "TILED_FP8_DOWN_SCALED_CONFIG",
+                                   moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(block_factors=True))],
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

@@ -418,9 +418,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG,
                                        name="tiled_split_rows", swiglu=True, scaled=True, quantize_out=True)
                         continue
-                    with mock.patch.object(moe, "FP8_HIDDEN_BLOCK", block):
-                        time_tiled(record, x, w, sizes, moe.down_blocks_config(k), name=f"tiled_rescale_{block}",
-                                   block_scaled=True)
+                    with mock.patch.object(moe, "FP8_HIDDEN_BLOCK", block):  # the division in the kernel, and
+                        # the factors computed before it (TileConfig.block_factors; their pass is in the timed call)
+                        for form in (False, True):
+                            time_tiled(record, x, w, sizes, moe.down_blocks_config(k)._replace(block_factors=form),
+                                       name=f"tiled_{'factors' if form else 'rescale'}_{block}", block_scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
                     pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2

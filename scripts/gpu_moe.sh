@@ -114,6 +114,9 @@
 #                                         # fp8 with (the default) and without it, ~7 min
 #   bash scripts/gpu_moe.sh routingkernels OUT  # the fp8 expert kernels alone on the random 30B's routing and on a
 #                                         # spread one, then under Nsight Compute each way, ~7 min
+#   bash scripts/gpu_moe.sh factors OUT   # down on block-scaled rows with its factors computed before the kernel
+#                                         # (TileConfig.block_factors): its GPU tests, the kernel forms against dense
+#                                         # fp8 (uniform and even routing), the fp8 ratio with and without it, ~8 min
 #   bash scripts/gpu_moe.sh clocks OUT    # the SM clock, power and throttle reasons in each timed window of the fp8
 #                                         # ratio (the 30B on both routings, the 4B: scripts/gpu_clocks.py), then
 #                                         # the same in bf16, ~8 min
@@ -122,7 +125,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | factors | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -438,6 +441,16 @@ case $stage in
           > "$out/ncu_${1}_$routing.key.txt"; gzip -f "$out/ncu_${1}_$routing.txt"
       done
     done
+    ;;
+  factors)  # down on block-scaled rows with its factors computed before the kernel (TileConfig.block_factors):
+    # its GPU tests (bit-equal to the division in the kernel), the kernel forms against dense fp8 (back to back, uniform
+    # and even routing), then the fp8 encoders' ratio with the form as it is and with the factors (one process)
+    run factors_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
+      -k "block_factors_change_nothing_on_gpu or block_scaled_hidden_kernels_on_gpu" | tail -30
+    run kernels_factors 170 python3 -u scripts/bench_moe.py --fp8 --shapes down --candidates dense tiled \
+      --routings uniform even --back-to-back 10 --out "$out/kernels_factors.json"
+    run ratio_fp8_factors $((570 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-block-factors --out "$out/ratio_fp8_factors.json"
     ;;
   clocks)  # where the power cap leaves each encoder's clock: every timed window of the ratio, fp8 then bf16
     run clocks_fp8 280 python3 -u scripts/gpu_clocks.py --out "$out/clocks_fp8" -- python3 -u scripts/bench_ratio.py \

@@ -652,6 +652,53 @@ def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, block, split_rows):
                         1e-2)
 
 
+def _down_in_both_block_scale_forms(k, n, sizes, seed, config, interpret=None):
+    """Down on block-scaled e4m3 rows (one random scale per row and k-step, over 4 orders of magnitude) with the
+    running sum rescaled by a division in the kernel and with `TileConfig.block_factors`: both outputs on the real
+    rows."""
+    rng = np.random.default_rng(seed)
+    groups, m = len(sizes), int(sizes.sum())
+    plan = tile_plan(jnp.asarray(sizes, jnp.int32), m, config.tile_m)
+    rows = jnp.asarray(rng.normal(size=(plan.num_rows, k)) * 8, jnp.float8_e4m3fn)
+    weights = jnp.asarray(rng.normal(size=(groups, n, k)), jnp.float8_e4m3fn)
+    block_scales = jnp.asarray(10.0 ** rng.uniform(-5, -1, (k // config.tile_k, plan.num_rows)), jnp.float32)
+    col_scale = jnp.asarray(rng.uniform(0.001, 0.01, (groups, n)), jnp.float32)
+
+    def down(c):
+        fn = lambda *a: tiled_grouped_matmul(*a, c, row_block_scales=block_scales, col_scale=col_scale,  # noqa
+                                             interpret=interpret)
+        fn = fn if interpret is not None else jax.jit(fn)
+        return np.asarray(fn(rows, weights, plan.tile_groups)[plan.padded_row], np.float32)
+
+    return down(config._replace(block_factors=False)), down(config._replace(block_factors=True))
+
+
+def test_block_factors_change_nothing_interpreted():
+    """`TileConfig.block_factors` (each k-step's factor s[b - 1] / s[b] computed before the kernel, the first step's
+    rescale skipped, the last scales applied in the epilogue) gives down's outputs bit for bit as the division in
+    the kernel, pipelined over 3 k-steps at a 64-wide column tile (what the interpreter runs), on groups of
+    several tiles, an empty one and part-filled ones. The first step's factor is NaN, so a kernel that read it
+    would fail here."""
+    config = moe.down_blocks_config(384)._replace(tile_n=64)
+    divided, factors = _down_in_both_block_scale_forms(384, 128, np.array([200, 0, 60]), 21, config, interpreter())
+    assert np.isfinite(divided).all() and np.abs(divided).max() > 0
+    np.testing.assert_array_equal(factors, divided)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
+def test_block_factors_change_nothing_on_gpu():
+    """Compiled at Qwen3-30B-A3B's down shape (F 768: 6 k-steps, N 2048) with the model's config, pipelined and
+    not: the factors form equals the division in the kernel bit for bit (XLA's float32 division and the kernel's
+    are both IEEE), on a routing with an empty expert and one of a single row."""
+    rng = np.random.default_rng(22)
+    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
+    sizes[2], sizes[5] = 0, 1
+    for config in (moe.down_blocks_config(768), moe.down_blocks_config(768)._replace(pipeline_tiles=False)):
+        divided, factors = _down_in_both_block_scale_forms(768, 2048, sizes, 23, config)
+        assert np.isfinite(divided).all()
+        np.testing.assert_array_equal(factors, divided, err_msg=str(config))
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
 def test_l2_prefetch_changes_nothing_on_gpu(monkeypatch):
     """`grouped_gemm.PREFETCH` "leader" (L2 prefetches of an expert's weights a wave of tiles ahead) changes no
