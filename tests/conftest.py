@@ -3,6 +3,7 @@
 Session-scoped fixtures that several test files use live here; fixtures used by one
 file stay in that file.
 """
+import gc
 import os
 import shutil
 import socket
@@ -52,6 +53,28 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _compiled_program_holders(module) -> list:
+    """The test module's own `functools.cache` / `lru_cache` functions (where tests keep shared compiled
+    functions)."""
+    return [v for v in vars(module).values()
+            if callable(getattr(v, "cache_clear", None)) and getattr(v, "__module__", None) == module.__name__]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs(request):
+    """After each test file: JAX's caches and the file's own cached functions cleared, so the programs compiled for
+    it are freed. Each live CPU executable holds ~5+ memory maps (its JIT-linked code), and a worker process that
+    kept every program of its ~350 tests reached 50,000 maps, near Linux's per-process limit (vm.max_map_count,
+    65,530): past it the next executable to load aborts or segfaults in XLA (CI, 2026-11-30: a worker died
+    loading one from the persistent cache, and xdist then hung). Programs a later file needs again come back from
+    the persistent cache."""
+    yield
+    for cached in _compiled_program_holders(request.module):
+        cached.cache_clear()
+    jax.clear_caches()
+    gc.collect()
 
 
 def _free_port() -> int:

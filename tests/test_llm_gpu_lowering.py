@@ -220,8 +220,8 @@ def _tiled_kernel_forms() -> dict[str, tuple]:
              "fp8 down blocks": (moe.down_blocks_config(768), 768, 2048, e4m3, "blocks_in", False),
              "fp8 down blocks_64": (moe.down_blocks_config(768)._replace(tile_k=64), 768, 2048, e4m3, "blocks_in",
                                     False),
-             "fp8 down block factors": (moe.down_blocks_config(768)._replace(block_factors=True), 768, 2048, e4m3,
-                                        "blocks_in", False)}
+             "fp8 down block factors": (moe.down_blocks_config(768)._replace(block_factors=True, pipeline_tiles=False),
+                                        768, 2048, e4m3, "blocks_in", False)}
     # each unpipelined one also pipelined (the model pipelines down; bench_moe --pipeline-tiles 1 times both)
     for name, (config, k, *rest) in list(forms.items()):
         if not config.pipeline_tiles:
