@@ -158,10 +158,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-unpipelined": unpipelined,
         "fp8-moe-silu-exp": silu_exp,
         "bfloat16-moe-silu-exp": silu_exp,
-        "fp8-moe-block-factors": "down on block-scaled rows with each k-step's factor between the blocks' scales computed "
-                             "before the kernel, the first step's rescale skipped (TileConfig.block_factors), instead "
-                             "of a division per k-step in the kernel",
-    "fp8-xla-merge": [(packed_attention, "FUSED_MERGE_QUANTIZE", False)],
+        "fp8-xla-merge": [(packed_attention, "FUSED_MERGE_QUANTIZE", False)],
         "fp8-moe-xla-router": xla_router,
         "bfloat16-moe-xla-router": xla_router,
         "fp8-moe-key-sort": key_sort,
