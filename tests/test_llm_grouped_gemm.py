@@ -22,6 +22,14 @@ def interpreter():
     return InterpretGPUParams()
 
 
+def _routing_with_an_empty_and_a_one_row_expert(seed: int) -> np.ndarray:
+    """Rows per group of the GPU tests' routing at the 30B's scale: 3,001 rows drawn over 16 experts, expert 2
+    empty and expert 5 a single row."""
+    sizes = np.bincount(np.random.default_rng(seed).integers(0, 16, 3001), minlength=16)
+    sizes[2], sizes[5] = 0, 1
+    return sizes
+
+
 @pytest.mark.parametrize("sizes", [[5, 0, 130, 64, 1], [200, 0, 0, 0, 0], [0, 0, 0, 0, 7], [64, 64, 64, 64, 64]])
 def test_tile_plan_puts_each_group_on_whole_tiles(sizes):
     tm = 64
@@ -354,9 +362,7 @@ def test_pipelined_tiles_change_nothing_on_gpu():
     """Compiled at the model's configs (fp8 gate+up scaled with SwiGLU, fp8 down scaled, bf16 both) with
     `grouped_gemm.pipelined`: the output equals the unpipelined kernel's bit for bit, on a routing with an empty
     expert, an expert of one row and unused tiles at the end, and on one of a single used row tile."""
-    rng = np.random.default_rng(8)
-    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
-    sizes[2], sizes[5] = 0, 1
+    sizes = _routing_with_an_empty_and_a_one_row_expert(8)
     cases = ((moe.TILED_FP8_SWIGLU_CONFIG, 2048, 1536, True, jnp.float8_e4m3fn),
              (moe.TILED_FP8_DOWN_SCALED_CONFIG, 768, 2048, False, jnp.float8_e4m3fn),
              (moe.TILED_CONFIGS[0][0], 2048, 1536, True, jnp.bfloat16),
@@ -645,9 +651,7 @@ def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, block, split_rows):
     with an empty expert and one of a single row (a few e4m3 values may round the other way: the kernel's SiLU
     is ex2.approx and its division approximate), with 128- and 64-wide blocks."""
     monkeypatch.setattr(moe, "FP8_HIDDEN_BLOCK", block)
-    rng = np.random.default_rng(12)
-    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
-    sizes[2], sizes[5] = 0, 1
+    sizes = _routing_with_an_empty_and_a_one_row_expert(12)
     _check_block_scaled(_block_scaled_kernels(2048, 768, 2048, sizes, 13, split_rows=split_rows), 0.1, 2e-2,
                         1e-2)
 
@@ -690,9 +694,7 @@ def test_block_factors_change_nothing_on_gpu():
     """Compiled at Qwen3-30B-A3B's down shape (F 768: 6 k-steps, N 2048) with the model's config, pipelined and
     not: the factors form equals the division in the kernel bit for bit (XLA's float32 division and the kernel's
     are both IEEE), on a routing with an empty expert and one of a single row."""
-    rng = np.random.default_rng(22)
-    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
-    sizes[2], sizes[5] = 0, 1
+    sizes = _routing_with_an_empty_and_a_one_row_expert(22)
     for config in (moe.down_blocks_config(768), moe.down_blocks_config(768)._replace(pipeline_tiles=False)):
         divided, factors = _down_in_both_block_scale_forms(768, 2048, sizes, 23, config)
         assert np.isfinite(divided).all()
@@ -705,9 +707,7 @@ def test_l2_prefetch_changes_nothing_on_gpu(monkeypatch):
     value: at Qwen3-30B-A3B's shapes, the fp8 block-scaled pair (gate+up unpipelined, down pipelined) and bf16
     gate+up with SwiGLU and down give the same outputs bit for bit, on a routing with an empty expert, one of a
     single row and unused tiles at the end."""
-    rng = np.random.default_rng(14)
-    sizes = np.bincount(rng.integers(0, 16, 3001), minlength=16)
-    sizes[2], sizes[5] = 0, 1
+    sizes = _routing_with_an_empty_and_a_one_row_expert(14)
     bf16_cases = ((moe.TILED_CONFIGS[0][0], 2048, 1536, True),
                   (moe._down_config(moe.TILED_CONFIGS[0][1], 768), 768, 2048, False))
 

@@ -349,7 +349,8 @@ def test_llm_share_of_a_cpu_run_is_measured_and_shown_after_its_first_update(tmp
     """The tiny model with skip_n 128 over 64-step rollouts (the even updates open an LLM window, the odd ones do
     not): the first record has no share ("LLM - of time"), every later one has one, and the setup says each step in
     order. The tiny model's windows cost so little that a busy machine can read a share just below 0 ("LLM -8% of
-    time" failed an earlier form of this check, which looked for "LLM -"); the meter shows it unclipped, by design. How the share is computed from timed updates is checked on a fake clock
+    time" failed an earlier form of this check, which looked for "LLM -"); the meter shows it unclipped, by design.
+    How the share is computed from timed updates is checked on a fake clock
     (`test_llm_share_times_updates_without_and_with_windows_back_to_back`); its agreement with the run's own
     updates is a timing, which a 2-core CI machine shared with another test process made flaky (0.43-0.50 read
     against 0.08-0.19), so it is printed here, not asserted."""
