@@ -39,10 +39,10 @@ class TileConfig(NamedTuple):
     for them to finish it; the CTAs then walk only the used row tiles, row by row (`band` unused), which must come
     before the unused ones (tile group -1), as `tile_plan` lays them out, and the k-steps must be a multiple of
     the buffers (min(stages, k-steps)). split_rows: the compute warpgroups split the tile's rows instead (each
-    tile_m / 2 rows x 2 * tile_n columns): a row's 2 * tile_n outputs stay in one warpgroup, so `quantize_out`'s
-    blocks need no exchange; only with `quantize_out`. block_factors: how `row_block_scales` reach the running
-    sum (this module's comment "How the GEMM on block-scaled rows"): True, each k-step's factor
-    between consecutive blocks' scales is computed before the kernel; False, the kernel divides them itself."""
+    tile_m / 2 rows x 2 * tile_n columns, as CUTLASS's cooperative Hopper kernels split a tile): a row's 2 * tile_n
+    outputs stay in one warpgroup, so `quantize_out`'s blocks need no exchange, and each k-step's wgmma is one
+    64 x 2 * tile_n instruction per 32 (fp8; 16 for bf16) deep slice instead of two 64 x tile_n ones, reading the
+    row tile's halves once each from shared memory instead of the whole of it twice."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -53,7 +53,6 @@ class TileConfig(NamedTuple):
     band: int = 4
     pipeline_tiles: bool = False
     split_rows: bool = False
-    block_factors: bool = False
 
 
 class TilePlan(NamedTuple):
@@ -84,20 +83,17 @@ LOG2_E = 1.4426950408889634
 # the sum is multiplied by last / this step's scales (a division per row, a multiply per value); the epilogue
 # multiplies it by the last step's scales. (Interpreted, the product is added to the rescaled sum instead: Mosaic
 # GPU's interpreter has no run_state.) The sum of each block's exact products times its scale.
-# With `TileConfig.block_factors`, the same arithmetic without a division in the kernel: before it, one elementwise
-# pass turns the scales s [K / tile_k, R] into each step's factor s[b - 1] / s[b] (the same IEEE division the kernel
-# makes); the kernel leaves the first k-step's sum alone (it is zero), multiplies each later one by its factor, and
-# the last block's scales s[-1] join the column scales in the epilogue (as `row_scale`). Per k-step and thread that
-# drops 4 IEEE divisions (several instructions each, on the critical path ahead of the 128 multiplies) and, on the
-# first step, the multiplies: a sixth of them at Qwen3-30B-A3B's 6 k-steps. Not yet timed on a GPU (2026-11-30).
-# Other forms, measured and removed on H200s (2026-11-29/30; docs/BENCHMARKS.md, nineteenth and twenty-second
-# sessions), all slower:
+# Other forms, measured and removed on H200s (2026-11-29/30; docs/BENCHMARKS.md, nineteenth, twenty-second and
+# twenty-fourth sessions), none faster:
 #   "promote": each step's product in its own zeroed accumulator, scaled and added (DeepSeek-V3's promotion; two
 #     accumulators, so 64-wide column tiles): down 0.997-1.114 ms against 0.888-0.921;
 #   "halves": the tile's rows in two accumulators, one half rescaled while the other's wgmma runs: 0.875-0.955;
 #   (`git show 1c53d63:jaxllm/grouped_gemm.py` has both);
 #   the two compute warpgroups issuing each k-step's products in turn (an order barrier each way): 0.942-0.959
 #     (`git show ca951a0`); a ping-pong over the tile's column halves: 1.110-1.196 (`git show 303aeb8`).
+#   "factors": each step's factor s[b - 1] / s[b] computed by XLA before the kernel, the first step's rescale
+#     skipped, the last scales applied in the epilogue (no division in the kernel): 0.889-0.903 against
+#     0.855-0.903, and not bit-equal to the kernel's division on a GPU (`git show dc9602b`).
 
 
 # Whether the expert GEMMs warm L2 with each expert's weights one wave of tiles ahead: "leader" (the CTA whose next
@@ -175,10 +171,9 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
                         f"{config.stages} (see `pipelined`)")
     if config.tile_m % config.epi_m or config.tile_n % config.epi_n:
         problems.append("the epilogue piece (epi_m, epi_n) must divide (tile_m, tile_n)")
-    if config.split_rows and (not quantize_out or row_block_scales is not None or config.tile_m % 128
-                              or (config.tile_m // 2) % config.epi_m):
-        problems.append("split_rows takes quantize_out (not row_block_scales), tile_m a multiple of 128 and epi_m "
-                        "dividing tile_m / 2")
+    if config.split_rows and (config.tile_m % 128 or (config.tile_m // 2) % config.epi_m):
+        problems.append(f"split_rows takes tile_m a multiple of 128 (each warpgroup's wgmma rows a multiple of 64) "
+                        f"and epi_m dividing tile_m / 2, got tile_m {config.tile_m}, epi_m {config.epi_m}")
     if rows.dtype != weights.dtype:
         problems.append(f"rows are {rows.dtype} but weights {weights.dtype}")
     if row_scale is not None and row_block_scales is not None:
@@ -209,6 +204,12 @@ def pipelined(config: TileConfig, k: int) -> TileConfig:
     steps = k // config.tile_k
     stages = max(s for s in range(1, min(config.stages, steps) + 1) if steps % s == 0)
     return config._replace(pipeline_tiles=True, stages=stages)
+
+
+def split_rows(config: TileConfig) -> TileConfig:
+    """config with its compute warpgroups splitting each tile's rows (`TileConfig.split_rows`), its epilogue pieces
+    cut to a warpgroup's tile_m / 2 rows where they were taller."""
+    return config._replace(split_rows=True, epi_m=min(config.epi_m, config.tile_m // 2))
 
 
 def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array,
@@ -253,12 +254,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
     scaled = col_scale is not None  # the epilogue multiplies by the column scales (and row_scale, where given)
     row_scaled = row_scale is not None
     block_scaled = row_block_scales is not None
-    factors = block_scaled and config.block_factors
-    if factors:  # each k-step's factor s[b - 1] / s[b] (the first unread), the last block's scales in the epilogue
-        block_scales = row_block_scales.astype(jnp.float32)
-        row_scale, row_scaled = block_scales[-1], True
-        unread = jnp.full_like(block_scales[:1], jnp.nan)  # (a step that read it would make its tile NaN)
-        row_block_scales = jnp.concatenate([unread, block_scales[:-1] / block_scales[1:]])
     if PREFETCH not in PREFETCH_FORMS:
         raise ValueError(f"grouped_gemm.PREFETCH is {PREFETCH!r}; use one of {PREFETCH_FORMS}")
     # (no value changes: the interpreter skips them)
@@ -430,13 +425,9 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                     def context(run):
                         if scaled:
                             start_scale_copies()
-                        if factors:  # the running sum, in units of the last step's scales (`row_scale`, applied
-                            # by the epilogue), is a value the steps carry (`step`)
-                            finish([run(jnp.zeros((tm, tn), jnp.float32))])
-                            return
-                        if block_scaled:  # the same, with the last step's scales carried beside it
-                            total, last = run((jnp.zeros((tm, tn), jnp.float32), jnp.ones((tm,), jnp.float32)))
-                            finish([total * lax.broadcast_in_dim(last, (tm, tn), [0])])
+                        if block_scaled:  # the running sum and the last step's scales: values the steps carry
+                            total, last = run((jnp.zeros((wm, wn), jnp.float32), jnp.ones((wm,), jnp.float32)))
+                            finish([total * lax.broadcast_in_dim(last, (wm, wn), [0])])
                             return
 
                         @functools.partial(pl.run_scoped,
@@ -500,17 +491,12 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                 return pl.run_state(lambda acc: plgpu.wgmma(acc, a_smem, weight_operand(b_smem)))(
                                     plgpu.ACC.init(total))
                             # the interpreter has no run_state: the product added (same sum, rounded apart)
-                            return total + pl.run_scoped(product, plgpu.ACC((tm, tn), jnp.float32))
+                            return total + pl.run_scoped(product, plgpu.ACC((wm, wn), jnp.float32))
 
-                        if factors:  # the sum times this step's factor (the first step's sum is zero: as it is)
-                            b_smem, step_factors, total = rest
-                            factor = lax.broadcast_in_dim(step_factors[0], (tm, tn), [0])
-                            total = lax.cond(indices[0] == 0, lambda t: t, lambda t: t * factor, total)
-                            return accumulated(total, b_smem)
                         if block_scaled:  # the sum rescaled to this step's scales, then the product onto it
                             b_smem, step_scales, (total, last) = rest
-                            scale = step_scales[0]
-                            total = total * lax.broadcast_in_dim(last / scale, (tm, tn), [0])
+                            scale = step_scales[0, wg_rows]
+                            total = total * lax.broadcast_in_dim(last / scale, (wm, wn), [0])
                             return accumulated(total, b_smem), scale
                         b_tiles, accs = rest[:-1], rest[-1]
                         for b_smem, acc in zip(b_tiles, accs):

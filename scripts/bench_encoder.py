@@ -94,9 +94,10 @@ VARIANTS = {
     "fp8-moe-blocks-split-rows": "gate+up quantising its 128-wide blocks with its compute warpgroups splitting the "
                                  "tile's rows (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG = TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG) "
                                  "instead of the columns with their rows' abs-max exchanged",
-    "fp8-moe-block-factors": "down on block-scaled rows with each k-step's factor between the blocks' scales computed "
-                             "before the kernel, the first step's rescale skipped (TileConfig.block_factors), instead "
-                             "of a division per k-step in the kernel",
+    "fp8-moe-down-split-rows": "down's expert GEMM with its compute warpgroups splitting each tile's rows (64 x 256 "
+                               "each: grouped_gemm.split_rows of moe.TILED_FP8_DOWN_SCALED_CONFIG) instead of its "
+                               "columns (128 x 128 each)",
+    "bfloat16-moe-down-split-rows": "as fp8-moe-down-split-rows, in bf16 (moe.TILED_CONFIGS' down)",
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -174,8 +175,11 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-scattered-routing": [(moe, "route", scattered_route)],
         "fp8-moe-blocks-64": [(moe, "FP8_HIDDEN_BLOCK", 64)],
         "fp8-moe-blocks-split-rows": [(moe, "TILED_FP8_SWIGLU_BLOCKS_CONFIG", moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG)],
-        "fp8-moe-block-factors": [(moe, "TILED_FP8_DOWN_SCALED_CONFIG",
-                                   moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(block_factors=True))],
+        "fp8-moe-down-split-rows": [(moe, "TILED_FP8_DOWN_SCALED_CONFIG",
+                                     grouped_gemm.split_rows(moe.TILED_FP8_DOWN_SCALED_CONFIG))],
+        "bfloat16-moe-down-split-rows": [(moe, "TILED_CONFIGS", ((moe.TILED_CONFIGS[0][0],
+                                                                  grouped_gemm.split_rows(moe.TILED_CONFIGS[0][1])),
+                                                                 *moe.TILED_CONFIGS[1:]))],
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }

@@ -406,6 +406,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     with mock.patch.object(grouped_gemm, "SILU", silu):
                         time_tiled(record, x, w, sizes, config, name=name, swiglu=shape_name == "gate_up",
                                    scaled=True)
+                    if shape_name == "down":  # and with the warpgroups splitting the tile's rows
+                        time_tiled(record, x, w, sizes, grouped_gemm.split_rows(config), name=name + "_split_rows",
+                                   scaled=True)
                 # moe.FP8_HIDDEN "blocks": gate+up quantising its output in the epilogue; down on block-scaled
                 # rows at the model's config (pipelined as it runs)
                 # (blocks of a CTA's 128 columns, and of a warpgroup's 64: moe.FP8_HIDDEN_BLOCK)
@@ -418,11 +421,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG,
                                        name="tiled_split_rows", swiglu=True, scaled=True, quantize_out=True)
                         continue
-                    with mock.patch.object(moe, "FP8_HIDDEN_BLOCK", block):  # the division in the kernel, and
-                        # the factors computed before it (TileConfig.block_factors; their pass is in the timed call)
-                        for form in (False, True):
-                            time_tiled(record, x, w, sizes, moe.down_blocks_config(k)._replace(block_factors=form),
-                                       name=f"tiled_{'factors' if form else 'rescale'}_{block}", block_scaled=True)
+                    with mock.patch.object(moe, "FP8_HIDDEN_BLOCK", block):  # the warpgroups splitting the
+                        # tile's columns (the model's config), then its rows (grouped_gemm.split_rows)
+                        config = moe.down_blocks_config(k)
+                        time_tiled(record, x, w, sizes, config, name=f"tiled_rescale_{block}", block_scaled=True)
+                        time_tiled(record, x, w, sizes, grouped_gemm.split_rows(config),
+                                   name=f"tiled_split_rows_rescale_{block}", block_scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
                     pair = moe.tiled_configs(d, f) or (grouped_gemm.TileConfig(),) * 2
@@ -432,6 +436,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             time_tiled(record, x, w, sizes, config, name=name, swiglu=True)
                 for name, config, _ in kernel_forms(pair[1], False):
                     time_tiled(record, x, w, sizes, config, name=name)
+                    if shape_name == "down":  # and with the warpgroups splitting the tile's rows
+                        time_tiled(record, x, w, sizes, grouped_gemm.split_rows(config), name=name + "_split_rows")
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
                 fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)

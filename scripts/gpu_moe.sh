@@ -114,9 +114,10 @@
 #                                         # fp8 with (the default) and without it, ~7 min
 #   bash scripts/gpu_moe.sh routingkernels OUT  # the fp8 expert kernels alone on the random 30B's routing and on a
 #                                         # spread one, then under Nsight Compute each way, ~7 min
-#   bash scripts/gpu_moe.sh factors OUT   # down on block-scaled rows with its factors computed before the kernel
-#                                         # (TileConfig.block_factors): its GPU tests, the kernel forms against dense
-#                                         # fp8 (uniform and even routing), the fp8 ratio with and without it, ~8 min
+#   bash scripts/gpu_moe.sh splitrows OUT # down with its compute warpgroups splitting each tile's rows
+#                                         # (grouped_gemm.split_rows): its GPU tests, fp8 and bf16 down in both forms
+#                                         # against dense (uniform and even routing), the fp8 and bf16 ratios with
+#                                         # and without it, ~9 min
 #   bash scripts/gpu_moe.sh clocks OUT    # the SM clock, power and throttle reasons in each timed window of the fp8
 #                                         # ratio (the 30B on both routings, the 4B: scripts/gpu_clocks.py), then
 #                                         # the same in bf16, ~8 min
@@ -125,7 +126,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | factors | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -442,15 +443,20 @@ case $stage in
       done
     done
     ;;
-  factors)  # down on block-scaled rows with its factors computed before the kernel (TileConfig.block_factors):
-    # its GPU tests (bit-equal to the division in the kernel), the kernel forms against dense fp8 (back to back, uniform
-    # and even routing), then the fp8 encoders' ratio with the form as it is and with the factors (one process)
-    run factors_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
-      -k "block_factors_change_nothing_on_gpu or block_scaled_hidden_kernels_on_gpu" | tail -30
-    run kernels_factors 170 python3 -u scripts/bench_moe.py --fp8 --shapes down --candidates dense tiled \
-      --routings uniform even --back-to-back 10 --out "$out/kernels_factors.json"
-    run ratio_fp8_factors $((570 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
-      --dtype fp8 --rounds 4 --iters 8 --variants fp8-moe-block-factors --out "$out/ratio_fp8_factors.json"
+  splitrows)  # down with its compute warpgroups splitting each tile's rows (64 x 256 each) instead of its
+    # columns (128 x 128 each): its GPU tests, the kernels against dense (back to back, uniform and even routing,
+    # pipelined as the model runs down), then the encoders' ratio with the form as it is and split (one process each)
+    run split_rows_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py \
+      -k "split_rows_down_on_gpu or block_scaled_hidden_kernels_on_gpu" | tail -30
+    run kernels_split_fp8 120 python3 -u scripts/bench_moe.py --fp8 --shapes down --candidates dense tiled \
+      --routings uniform even --back-to-back 10 --pipeline-tiles 1 --out "$out/kernels_split_fp8.json"
+    run kernels_split_bf16 90 python3 -u scripts/bench_moe.py --shapes down --candidates dense tiled \
+      --routings uniform even --back-to-back 10 --pipeline-tiles 1 --out "$out/kernels_split_bf16.json"
+    run ratio_fp8_split $((400 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype fp8 --rounds 3 --iters 8 --variants fp8-moe-down-split-rows --out "$out/ratio_fp8_split.json"
+    run ratio_bf16_split $((575 - SECONDS)) python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b \
+      --dtype bfloat16 --rounds 3 --iters 8 --variants bfloat16-moe-down-split-rows \
+      --out "$out/ratio_bf16_split.json"
     ;;
   clocks)  # where the power cap leaves each encoder's clock: every timed window of the ratio, fp8 then bf16
     run clocks_fp8 280 python3 -u scripts/gpu_clocks.py --out "$out/clocks_fp8" -- python3 -u scripts/bench_ratio.py \

@@ -202,7 +202,7 @@ def _tiled_kernel_forms() -> dict[str, tuple]:
     as name -> (config, contraction, outputs, dtype, scales, swiglu): scales "none", "rows" (W8A8 row and column
     scales), "blocks_out" (row and column scales in, gate+up's e4m3 blocks out, of 2 * tile_n columns or, named
     "_64", tile_n) or "blocks_in" (down on block-scaled rows); swiglu: the gate+up kernels' SwiGLU epilogue."""
-    from jaxllm.grouped_gemm import pipelined
+    from jaxllm.grouped_gemm import pipelined, split_rows
 
     bf16_gate_up, bf16_down = moe.TILED_CONFIGS[0]
     fp8_gate_up, fp8_down = moe.TILED_FP8_CONFIGS[0]
@@ -220,8 +220,11 @@ def _tiled_kernel_forms() -> dict[str, tuple]:
              "fp8 down blocks": (moe.down_blocks_config(768), 768, 2048, e4m3, "blocks_in", False),
              "fp8 down blocks_64": (moe.down_blocks_config(768)._replace(tile_k=64), 768, 2048, e4m3, "blocks_in",
                                     False),
-             "fp8 down block factors": (moe.down_blocks_config(768)._replace(block_factors=True, pipeline_tiles=False),
-                                        768, 2048, e4m3, "blocks_in", False)}
+             "fp8 down blocks split rows": (split_rows(moe.down_blocks_config(768)), 768, 2048, e4m3, "blocks_in",
+                                            False),
+             "fp8 down scaled split rows": (split_rows(moe.TILED_FP8_DOWN_SCALED_CONFIG), 768, 2048, e4m3, "rows",
+                                            False),
+             "bf16 down split rows": (split_rows(bf16_down), 768, 2048, bf16, "none", False)}
     # each unpipelined one also pipelined (the model pipelines down; bench_moe --pipeline-tiles 1 times both)
     for name, (config, k, *rest) in list(forms.items()):
         if not config.pipeline_tiles:

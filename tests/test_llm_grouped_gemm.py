@@ -656,12 +656,11 @@ def test_block_scaled_hidden_kernels_on_gpu(monkeypatch, block, split_rows):
                         1e-2)
 
 
-def _down_in_both_block_scale_forms(k, n, sizes, seed, config, interpret=None):
-    """Down on block-scaled e4m3 rows (one random scale per row and k-step, over 4 orders of magnitude) with the
-    running sum rescaled by a division in the kernel and with `TileConfig.block_factors`: both outputs on the real
-    rows."""
+def _block_scaled_down_of_configs(configs, k, n, sizes, seed, interpret=None):
+    """Down on block-scaled e4m3 rows (one random scale per row and k-step, over 4 orders of magnitude) at each of
+    `configs` (sharing tile_m and tile_k): its outputs on the real rows."""
     rng = np.random.default_rng(seed)
-    groups, m = len(sizes), int(sizes.sum())
+    groups, m, config = len(sizes), int(sizes.sum()), configs[0]
     plan = tile_plan(jnp.asarray(sizes, jnp.int32), m, config.tile_m)
     rows = jnp.asarray(rng.normal(size=(plan.num_rows, k)) * 8, jnp.float8_e4m3fn)
     weights = jnp.asarray(rng.normal(size=(groups, n, k)), jnp.float8_e4m3fn)
@@ -674,31 +673,47 @@ def _down_in_both_block_scale_forms(k, n, sizes, seed, config, interpret=None):
         fn = fn if interpret is not None else jax.jit(fn)
         return np.asarray(fn(rows, weights, plan.tile_groups)[plan.padded_row], np.float32)
 
-    return down(config._replace(block_factors=False)), down(config._replace(block_factors=True))
+    return [down(c) for c in configs]
 
 
-def test_block_factors_change_nothing_interpreted():
-    """`TileConfig.block_factors` (each k-step's factor s[b - 1] / s[b] computed before the kernel, the first step's
-    rescale skipped, the last scales applied in the epilogue) gives down's outputs bit for bit as the division in
-    the kernel, pipelined over 3 k-steps at a 64-wide column tile (what the interpreter runs), on groups of
-    several tiles, an empty one and part-filled ones. The first step's factor is NaN, so a kernel that read it
-    would fail here."""
+def _split_rows_pair(config):
+    """config and the same with its compute warpgroups splitting the tile's rows (`grouped_gemm.split_rows`)."""
+    return config, grouped_gemm.split_rows(config)
+
+
+def test_split_rows_down_changes_nothing_interpreted():
+    """Down with its compute warpgroups splitting the tile's rows (each 64 rows x both column halves) gives the
+    same outputs bit for bit as splitting the columns: bf16, fp8 with row scales and fp8 on block-scaled rows (the
+    running sum rescaled per k-step, with each warpgroup's own rows' scales), pipelined over 3 k-steps at a 64-wide
+    column tile (what the interpreter runs), on groups of several tiles, an empty one and part-filled ones. A
+    warpgroup that read the other's rows, scales or columns would be off by whole values."""
+    sizes = np.array([200, 0, 60])
     config = moe.down_blocks_config(384)._replace(tile_n=64)
-    divided, factors = _down_in_both_block_scale_forms(384, 128, np.array([200, 0, 60]), 21, config, interpreter())
-    assert np.isfinite(divided).all() and np.abs(divided).max() > 0
-    np.testing.assert_array_equal(factors, divided)
+    columns, rows = _block_scaled_down_of_configs(_split_rows_pair(config), 384, 128, sizes, 21, interpreter())
+    assert np.isfinite(columns).all() and np.abs(columns).max() > 0
+    np.testing.assert_array_equal(rows, columns)
+    for dtype, k in ((jnp.float8_e4m3fn, 384), (jnp.bfloat16, 192)):
+        config = grouped_gemm.pipelined(TileConfig(tile_m=128, tile_n=64, tile_k=128 if k == 384 else 64,
+                                                   stages=3, epi_m=64), k)
+        columns, rows = _outputs_of_configs(_split_rows_pair(config), k, 128, False, dtype, sizes, 22,
+                                            interpreter())
+        np.testing.assert_array_equal(rows, columns, err_msg=str(dtype))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-def test_block_factors_change_nothing_on_gpu():
-    """Compiled at Qwen3-30B-A3B's down shape (F 768: 6 k-steps, N 2048) with the model's config, pipelined and
-    not: the factors form equals the division in the kernel bit for bit (XLA's float32 division and the kernel's
-    are both IEEE), on a routing with an empty expert and one of a single row."""
+def test_split_rows_down_on_gpu():
+    """Compiled at Qwen3-30B-A3B's down shape (F 768, N 2048) with the model's configs (fp8 on block-scaled rows,
+    fp8 with row scales, bf16; pipelined): splitting the tile's rows between the warpgroups gives the outputs of
+    splitting its columns, on a routing with an empty expert and one of a single row. The same products in the
+    same k order, so equal up to how the wgmma shape orders its float32 sums (one bf16 rounding)."""
     sizes = _routing_with_an_empty_and_a_one_row_expert(22)
-    for config in (moe.down_blocks_config(768), moe.down_blocks_config(768)._replace(pipeline_tiles=False)):
-        divided, factors = _down_in_both_block_scale_forms(768, 2048, sizes, 23, config)
-        assert np.isfinite(divided).all()
-        np.testing.assert_array_equal(factors, divided, err_msg=str(config))
+    cases = [_block_scaled_down_of_configs(_split_rows_pair(moe.down_blocks_config(768)), 768, 2048, sizes, 23)]
+    for config, dtype in ((moe._down_config(moe.TILED_FP8_DOWN_SCALED_CONFIG, 768), jnp.float8_e4m3fn),
+                          (moe._down_config(moe.TILED_CONFIGS[0][1], 768), jnp.bfloat16)):
+        cases.append(_outputs_of_configs(_split_rows_pair(config), 768, 2048, False, dtype, sizes, 24))
+    for columns, rows in cases:
+        assert np.isfinite(columns).all()
+        np.testing.assert_allclose(rows, columns, rtol=2 ** -7, atol=np.abs(columns).max() * 1e-3)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
