@@ -79,6 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="kernel and movement rows: time this many calls queued back to back, synchronised once, per "
                         "timed iteration (ms per call), so each call's dispatch and synchronisation (~0.25 ms on an "
                         "H200, against 1.3 ms of gate+up kernel under Nsight Compute) overlap the kernels before it")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="kernel rows: time every row again in this many alternating rounds in all (each round "
+                        "times each row once, in order), so a row and the dense GEMM it is compared with are timed "
+                        "minutes apart at most and the GPU's clock drift falls on both; each row gets its ms per "
+                        "round and, by shape, its dense/row ratio per round and their median")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (ragged_dot and dense only)")
     p.add_argument("--fp8", action="store_true", help="e4m3 rows and weights (the W8A8 experts), module doc")
     p.add_argument("--pipeline-tiles", type=int, nargs="+", default=[0], choices=[0, 1],
@@ -121,6 +126,28 @@ def time_per_call(fn, args: argparse.Namespace) -> float:
         return out
 
     return time_calls(calls, jax.block_until_ready, args.iters) / args.back_to_back
+
+
+def time_rounds(replays: list[tuple[dict[str, Any], Any]], args: argparse.Namespace, log) -> None:
+    """--rounds: times each (row, call) again, row by row in order, for rounds 2..N; adds to each row its ms per
+    round ("round_ms", the first being its row's "ms"), their median ("median_ms") and, where its shape has a
+    "dense" row, dense's ms over its ms per round ("of_dense_rounds") and their median ("of_dense")."""
+    import numpy as np
+
+    for row, _ in replays:
+        row["round_ms"] = [row["ms"]]
+    for r in range(2, args.rounds + 1):
+        for row, call in replays:
+            row["round_ms"].append(time_per_call(call, args) * 1e3)
+        log(f"round {r} of {args.rounds} timed")
+    dense = {row["shape"]: row for row, _ in replays if row["candidate"] == "dense"}
+    for row, _ in replays:
+        row["median_ms"] = float(np.median(row["round_ms"]))
+        if row["shape"] in dense:
+            ratios = [d / m for d, m in zip(dense[row["shape"]]["round_ms"], row["round_ms"])]
+            row["of_dense_rounds"] = [round(v, 4) for v in ratios]
+            row["of_dense"] = float(np.median(ratios))
+        log({k: row.get(k) for k in ("shape", "routing", "candidate", "median_ms", "of_dense", "of_dense_rounds")})
 
 
 def dense_fp8(a, b_nk):
@@ -319,6 +346,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "shapes": shapes, "operands": jnp.dtype(operand_dtype).name, "results": []}
     opts = compiler_options()
     key = jax.random.key(0)
+    replays = []  # (row, timed call) of each kernel row, for --rounds
     if args.movement:
         time_movement(args, log, result)
     for shape_name, (k, n) in shapes.items():
@@ -349,6 +377,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     result["results"].append(row)
                     return
                 row |= {"ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
+                replays.append((row, lambda: fn(*operands)))
                 if check:
                     out = view(out) if view is not None else out
                     errs = []
@@ -520,7 +549,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     best = row
             result.setdefault("best_tiling", {})[shape_name] = best
             log(f"best tiling for {shape_name}: {best}")
-        x = w = None  # free them before the next shape
+        x = w = None  # free them before the next shape (--rounds keeps them alive through its replays)
+    if args.rounds > 1:
+        time_rounds(replays, args, log)
+    replays.clear()
     # the whole sparse block at these shapes: route + sort + two grouped GEMMs + combine (uniform routing), reading
     # layer 1 of a stack of --block-layers layers as the model's layer scan does (a kernel that cannot read the
     # stack in place pays a copy of the layer's experts)

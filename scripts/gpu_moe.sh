@@ -118,6 +118,9 @@
 #                                         # (grouped_gemm.split_rows): its GPU tests, fp8 and bf16 down in both forms
 #                                         # against dense (uniform and even routing), the fp8 and bf16 ratios with
 #                                         # and without it, ~9 min
+#   bash scripts/gpu_moe.sh kernelrounds OUT  # every expert GEMM form (fp8, then bf16; both shapes, uniform and
+#                                         # even routing) against dense in 7 alternating rounds (bench_moe --rounds):
+#                                         # the "of dense" table's rows, ~4 min
 #   bash scripts/gpu_moe.sh clocks OUT    # the SM clock, power and throttle reasons in each timed window of the fp8
 #                                         # ratio (the 30B on both routings, the 4B: scripts/gpu_clocks.py), then
 #                                         # the same in bf16, ~8 min
@@ -126,7 +129,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -442,6 +445,12 @@ case $stage in
           > "$out/ncu_${1}_$routing.key.txt"; gzip -f "$out/ncu_${1}_$routing.txt"
       done
     done
+    ;;
+  kernelrounds)  # each row's ratio to dense per round, dense timed seconds before it in the same round
+    run kernel_rounds_fp8 200 python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled --routings uniform even \
+      --back-to-back 10 --pipeline-tiles 1 --rounds 7 --out "$out/kernel_rounds_fp8.json"
+    run kernel_rounds_bf16 200 python3 -u scripts/bench_moe.py --candidates dense tiled --routings uniform even \
+      --back-to-back 10 --pipeline-tiles 0 1 --rounds 7 --out "$out/kernel_rounds_bf16.json"
     ;;
   splitrows)  # down with its compute warpgroups splitting each tile's rows (64 x 256 each) instead of its
     # columns (128 x 128 each): its GPU tests, the kernels against dense (back to back, uniform and even routing,
