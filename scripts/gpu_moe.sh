@@ -121,6 +121,9 @@
 #   bash scripts/gpu_moe.sh kernelrounds OUT  # every expert GEMM form (fp8, then bf16; both shapes, uniform and
 #                                         # even routing) against dense in 7 alternating rounds (bench_moe --rounds):
 #                                         # the "of dense" table's rows, ~4 min
+#   bash scripts/gpu_moe.sh gateupsplit OUT  # the fp8 ratio with gate+up's warpgroups splitting the tile's rows
+#                                         # (variant fp8-moe-blocks-split-rows; 3% faster alone in kernelrounds)
+#                                         # and without, 5 alternating rounds, ~4 min
 #   bash scripts/gpu_moe.sh clocks OUT    # the SM clock, power and throttle reasons in each timed window of the fp8
 #                                         # ratio (the 30B on both routings, the 4B: scripts/gpu_clocks.py), then
 #                                         # the same in bf16, ~8 min
@@ -129,7 +132,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -451,6 +454,10 @@ case $stage in
       --back-to-back 10 --pipeline-tiles 1 --rounds 7 --out "$out/kernel_rounds_fp8.json"
     run kernel_rounds_bf16 200 python3 -u scripts/bench_moe.py --candidates dense tiled --routings uniform even \
       --back-to-back 10 --pipeline-tiles 0 1 --rounds 7 --out "$out/kernel_rounds_bf16.json"
+    ;;
+  gateupsplit)
+    run ratio_fp8_gate_up_split 400 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \
+      --rounds 5 --iters 8 --variants fp8-moe-blocks-split-rows --out "$out/ratio_fp8_gate_up_split.json"
     ;;
   splitrows)  # down with its compute warpgroups splitting each tile's rows (64 x 256 each) instead of its
     # columns (128 x 128 each): its GPU tests, the kernels against dense (back to back, uniform and even routing,
