@@ -475,7 +475,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                                     out_scale_gmem.at[block, row_slice].at[wg_rows])
 
                     def weight_operand(b_smem):
-                        return (plgpu.transpose_ref(b_smem.at[wg_cols, :], (1, 0)) if transposed
+                        return (b_smem.at[wg_cols, :].transpose((1, 0)) if transposed
                                 else b_smem.at[:, wg_cols])
 
                     def step(indices, a_smem, *rest):
