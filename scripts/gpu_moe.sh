@@ -572,9 +572,11 @@ PY
       --iters 10 --back-to-back 10 --pipeline-tiles 0 1 --silu exp2 exp --out "$out/spill_kernels.json"
     ;;
   ncu)
-    # Nsight Compute on the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU, down scaled and
-    # pipelined): each shape's bench launches its unscaled form 4 times first (one call, 2 warm-ups, 1 timed), so
-    # the 5th launch is the model's form; with source counters and instruction statistics (local-memory traffic:
+    # Nsight Compute on the fp8 expert kernels in the model's forms (gate+up scaled with SwiGLU; down with row
+    # scales, pipelined, and down on block-scaled rows, the default, to see where its rescale's 9% goes): each
+    # bench row launches its kernel 4 times (one call, 2 warm-ups, 1 timed), so gate+up's and down's 5th launch is
+    # the scaled form (after the unscaled one) and down's 13th the block-scaled one (after the row-scaled forms
+    # split by columns and by rows); with source counters and instruction statistics (local-memory traffic:
     # the thirteenth session saw local loads and stores in gate+up), then cuBLAS's dense fp8 GEMMs of the same
     # FLOPs. The report is cut to its key lines on the device (a call returns at most 8 files), the full text
     # gzipped. ~3 min
@@ -582,19 +584,20 @@ PY
     sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
       --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy
       --section InstructionStats --section SourceCounters"
-    for form in "gate_up 0" "down 1"; do  # the shape, and whether the model pipelines its tiles (down does)
+    # the report's name, the shape, whether the model pipelines its tiles (down does), the launches skipped
+    for form in "gate_up gate_up 0 4" "down down 1 4" "down_blocks down 1 12"; do
       # shellcheck disable=SC2086
       set -- $form
       # shellcheck disable=SC2086
-      timeout 150 "$ncu_bin" --clock-control none --kernel-name regex:mosaic --launch-skip 4 --launch-count 1 \
-        $sections python3 -u scripts/bench_moe.py --fp8 --shapes "$1" --pipeline-tiles "$2" --candidates tiled \
+      timeout 150 "$ncu_bin" --clock-control none --kernel-name regex:mosaic --launch-skip "$4" --launch-count 1 \
+        $sections python3 -u scripts/bench_moe.py --fp8 --shapes "$2" --pipeline-tiles "$3" --candidates tiled \
         --routings uniform --iters 1 > "$out/ncu_$1.txt" 2>&1
     done
     # shellcheck disable=SC2086
     timeout 120 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$ncu_bin" --clock-control none \
       --kernel-name regex:"nvjet" --launch-count 8 $sections \
       python3 -u scripts/bench_moe.py --fp8 --candidates dense --routings uniform --iters 1 > "$out/ncu_dense.txt" 2>&1
-    for f in ncu_gate_up ncu_down ncu_dense; do
+    for f in ncu_gate_up ncu_down ncu_down_blocks ncu_dense; do
       grep -vE "^\[|^\s*-+" "$out/$f.txt" | grep -iE "_kernel|nvjet|Duration|Frequency|Throughput|Busy|Eligible|Warp Cycles|Registers|Shared Memory|Occupancy|Stall|stall|pipeline|local|spill|Speedup" \
         > "$out/$f.key.txt"; gzip -f "$out/$f.txt"; done
     head -c 6000 "$out/ncu_gate_up.key.txt"
