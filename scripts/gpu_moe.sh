@@ -84,8 +84,9 @@
 #                                         # default pass sizes and the six of before, ~8 min
 #   bash scripts/gpu_moe.sh passcheck4b OUT  # the small-passes test on the GPU, then the 4B fp8 trainer cold (2
 #                                         # updates) with the default pass sizes and the six of before, ~4 min
-#   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (source
-#                                         # counters: local memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~3 min
+#   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (down
+#                                         # with row scales and on block-scaled rows; source counters: local
+#                                         # memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~4 min
 #   bash scripts/gpu_moe.sh blocks OUT    # the fp8 experts' hidden rows in 128-wide blocks (moe.FP8_HIDDEN, the
 #                                         # default): the GPU tests of the kernels and the block, then the 30B's fp8
 #                                         # encoder with it and per row (fp8-moe-hidden-rows) against the 4B's
