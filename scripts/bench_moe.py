@@ -382,7 +382,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     result["results"].append(row)
                     return
                 row |= {"ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
-                replays.append((row, lambda: fn(*operands)))
+                if args.rounds > 1:  # (a replay keeps its operands alive: only when they are replayed)
+                    replays.append((row, lambda: fn(*operands)))
                 if check:
                     out = view(out) if view is not None else out
                     errs = []

@@ -580,7 +580,7 @@ PY
     # split by columns and by rows); with source counters and instruction statistics (local-memory traffic:
     # the thirteenth session saw local loads and stores in gate+up), then cuBLAS's dense fp8 GEMMs of the same
     # FLOPs. The report is cut to its key lines on the device (a call returns at most 8 files), the full text
-    # gzipped. ~3 min
+    # gzipped. ~4 min
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
       --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy
