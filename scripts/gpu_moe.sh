@@ -87,6 +87,10 @@
 #   bash scripts/gpu_moe.sh ncu OUT       # Nsight Compute on the fp8 expert kernels in the model's forms (down
 #                                         # with row scales and on block-scaled rows; source counters: local
 #                                         # memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~4 min
+#   bash scripts/gpu_moe.sh ncusass OUT   # both fp8 down forms' SASS with warp-stall samples per instruction
+#                                         # (Nsight Compute's source page, CSV), ~3 min
+#   bash scripts/gpu_moe.sh stagger OUT   # TileConfig.stagger: its GPU test, then the fp8 and bf16 kernel rows at
+#                                         # stagger 0 / 1 / 3 against dense in alternating rounds, ~9.5 min
 #   bash scripts/gpu_moe.sh blocks OUT    # the fp8 experts' hidden rows in 128-wide blocks (moe.FP8_HIDDEN, the
 #                                         # default): the GPU tests of the kernels and the block, then the 30B's fp8
 #                                         # encoder with it and per row (fp8-moe-hidden-rows) against the 4B's
@@ -133,7 +137,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | stagger | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -602,6 +606,43 @@ PY
       grep -vE "^\[|^\s*-+" "$out/$f.txt" | grep -iE "_kernel|nvjet|Duration|Frequency|Throughput|Busy|Eligible|Warp Cycles|Registers|Shared Memory|Occupancy|Stall|stall|pipeline|local|spill|Speedup" \
         > "$out/$f.key.txt"; gzip -f "$out/$f.txt"; done
     head -c 6000 "$out/ncu_gate_up.key.txt"
+    ;;
+  ncusass)
+    # where down's k-step rescale on block-scaled rows stalls, instruction by instruction: Nsight Compute's source
+    # page (SASS with its warp-stall samples per instruction, CSV) for down with row scales (5th launch) and on
+    # block-scaled rows (13th), plus each kernel's key lines as in `ncu`; ~3 min
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    "$ncu_bin" --version | tail -1
+    for form in "down 4" "down_blocks 12"; do
+      # shellcheck disable=SC2086
+      set -- $form
+      timeout 150 "$ncu_bin" --clock-control none --kernel-name regex:mosaic --launch-skip "$2" --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SourceCounters \
+        --section ComputeWorkloadAnalysis -o "/tmp/ncu_$1" -f python3 -u scripts/bench_moe.py --fp8 --shapes down \
+        --pipeline-tiles 1 --candidates tiled --routings uniform --iters 1 > "$out/ncusass_$1.log" 2>&1
+      timeout 60 "$ncu_bin" -i "/tmp/ncu_$1.ncu-rep" --page details > "$out/ncusass_$1.details.txt" 2>&1
+      timeout 60 "$ncu_bin" -i "/tmp/ncu_$1.ncu-rep" --page source --csv --print-source sass \
+        > "/tmp/ncusass_$1.sass.csv" 2>&1
+      gzip -c "/tmp/ncusass_$1.sass.csv" > "$out/ncusass_$1.sass.csv.gz"
+      head -c 400 "/tmp/ncusass_$1.sass.csv"; echo; wc -l "/tmp/ncusass_$1.sass.csv"
+    done
+    grep -iE "Duration|Throughput|Issued|Eligible|Warp Cycles|Stall" "$out"/ncusass_*.details.txt | head -60
+    ;;
+  stagger)
+    # compute warpgroup 1 starting each tile once warpgroup 0 has finished its first k-steps (TileConfig.stagger):
+    # its GPU test (bit-equal), then each kernel row at stagger 0, 1 and 3 in alternating rounds against dense:
+    # fp8 down (pipelined, as the model runs it), fp8 gate+up (unpipelined, as it runs), bf16 both (pipelined)
+    run stagger_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k "stagger_changes_nothing_on_gpu" \
+      | tail -30
+    run kernels_stagger_fp8_down 170 python3 -u scripts/bench_moe.py --fp8 --shapes down --candidates dense tiled \
+      --routings uniform --back-to-back 10 --pipeline-tiles 1 --stagger 1 3 --rounds 3 \
+      --out "$out/kernels_stagger_fp8_down.json"
+    run kernels_stagger_fp8_gate_up 130 python3 -u scripts/bench_moe.py --fp8 --shapes gate_up --candidates dense \
+      tiled --routings uniform --back-to-back 10 --pipeline-tiles 0 --stagger 1 3 --rounds 3 \
+      --out "$out/kernels_stagger_fp8_gate_up.json"
+    run kernels_stagger_bf16 $((575 - SECONDS)) python3 -u scripts/bench_moe.py --candidates dense tiled \
+      --routings uniform --back-to-back 10 --pipeline-tiles 1 --stagger 1 3 --rounds 3 \
+      --out "$out/kernels_stagger_bf16.json"
     ;;
   passcost)
     # what each compiled pass size costs the 30B fp8 trainer's cold start: the same cold run (1 update) with the
