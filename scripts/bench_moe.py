@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the sparse block reads layer 1 of a stack of this many layers, as the model does")
     p.add_argument("--tune", action="store_true", help="sweep ragged_dot_mgpu's tilings (uniform routing)")
     p.add_argument("--tune-tiled", action="store_true", help="sweep the tiled kernel's block sizes (uniform)")
+    p.add_argument("--tune-blocks", action="store_true",
+                   help="--fp8: sweep down's configs on block-scaled rows (uniform; with --rounds, re-timed)")
     p.add_argument("--tune-seconds", type=float, default=150.0, help="stop the sweep after this long")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--back-to-back", type=int, default=1,
@@ -539,6 +541,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if not moe._fits(config, n // (1 + swiglu), k):
                     continue
                 time_tiled(record, x, w, sizes, config, name="tiled_tune", swiglu=swiglu, scaled=scaled)
+        if args.tune_blocks and args.fp8 and shape_name == "down":
+            # down on block-scaled rows (`moe.FP8_HIDDEN` "blocks"): k-steps of one 128-deep block, 128-row tiles
+            # (the layout's); pipelined over a tile's 6 k-steps (stages dividing them) or not (bands of tiles);
+            # 128- or 64-wide column tiles, 128- or 64-row epilogue pieces, warpgroups splitting columns or rows.
+            # Shared memory: a stage is A (128 x 128) and B (2 tn x 128) bytes, the pieces 2 x 2 x epi_m x 64 x 2
+            sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
+            routing, steps = "uniform", k // 128
+            for tn, stages, epi_m, piped, rows_split, band in itertools.product(
+                    (128, 64), (2, 3, 4, 6), (128, 64), (True, False), (False, True), (16, 8)):
+                config = grouped_gemm.TileConfig(128, tn, 128, stages, epi_m=epi_m, band=band, pipeline_tiles=piped,
+                                                 split_rows=rows_split)
+                smem = stages * 128 * (128 + 2 * tn) + 2 * 2 * epi_m * 64 * 2
+                if (smem > 216 * 1024 or (piped and (steps % stages or band != 16))
+                        or (rows_split and (tn != 128 or epi_m != 64)) or (not piped and stages > 4)):
+                    continue
+                time_tiled(record, x, w, sizes, config, name="tiled_tune_blocks", block_scaled=True)
         if args.tune:
             sizes = group_sizes_for("uniform", rows_n, e, args.top_k)
             from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu

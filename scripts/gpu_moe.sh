@@ -91,6 +91,8 @@
 #                                         # (Nsight Compute's source page, CSV), ~3 min
 #   bash scripts/gpu_moe.sh stagger OUT   # TileConfig.stagger: its GPU test, then the fp8 and bf16 kernel rows at
 #                                         # stagger 0 / 1 / 3 against dense in alternating rounds, ~9.5 min
+#   bash scripts/gpu_moe.sh blocksweep OUT  # cuBLAS's fp8 GEMM with block scales vs per-tensor at down's shape,
+#                                         # then the block-scaled down's config sweep in rounds, ~8 min
 #   bash scripts/gpu_moe.sh blocks OUT    # the fp8 experts' hidden rows in 128-wide blocks (moe.FP8_HIDDEN, the
 #                                         # default): the GPU tests of the kernels and the block, then the 30B's fp8
 #                                         # encoder with it and per row (fp8-moe-hidden-rows) against the 4B's
@@ -137,7 +139,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | stagger | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | stagger | blocksweep | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -643,6 +645,15 @@ PY
     run kernels_stagger_bf16 $((575 - SECONDS)) python3 -u scripts/bench_moe.py --candidates dense tiled \
       --routings uniform --back-to-back 10 --pipeline-tiles 1 --stagger 1 3 --rounds 3 \
       --out "$out/kernels_stagger_bf16.json"
+    ;;
+  blocksweep)
+    # fp8 down on block-scaled rows: what cuBLAS pays for block scales at down's dense shape (torch._scaled_mm,
+    # per-tensor vs per-row vs 1 x 128 blocks), then our kernel's config sweep for that form against dense, every
+    # row re-timed in alternating rounds
+    run cublas_scales 120 python3 -u scripts/bench_cublas_scales.py --rounds 7 --out "$out/cublas_scales.json"
+    run blocks_sweep $((570 - SECONDS)) python3 -u scripts/bench_moe.py --fp8 --shapes down --candidates dense \
+      tiled --routings uniform --back-to-back 10 --pipeline-tiles 1 --tune-blocks --rounds 3 \
+      --out "$out/blocks_sweep.json"
     ;;
   passcost)
     # what each compiled pass size costs the 30B fp8 trainer's cold start: the same cold run (1 update) with the
