@@ -93,6 +93,8 @@
 #                                         # stagger 0 / 1 / 3 against dense in alternating rounds, ~9.5 min
 #   bash scripts/gpu_moe.sh blocksweep OUT  # cuBLAS's fp8 GEMM with block scales vs per-tensor at down's shape,
 #                                         # then the block-scaled down's config sweep in rounds, ~8 min
+#   bash scripts/gpu_moe.sh scaleforms OUT  # down's fp8 GEMM per scale form: XLA's dense, cuBLAS's (torch) and
+#                                         # ours in one process, rounds; then the bf16 half of clocks, ~9 min
 #   bash scripts/gpu_moe.sh blocks OUT    # the fp8 experts' hidden rows in 128-wide blocks (moe.FP8_HIDDEN, the
 #                                         # default): the GPU tests of the kernels and the block, then the 30B's fp8
 #                                         # encoder with it and per row (fp8-moe-hidden-rows) against the 4B's
@@ -139,7 +141,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | stagger | blocksweep | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | stagger | blocksweep | scaleforms | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -650,10 +652,18 @@ PY
     # fp8 down on block-scaled rows: what cuBLAS pays for block scales at down's dense shape (torch._scaled_mm,
     # per-tensor vs per-row vs 1 x 128 blocks), then our kernel's config sweep for that form against dense, every
     # row re-timed in alternating rounds
-    run cublas_scales 120 python3 -u scripts/bench_cublas_scales.py --rounds 7 --out "$out/cublas_scales.json"
+    run scale_forms 200 python3 -u scripts/bench_scale_forms.py --rounds 7 --out "$out/scale_forms.json"
     run blocks_sweep $((570 - SECONDS)) python3 -u scripts/bench_moe.py --fp8 --shapes down --candidates dense \
       tiled --routings uniform --back-to-back 10 --pipeline-tiles 1 --tune-blocks --rounds 3 \
       --out "$out/blocks_sweep.json"
+    ;;
+  scaleforms)
+    # down's fp8 GEMM at each scale granularity: XLA's dense, cuBLAS's (per-tensor, per-row, 1 x 128 blocks) and
+    # ours (rows, blocks) in one process, alternating rounds; then the bf16 half of `clocks`
+    run scale_forms 240 python3 -u scripts/bench_scale_forms.py --rounds 9 --out "$out/scale_forms.json"
+    run clocks_bf16 $((575 - SECONDS)) python3 -u scripts/gpu_clocks.py --out "$out/clocks_bf16" -- python3 -u \
+      scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype bfloat16 --rounds 3 --iters 16 \
+      --variants bfloat16-moe-spread-routing --out "$out/clocks_bf16/ratio.json"
     ;;
   passcost)
     # what each compiled pass size costs the 30B fp8 trainer's cold start: the same cold run (1 update) with the
