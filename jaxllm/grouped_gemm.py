@@ -42,11 +42,7 @@ class TileConfig(NamedTuple):
     tile_m / 2 rows x 2 * tile_n columns, as CUTLASS's cooperative Hopper kernels split a tile): a row's 2 * tile_n
     outputs stay in one warpgroup, so `quantize_out`'s blocks need no exchange, and each k-step's wgmma is one
     64 x 2 * tile_n instruction per 32 (fp8; 16 for bf16) deep slice instead of two 64 x tile_n ones, reading the
-    row tile's halves once each from shared memory instead of the whole of it twice. stagger: in each tile,
-    compute warpgroup 1 issues its first products only once warpgroup 0's first `stagger` k-steps are done (a
-    barrier a tile), so the two stop waiting on their products, rescaling (block scales) and storing at the same
-    moments and each does so while the other's products keep the tensor cores busy; 0 (off) up to the buffers
-    (min(stages, k-steps)): past them warpgroup 0 would wait for buffers only warpgroup 1 frees."""
+    row tile's halves once each from shared memory instead of the whole of it twice."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -57,7 +53,6 @@ class TileConfig(NamedTuple):
     band: int = 4
     pipeline_tiles: bool = False
     split_rows: bool = False
-    stagger: int = 0
 
 
 class TilePlan(NamedTuple):
@@ -99,6 +94,12 @@ LOG2_E = 1.4426950408889634
 #   "factors": each step's factor s[b - 1] / s[b] computed by XLA before the kernel, the first step's rescale
 #     skipped, the last scales applied in the epilogue (no division in the kernel): 0.889-0.903 against
 #     0.855-0.903, and not bit-equal to the kernel's division on a GPU (`git show dc9602b`).
+#   "stagger": compute warpgroup 1 starting each tile only once warpgroup 0 had finished its first 1 or 3 k-steps,
+#     so that their waits and rescales fall at different moments: bit-equal, and no faster for any fp8 or bf16
+#     form (3 rounds, 2026-11-30: down on block scales 0.727 of dense, 0.722 staggered by 1, 0.690 by 3;
+#     `git show e7e72c8`). Nor was the model's config beaten by 34 others for this form (`bench_moe.py
+#     --tune-blocks`), and cuBLAS's own dense GEMM on the same 1 x 128 row blocks runs at the speed of this one
+#     (`scripts/bench_scale_forms.py`; docs/BENCHMARKS.md, twenty-fifth session).
 
 
 # Whether the expert GEMMs warm L2 with each expert's weights one wave of tiles ahead: "leader" (the CTA whose next
@@ -179,9 +180,6 @@ def check_shapes(rows: jax.Array, weights: jax.Array, tile_groups: jax.Array, co
     if config.split_rows and (config.tile_m % 128 or (config.tile_m // 2) % config.epi_m):
         problems.append(f"split_rows takes tile_m a multiple of 128 (each warpgroup's wgmma rows a multiple of 64) "
                         f"and epi_m dividing tile_m / 2, got tile_m {config.tile_m}, epi_m {config.epi_m}")
-    if not 0 <= config.stagger <= min(config.stages, k // config.tile_k):
-        problems.append(f"stagger must be 0 to the buffers min(stages, k-steps) = "
-                        f"{min(config.stages, k // config.tile_k)}, got {config.stagger}")
     if rows.dtype != weights.dtype:
         problems.append(f"rows are {rows.dtype} but weights {weights.dtype}")
     if row_scale is not None and row_block_scales is not None:
@@ -324,8 +322,6 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
         scale_buffers["amax_smem"] = plgpu.SMEM((3, 2, tm), jnp.float32)
         if exchange:
             scale_buffers["wg_exchange_barrier"] = plgpu.Barrier(num_arrivals=2)
-    if config.stagger:  # warpgroup 0 has finished its first `stagger` k-steps of the tile
-        scale_buffers["stagger_barrier"] = plgpu.Barrier()
 
     def body(groups_gmem, used_gmem, a_gmem, b_gmem, *rest):
         if quantize_out:
@@ -346,7 +342,7 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                                                transforms=out_layout),
                            **scale_buffers, collective_axes="wg")
         def scope(buffers, out_smem, row_smem=None, col_smem=None, scale_barriers=None, amax_smem=None,
-                  wg_exchange_barrier=None, stagger_barrier=None):
+                  wg_exchange_barrier=None):
             wg = lax.axis_index("wg")
             wg_rows = pl.ds(wg * wm if config.split_rows else 0, wm)
             wg_cols = pl.ds(0 if config.split_rows else wg * tn, wn)
@@ -488,24 +484,8 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                         return (b_smem.at[wg_cols, :].transpose((1, 0)) if transposed
                                 else b_smem.at[:, wg_cols])
 
-                    def wait_for_stagger(k_step):
-                        """`TileConfig.stagger`: warpgroup 1 holds its tile's first products until warpgroup 0 has
-                        finished its first `stagger` k-steps."""
-                        if config.stagger:
-                            @pl.when((wg == 1) & (k_step == 0))
-                            def _():
-                                plgpu.barrier_wait(stagger_barrier)
-
-                    def signal_stagger(k_step):
-                        """`TileConfig.stagger`: warpgroup 0, its products of k-step `stagger` - 1 done."""
-                        if config.stagger:
-                            @pl.when((wg == 0) & (k_step == config.stagger - 1))
-                            def _():
-                                plgpu.barrier_arrive(stagger_barrier)
-
                     def step(indices, a_smem, *rest):
                         a_smem = a_smem.at[wg_rows] if config.split_rows else a_smem
-                        k_step = indices[0]
 
                         def product(acc):
                             plgpu.wgmma(acc, a_smem, weight_operand(rest[0]))
@@ -523,16 +503,11 @@ def tiled_grouped_matmul(rows: jax.Array, weights: jax.Array, tile_groups: jax.A
                             b_smem, step_scales, (total, last) = rest
                             scale = step_scales[0, wg_rows]
                             total = total * lax.broadcast_in_dim(last / scale, (wm, wn), [0])
-                            wait_for_stagger(k_step)
-                            total = accumulated(total, b_smem)  # (the products done: the sum is read back)
-                            signal_stagger(k_step)
-                            return total, scale
+                            return accumulated(total, b_smem), scale
                         b_tiles, accs = rest[:-1], rest[-1]
-                        wait_for_stagger(k_step)
                         for b_smem, acc in zip(b_tiles, accs):
                             plgpu.wgmma(acc, a_smem, weight_operand(b_smem))
                         plgpu.wgmma_wait(0)
-                        signal_stagger(k_step)
                         return accs
 
                     # pipeline_tiles: a CTA's first tile fills the buffers (START); the later ones (STEADY) load

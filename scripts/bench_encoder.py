@@ -98,11 +98,6 @@ VARIANTS = {
                                "each: grouped_gemm.split_rows of moe.TILED_FP8_DOWN_SCALED_CONFIG) instead of its "
                                "columns (128 x 128 each)",
     "bfloat16-moe-down-split-rows": "as fp8-moe-down-split-rows, in bf16 (moe.TILED_CONFIGS' down)",
-    **{f"fp8-moe-stagger-{n}": f"both fp8 expert GEMMs with compute warpgroup 1 starting each tile once warpgroup "
-                               f"0 has finished {n} k-step(s) of it (grouped_gemm.TileConfig.stagger = {n})"
-       for n in (1, 2, 3)},
-    **{f"fp8-moe-down-stagger-{n}": f"as fp8-moe-stagger-{n}, down's GEMM only" for n in (1, 2, 3)},
-    **{f"bfloat16-moe-stagger-{n}": f"as fp8-moe-stagger-{n}, in bf16 (moe.TILED_CONFIGS)" for n in (1, 2, 3)},
     "fp8-xla-merge": "packed attention's two cuDNN halves merged by XLA, then quantised for o_proj by their own "
                      "kernel, as before 2026-11-29's fifteenth session (packed_attention.FUSED_MERGE_QUANTIZE = False)",
 }
@@ -188,13 +183,6 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "fp8-moe-epi64": [(moe, name, getattr(moe, name)._replace(epi_m=64))
                           for name in ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_DOWN_SCALED_CONFIG")],
     }
-    for n in (1, 2, 3):  # TileConfig.stagger
-        down = [(moe, "TILED_FP8_DOWN_SCALED_CONFIG", moe.TILED_FP8_DOWN_SCALED_CONFIG._replace(stagger=n))]
-        patches[f"fp8-moe-down-stagger-{n}"] = down
-        patches[f"fp8-moe-stagger-{n}"] = down + [(moe, name, getattr(moe, name)._replace(stagger=n)) for name in
-                                                  ("TILED_FP8_SWIGLU_CONFIG", "TILED_FP8_SWIGLU_BLOCKS_CONFIG")]
-        patches[f"bfloat16-moe-stagger-{n}"] = [(moe, "TILED_CONFIGS", (
-            tuple(c._replace(stagger=n) for c in moe.TILED_CONFIGS[0]), *moe.TILED_CONFIGS[1:]))]
     if variant not in patches and variant not in ("bfloat16", "fp8", "float32"):
         raise ValueError(f"--dtypes {variant!r}: not a dtype and not in variant_patches' table")
     return patches.get(variant, [])

@@ -45,7 +45,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 from unittest import mock
 
@@ -102,9 +101,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time the block's memory-bound steps alone: the row gather (bf16 and e4m3 rows, each "
                         "`jaxllm.moe_rows` impl), the fp8 scale + SwiGLU + requantisation and the combine (XLA vs "
                         "Pallas)")
-    p.add_argument("--stagger", type=int, nargs="+", default=[],
-                   help="also time each tiled row at these TileConfig.stagger values (compute warpgroup 1 starts "
-                        "a tile once warpgroup 0 has finished that many k-steps of it)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.smoke:
@@ -201,16 +197,14 @@ def group_sizes_for(kind: str, rows: int, experts: int, top_k: int, seed: int = 
 
 
 def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = False, scaled: bool = False,
-               quantize_out: bool = False, block_scaled: bool = False, quantize_block: int | None = None,
-               staggers: Sequence[int] = ()) -> None:
+               quantize_out: bool = False, block_scaled: bool = False, quantize_block: int | None = None) -> None:
     """Times `jaxllm.grouped_gemm.tiled_grouped_matmul` on x's rows moved into its tile-aligned layout (the move is
     not timed: moe_block builds that layout in its dispatch) and checks it against the per-group reference (not
     with `swiglu`: its output is silu(gate) * up; tests/test_llm_grouped_gemm.py checks that). `scaled`: with
     row and column scales applied in the epilogue (the fp8 experts' gate+up with `moe.FP8_SWIGLU` "epilogue", and
     down with `moe.FP8_DOWN_SCALES` "epilogue"). `moe.FP8_HIDDEN` "blocks"' forms: `quantize_out` (gate+up's
     epilogue writes e4m3 rows and their block scales) and `block_scaled` (down on rows with one scale per row and
-    k-step, the running sum rescaled at each; with the column scales). `staggers`: the row again at each of these
-    `TileConfig.stagger` values the config takes (row name suffix `_stagger{s}`)."""
+    k-step, the running sum rescaled at each; with the column scales)."""
     import jax
     import jax.numpy as jnp
 
@@ -225,20 +219,17 @@ def time_tiled(record, x, w, sizes, config, name: str = "tiled", swiglu: bool = 
         row_shape = (x.shape[1] // config.tile_k, plan.num_rows) if block_scaled else (plan.num_rows,)
         scales = (jax.random.uniform(ks, row_shape, minval=0.001, maxval=0.01),
                   jax.random.uniform(kc, w.shape[:2], minval=0.001, maxval=0.01))
+    kernel = jit(lambda a, b, g, *s: grouped_gemm.tiled_grouped_matmul(
+        a, b, g, config, swiglu=swiglu, row_scale=s[0] if s and not block_scaled else None,
+        row_block_scales=s[0] if block_scaled else None, col_scale=s[1] if s else None, quantize_out=quantize_out,
+        quantize_block=quantize_block),
+        compiler_options=compiler_options())
     back = jax.jit(lambda out: jnp.take(out, plan.padded_row, axis=0))
     suffix = ("_swiglu" * swiglu + "_scaled" * scaled + "_quantized" * quantize_out + "_blocks" * block_scaled
               + f"_{quantize_block}" * (quantize_block is not None))
-    buffers = min(config.stages, x.shape[1] // config.tile_k)
-    for stagger in (0, *(s for s in staggers if 0 < s <= buffers)):
-        form = config._replace(stagger=stagger)
-        kernel = jit(lambda a, b, g, *s, form=form: grouped_gemm.tiled_grouped_matmul(
-            a, b, g, form, swiglu=swiglu, row_scale=s[0] if s and not block_scaled else None,
-            row_block_scales=s[0] if block_scaled else None, col_scale=s[1] if s else None,
-            quantize_out=quantize_out, quantize_block=quantize_block),
-            compiler_options=compiler_options())
-        record(name + suffix + f"_stagger{stagger}" * bool(stagger), kernel, padded, w, plan.tile_groups, *scales,
-               extra={"config": form._asdict(), "padded_rows": plan.num_rows},
-               check=name == "tiled" and not (swiglu or scaled or block_scaled), view=back)
+    record(name + suffix, kernel, padded, w, plan.tile_groups, *scales,
+           extra={"config": config._asdict(), "padded_rows": plan.num_rows},
+           check=name == "tiled" and not (swiglu or scaled or block_scaled), view=back)
     del padded
 
 
@@ -441,23 +432,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 return [(name + f"_silu_{silu}" * (silu != grouped_gemm.SILU), c, silu) for name, c in forms
                         for silu in silus]
 
-            def time_tiled_rows(*a, **kw) -> None:
-                """`time_tiled`, each row also at each --stagger."""
-                time_tiled(*a, staggers=args.stagger, **kw)
-
             if "tiled" in args.candidates and args.fp8:  # each GEMM at its own fp8 config, no SwiGLU epilogue
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):
                     pair = moe.tiled_configs(d, f, fp8=True) or (grouped_gemm.TileConfig(tile_k=128),) * 2
-                time_tiled_rows(record, x, w, sizes, pair[0 if shape_name == "gate_up" else 1])
+                time_tiled(record, x, w, sizes, pair[0 if shape_name == "gate_up" else 1])
                 # and the epilogue forms the model runs: gate+up with its scales and SwiGLU, down with its scales
                 model_config = (moe.TILED_FP8_SWIGLU_CONFIG if shape_name == "gate_up"
                                 else moe.TILED_FP8_DOWN_SCALED_CONFIG)
                 for name, config, silu in kernel_forms(model_config, shape_name == "gate_up"):
                     with mock.patch.object(grouped_gemm, "SILU", silu):
-                        time_tiled_rows(record, x, w, sizes, config, name=name, swiglu=shape_name == "gate_up",
+                        time_tiled(record, x, w, sizes, config, name=name, swiglu=shape_name == "gate_up",
                                    scaled=True)
                     if shape_name == "down":  # and with the warpgroups splitting the tile's rows
-                        time_tiled_rows(record, x, w, sizes, grouped_gemm.split_rows(config), name=name + "_split_rows",
+                        time_tiled(record, x, w, sizes, grouped_gemm.split_rows(config), name=name + "_split_rows",
                                    scaled=True)
                 # moe.FP8_HIDDEN "blocks": gate+up quantising its output in the epilogue; down on block-scaled
                 # rows at the model's config (pipelined as it runs)
@@ -465,17 +452,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for block in (128, 64):
                     if shape_name == "gate_up":  # the warpgroups splitting columns (128: exchanging abs-max, as
                         # the model runs it), then (128) rows
-                        time_tiled_rows(record, x, w, sizes, model_config, swiglu=True, scaled=True, quantize_out=True,
+                        time_tiled(record, x, w, sizes, model_config, swiglu=True, scaled=True, quantize_out=True,
                                    quantize_block=block)
                         if block == 128:
-                            time_tiled_rows(record, x, w, sizes, moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG,
+                            time_tiled(record, x, w, sizes, moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG,
                                        name="tiled_split_rows", swiglu=True, scaled=True, quantize_out=True)
                         continue
                     with mock.patch.object(moe, "FP8_HIDDEN_BLOCK", block):  # the warpgroups splitting the
                         # tile's columns (the model's config), then its rows (grouped_gemm.split_rows)
                         config = moe.down_blocks_config(k)
-                        time_tiled_rows(record, x, w, sizes, config, name=f"tiled_rescale_{block}", block_scaled=True)
-                        time_tiled_rows(record, x, w, sizes, grouped_gemm.split_rows(config),
+                        time_tiled(record, x, w, sizes, config, name=f"tiled_rescale_{block}", block_scaled=True)
+                        time_tiled(record, x, w, sizes, grouped_gemm.split_rows(config),
                                    name=f"tiled_split_rows_rescale_{block}", block_scaled=True)
             elif "tiled" in args.candidates:
                 with mock.patch.object(moe, "PIPELINED_DOWN", False):  # the configs as set; pipelined below
@@ -483,11 +470,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if shape_name == "gate_up":  # gate+up with SwiGLU in the epilogue, as moe_block runs it
                     for name, config, silu in kernel_forms(pair[0], True):
                         with mock.patch.object(grouped_gemm, "SILU", silu):
-                            time_tiled_rows(record, x, w, sizes, config, name=name, swiglu=True)
+                            time_tiled(record, x, w, sizes, config, name=name, swiglu=True)
                 for name, config, _ in kernel_forms(pair[1], False):
-                    time_tiled_rows(record, x, w, sizes, config, name=name)
+                    time_tiled(record, x, w, sizes, config, name=name)
                     if shape_name == "down":  # and with the warpgroups splitting the tile's rows
-                        time_tiled_rows(record, x, w, sizes, grouped_gemm.split_rows(config), name=name + "_split_rows")
+                        time_tiled(record, x, w, sizes, grouped_gemm.split_rows(config), name=name + "_split_rows")
             if "cudnn" in args.candidates:
                 cudnn_opts = dict(opts) | {"xla_gpu_experimental_use_ragged_dot_fusion": True}
                 fn = jit(lambda a, b, s: moe.grouped_matmul(a, b, s, "ragged_dot"), compiler_options=cudnn_opts)

@@ -89,8 +89,6 @@
 #                                         # memory) and cuBLAS's dense fp8 GEMMs: OUT/ncu_*.key.txt, ~4 min
 #   bash scripts/gpu_moe.sh ncusass OUT   # both fp8 down forms' SASS with warp-stall samples per instruction
 #                                         # (Nsight Compute's source page, CSV), ~3 min
-#   bash scripts/gpu_moe.sh stagger OUT   # TileConfig.stagger: its GPU test, then the fp8 and bf16 kernel rows at
-#                                         # stagger 0 / 1 / 3 against dense in alternating rounds, ~9.5 min
 #   bash scripts/gpu_moe.sh blocksweep OUT  # cuBLAS's fp8 GEMM with block scales vs per-tensor at down's shape,
 #                                         # then the block-scaled down's config sweep in rounds, ~8 min
 #   bash scripts/gpu_moe.sh scaleforms OUT  # down's fp8 GEMM per scale form: XLA's dense, cuBLAS's (torch) and
@@ -141,7 +139,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | stagger | blocksweep | scaleforms | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | blocksweep | scaleforms | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -631,22 +629,6 @@ PY
       head -c 400 "/tmp/ncusass_$1.sass.csv"; echo; wc -l "/tmp/ncusass_$1.sass.csv"
     done
     grep -iE "Duration|Throughput|Issued|Eligible|Warp Cycles|Stall" "$out"/ncusass_*.details.txt | head -60
-    ;;
-  stagger)
-    # compute warpgroup 1 starting each tile once warpgroup 0 has finished its first k-steps (TileConfig.stagger):
-    # its GPU test (bit-equal), then each kernel row at stagger 0, 1 and 3 in alternating rounds against dense:
-    # fp8 down (pipelined, as the model runs it), fp8 gate+up (unpipelined, as it runs), bf16 both (pipelined)
-    run stagger_test 150 python3 -m pytest -q tests/test_llm_grouped_gemm.py -k "stagger_changes_nothing_on_gpu" \
-      | tail -30
-    run kernels_stagger_fp8_down 170 python3 -u scripts/bench_moe.py --fp8 --shapes down --candidates dense tiled \
-      --routings uniform --back-to-back 10 --pipeline-tiles 1 --stagger 1 3 --rounds 3 \
-      --out "$out/kernels_stagger_fp8_down.json"
-    run kernels_stagger_fp8_gate_up 130 python3 -u scripts/bench_moe.py --fp8 --shapes gate_up --candidates dense \
-      tiled --routings uniform --back-to-back 10 --pipeline-tiles 0 --stagger 1 3 --rounds 3 \
-      --out "$out/kernels_stagger_fp8_gate_up.json"
-    run kernels_stagger_bf16 $((575 - SECONDS)) python3 -u scripts/bench_moe.py --candidates dense tiled \
-      --routings uniform --back-to-back 10 --pipeline-tiles 1 --stagger 1 3 --rounds 3 \
-      --out "$out/kernels_stagger_bf16.json"
     ;;
   blocksweep)
     # fp8 down on block-scaled rows: what cuBLAS pays for block scales at down's dense shape (torch._scaled_mm,

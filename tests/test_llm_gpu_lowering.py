@@ -224,13 +224,7 @@ def _tiled_kernel_forms() -> dict[str, tuple]:
                                             False),
              "fp8 down scaled split rows": (split_rows(moe.TILED_FP8_DOWN_SCALED_CONFIG), 768, 2048, e4m3, "rows",
                                             False),
-             "bf16 down split rows": (split_rows(bf16_down), 768, 2048, bf16, "none", False),
-             "fp8 gate+up blocks stagger": (moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG._replace(stagger=1), 2048, 1536, e4m3,
-                                            "blocks_out", True),
-             "fp8 down blocks stagger": (moe.down_blocks_config(768)._replace(stagger=3), 768, 2048, e4m3,
-                                         "blocks_in", False),
-             "fp8 down scaled stagger": (moe._down_config(moe.TILED_FP8_DOWN_SCALED_CONFIG, 768)._replace(stagger=1),
-                                         768, 2048, e4m3, "rows", False)}
+             "bf16 down split rows": (split_rows(bf16_down), 768, 2048, bf16, "none", False)}
     # each unpipelined one also pipelined (the model pipelines down; bench_moe --pipeline-tiles 1 times both)
     for name, (config, k, *rest) in list(forms.items()):
         if not config.pipeline_tiles:

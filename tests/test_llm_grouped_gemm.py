@@ -548,20 +548,18 @@ def test_epilogue_pieces_of_128_rows_change_nothing_on_gpu():
         np.testing.assert_array_equal(on, off, err_msg=str(config))
 
 
-def _block_scaled_kernels(k, f, n, sizes, seed, interpret=None, down_config=None, split_rows=False,
-                          gate_up_config=None):
+def _block_scaled_kernels(k, f, n, sizes, seed, interpret=None, down_config=None, split_rows=False):
     """`moe.FP8_HIDDEN` "blocks"' two kernels at the model's configs on one random routing: gate+up [K -> 2F] with
     its scales, SwiGLU and the block quantisation in the epilogue, then down [F -> N] on those block-scaled rows.
     Returns, for the real rows: (gate+up's e4m3 values and scales, `fp8.quantize_blocks` of the float64 SwiGLU of
     the scaled exact products; down's output and its float64 reference on the kernel's own e4m3 rows). down_config:
     default the model's (`moe.down_blocks_config`); split_rows: gate+up with its warpgroups splitting the tile's
     rows (`moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG`) instead of its columns (exchanging their rows' abs-max at
-    128-wide blocks), as the model runs it; gate_up_config: another config in place of either."""
+    128-wide blocks), as the model runs it."""
     from jaxllm.fp8 import dequantize_blocks, quantize_blocks
 
     rng = np.random.default_rng(seed)
-    gate_up_config = gate_up_config or (moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG if split_rows
-                                        else moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG)
+    gate_up_config = moe.TILED_FP8_SWIGLU_SPLIT_ROWS_CONFIG if split_rows else moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG
     down_config = down_config or moe.down_blocks_config(f)
     groups, m = len(sizes), int(sizes.sum())
     s = jnp.asarray(sizes, jnp.int32)
@@ -716,67 +714,6 @@ def test_split_rows_down_on_gpu():
     for columns, rows in cases:
         assert np.isfinite(columns).all()
         np.testing.assert_allclose(rows, columns, rtol=2 ** -7, atol=np.abs(columns).max() * 1e-3)
-
-
-def _staggered(config, *staggers):
-    """config, then the same at each `TileConfig.stagger`."""
-    return (config, *(config._replace(stagger=s) for s in staggers))
-
-
-def test_stagger_changes_nothing_interpreted():
-    """Compute warpgroup 1 starting each tile only once warpgroup 0 has finished its first k-steps
-    (`TileConfig.stagger`) moves when the products run, not what they are: bit for bit the same outputs for the
-    block-scaled pair (gate+up exchanging its rows' abs-max with the other warpgroup, staggered by one k-step;
-    down by all its buffers), fp8 down with row scales pipelined, and bf16 gate+up with SwiGLU unpipelined, on
-    groups of several tiles, an empty one and part-filled ones. A barrier arrival missed or doubled would hang
-    here (the interpreter runs each warpgroup as its own thread)."""
-    sizes = np.array([200, 0, 60])
-    down_config = moe.down_blocks_config(384)._replace(tile_n=64)
-    plain, staggered = (_block_scaled_kernels(256, 384, 128, sizes, 31, interpreter(), down, False, gate_up)
-                        for down, gate_up in zip(_staggered(down_config, 3),
-                                                 _staggered(moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG, 1)))
-    assert np.abs(plain[1][0]).max() > 0
-    for got, want in zip(staggered[0] + staggered[1], plain[0] + plain[1]):
-        np.testing.assert_array_equal(got, want)
-    down = grouped_gemm.pipelined(TileConfig(tile_m=128, tile_n=64, tile_k=128, stages=3, epi_m=64), 384)
-    gate_up = TileConfig(tile_m=128, tile_n=64, tile_k=64, stages=2, epi_m=64)
-    for configs, k, n, swiglu, dtype in ((_staggered(down, 1, 3), 384, 128, False, jnp.float8_e4m3fn),
-                                         (_staggered(gate_up, 2), 192, 256, True, jnp.bfloat16)):
-        plain, *others = _outputs_of_configs(configs, k, n, swiglu, dtype, sizes, 32, interpreter())
-        assert np.isfinite(plain).all() and np.abs(plain).max() > 0
-        for config, other in zip(configs[1:], others):
-            np.testing.assert_array_equal(other, plain, err_msg=str(config))
-
-
-def test_stagger_refuses_more_than_the_buffers():
-    """Warpgroup 0 cannot finish more k-steps than there are buffers before warpgroup 1 frees one."""
-    rows = jnp.zeros((128, 384), jnp.float8_e4m3fn)
-    weights = jnp.zeros((2, 256, 384), jnp.float8_e4m3fn)
-    config = TileConfig(tile_m=128, tile_n=128, tile_k=128, stages=4, stagger=4)
-    with pytest.raises(ValueError, match=r"stagger must be 0 to the buffers min\(stages, k-steps\) = 3, got 4"):
-        tiled_grouped_matmul(rows, weights, jnp.zeros((1,), jnp.int32), config)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
-def test_stagger_changes_nothing_on_gpu():
-    """Compiled at Qwen3-30B-A3B's expert shapes with the model's configs: every stagger gives the outputs of none
-    bit for bit (the same wgmma instructions on the same operands): the block-scaled pair, fp8 down with row
-    scales, bf16 gate+up with SwiGLU and bf16 down, on a routing with an empty expert and one of a single row."""
-    sizes = _routing_with_an_empty_and_a_one_row_expert(32)
-    down = moe.down_blocks_config(768)
-    plain, *others = (_block_scaled_kernels(2048, 768, 2048, sizes, 33, None, d, False, g)
-                      for d, g in zip(_staggered(down, 1, 3), _staggered(moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG, 1, 3)))
-    for other in others:
-        for got, want in zip(other[0] + other[1], plain[0] + plain[1]):
-            np.testing.assert_array_equal(got, want)
-    bf16_gate_up, bf16_down = moe.TILED_CONFIGS[0]
-    for config, k, n, swiglu, dtype in (
-            (moe._down_config(moe.TILED_FP8_DOWN_SCALED_CONFIG, 768), 768, 2048, False, jnp.float8_e4m3fn),
-            (bf16_gate_up, 2048, 1536, True, jnp.bfloat16),
-            (moe._down_config(bf16_down, 768), 768, 2048, False, jnp.bfloat16)):
-        plain, *others = _outputs_of_configs(_staggered(config, 1, 2), k, n, swiglu, dtype, sizes, 34)
-        for other in others:
-            np.testing.assert_array_equal(other, plain, err_msg=str(config))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled Hopper kernel needs a GPU")
