@@ -72,6 +72,7 @@ VARIANTS = {
                         "(moe.PAIR_SORT = False) instead of 16-bit expert keys with the slots as payload",
     "bfloat16-moe-key-sort": "as fp8-moe-key-sort, in bf16",
     "fp8-moe-routing-before": "fp8-moe-xla-router and fp8-moe-key-sort together",
+    "fp8-moe-spread-hidden-rows": "fp8-moe-spread-routing and fp8-moe-hidden-rows together",
     "fp8-moe-hidden-rows": "the fp8 experts' hidden rows quantised with one scale per row by their own pass after "
                            "gate+up's epilogue, as before 2026-11-29's eighteenth session (moe.FP8_HIDDEN = 'rows'), "
                            "instead of one scale per 128-wide block inside the epilogue",
@@ -166,6 +167,7 @@ def variant_patches(variant: str) -> list[tuple[Any, str, Any]]:
         "bfloat16-moe-key-sort": key_sort,
         "fp8-moe-routing-before": xla_router + key_sort,
         "fp8-moe-hidden-rows": [(moe, "FP8_HIDDEN", "rows")],
+        "fp8-moe-spread-hidden-rows": [(moe, "FP8_HIDDEN", "rows"), (moe, "route", spread_route)],
         "fp8-moe-spread-routing": [(moe, "route", spread_route)],
         "bfloat16-moe-spread-routing": [(moe, "route", spread_route)],
         "fp8-moe-no-prefetch": no_prefetch,

@@ -93,6 +93,8 @@
 #                                         # then the block-scaled down's config sweep in rounds, ~8 min
 #   bash scripts/gpu_moe.sh scaleforms OUT  # down's fp8 GEMM per scale form: XLA's dense, cuBLAS's (torch) and
 #                                         # ours in one process, rounds; then the bf16 half of clocks, ~9 min
+#   bash scripts/gpu_moe.sh hiddenforms OUT  # the fp8 ratio with the hidden rows on block scales and per row, on
+#                                         # the random and the spread routing, one process, ~9 min
 #   bash scripts/gpu_moe.sh blocks OUT    # the fp8 experts' hidden rows in 128-wide blocks (moe.FP8_HIDDEN, the
 #                                         # default): the GPU tests of the kernels and the block, then the 30B's fp8
 #                                         # encoder with it and per row (fp8-moe-hidden-rows) against the 4B's
@@ -139,7 +141,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | blocksweep | scaleforms | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | blocksweep | scaleforms | hiddenforms | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -646,6 +648,14 @@ PY
     run clocks_bf16 $((575 - SECONDS)) python3 -u scripts/gpu_clocks.py --out "$out/clocks_bf16" -- python3 -u \
       scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype bfloat16 --rounds 3 --iters 16 \
       --variants bfloat16-moe-spread-routing --out "$out/clocks_bf16/ratio.json"
+    ;;
+  hiddenforms)
+    # the fp8 encoders' ratio with the experts' hidden rows on 128-wide block scales (the default) and per row
+    # (fp8-moe-hidden-rows: down at 0.78-0.81 of dense instead of 0.70-0.77, a quantisation pass more), on the
+    # random routing and spread as a trained router's, every form in one process, alternating rounds
+    run ratio_fp8_hidden 560 python3 -u scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype fp8 \
+      --rounds 5 --iters 8 --variants fp8-moe-hidden-rows fp8-moe-spread-routing fp8-moe-spread-hidden-rows \
+      --out "$out/ratio_fp8_hidden.json"
     ;;
   passcost)
     # what each compiled pass size costs the 30B fp8 trainer's cold start: the same cold run (1 update) with the
