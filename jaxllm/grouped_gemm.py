@@ -95,8 +95,8 @@ LOG2_E = 1.4426950408889634
 #     skipped, the last scales applied in the epilogue (no division in the kernel): 0.889-0.903 against
 #     0.855-0.903, and not bit-equal to the kernel's division on a GPU (`git show dc9602b`).
 #   "stagger": compute warpgroup 1 starting each tile only once warpgroup 0 had finished its first 1 or 3 k-steps,
-#     so that their waits and rescales fall at different moments: bit-equal, and no faster for any fp8 or bf16
-#     form (3 rounds, 2026-11-30: down on block scales 0.727 of dense, 0.722 staggered by 1, 0.690 by 3;
+#     so that their waits and rescales fall at different moments: bit-equal, and no faster for any form the model
+#     runs (3 rounds, 2026-11-30: down on block scales 0.727 of dense, 0.722 staggered by 1, 0.690 by 3;
 #     `git show e7e72c8`). Nor was the model's config beaten by 34 others for this form (`bench_moe.py
 #     --tune-blocks`), and cuBLAS's own dense GEMM on the same 1 x 128 row blocks runs at the speed of this one
 #     (`scripts/bench_scale_forms.py`; docs/BENCHMARKS.md, twenty-fifth session).
