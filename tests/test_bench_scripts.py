@@ -480,3 +480,24 @@ def test_bench_moe_times_calls_back_to_back():
     assert len(calls) == (2 + 2) * 3 and seconds >= 0  # 2 warm-up and 2 timed iterations of 3 calls
     args = bench_moe.parse_args(["--smoke", "--back-to-back", "4"])
     assert args.back_to_back == 4 and bench_moe.parse_args(["--smoke"]).back_to_back == 1
+
+
+def test_bench_scale_forms_pieces_on_cpu():
+    """bench_scale_forms: each block's scale is its abs-max / 448 (against numpy), its XLA dense row runs at small
+    shapes, and without a CUDA GPU the script stops in one line saying so."""
+    import bench_scale_forms
+    import numpy as np
+    import torch
+
+    x = torch.randn(256, 384)
+    for rows, cols in ((1, 128), (128, 128)):
+        want = np.abs(x.numpy()).reshape(256 // rows, rows, 3, 128).max(axis=(1, 3)) / 448
+        np.testing.assert_allclose(bench_scale_forms.block_amax_scales(x, rows, cols).numpy(), want, rtol=1e-6)
+    args = bench_scale_forms.parse_args(["--rows", "2048", "--experts", "4", "--top-k", "2", "--k", "256",
+                                         "--n", "256"])
+    forms = bench_scale_forms.jax_forms(args)
+    assert set(forms) == {"xla_dense_per_tensor", "ours_down_rows", "ours_down_blocks"}
+    assert forms["xla_dense_per_tensor"]().shape == (2048, 256)
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            bench_scale_forms.main([])
