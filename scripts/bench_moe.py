@@ -45,7 +45,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -117,8 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 FP8_CANDIDATES = ("dense", "ragged_dot", "tiled")  # the candidates that take e4m3 operands
 
 
-def time_per_call(fn, args: argparse.Namespace) -> float:
-    """Seconds per call of fn: the median over --iters of --back-to-back calls queued and synchronised once."""
+def time_per_call(fn, args: argparse.Namespace, sync: Callable[[Any], Any] | None = None) -> float:
+    """Seconds per call of fn: the median over --iters of --back-to-back calls queued and synchronised once (by
+    `sync` on the last call's output: default `jax.block_until_ready`)."""
     import jax
 
     def calls():
@@ -127,7 +128,7 @@ def time_per_call(fn, args: argparse.Namespace) -> float:
             out = fn()
         return out
 
-    return time_calls(calls, jax.block_until_ready, args.iters) / args.back_to_back
+    return time_calls(calls, sync or jax.block_until_ready, args.iters) / args.back_to_back
 
 
 def time_rounds(replays: list[tuple[dict[str, Any], Any]], args: argparse.Namespace, log) -> None:

@@ -6,13 +6,14 @@ alternating rounds: XLA's dense fp8 GEMM with one scale per operand (issue 33's 
 block-scaled rows ("blocks", the default), at one pass's rows on a uniform routing. Default shape: Qwen3-30B-A3B's
 down (262,144 rows, K 768, N 2,048, bf16 out).
 
-Every row is timed the same way (--back-to-back calls queued and synchronised once, the median of --iters such
-timings), each round in the order of the last reversed; each row's ratio to XLA's dense and to cuBLAS's GEMM of
-the same scale form ("rows": per-row x per-column; "blocks": A 1 x 128, B 128 x 128, whose per-k-step rescale is
-ours) is the median of its per-round ratios. A dense GEMM on block scales rescales its sum at each 128-deep k-step
-as ours does; the one-scale GEMM never does: this separates what block scales cost any kernel from what our
-grouped kernel costs. torch is a test dependency of the project and only this script's; cuBLAS >= 12.9 has block
-scales on Hopper (a form it lacks is reported as an error row, the others still run).
+Every row is timed the same way (`bench_moe.time_per_call`: --back-to-back calls queued and synchronised once,
+the median of --iters such timings), each round in the order of the last reversed; each row's ratio to XLA's
+dense and to cuBLAS's GEMM of the same scale form ("rows": per-row x per-column; "blocks": A 1 x 128, B 128 x
+128, whose per-k-step rescale is ours) is the median of its per-round ratios. A dense GEMM on block scales
+rescales its sum at each 128-deep k-step as ours does; the one-scale GEMM never does: this separates what block
+scales cost any kernel from what our grouped kernel costs. torch is a test dependency of the project and only
+this script's; cuBLAS >= 12.9 has block scales on Hopper (a form it lacks is reported as an error row, the others
+still run).
 
     python scripts/bench_scale_forms.py --out scale_forms.json
 """
@@ -23,7 +24,6 @@ import datetime
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -114,19 +114,6 @@ def jax_forms(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
             "ours_down_blocks": lambda: ours_blocks(padded, w, plan.tile_groups, block_scales, col_scale)}
 
 
-def seconds_per_call(fn: Callable[[], Any], sync: Callable[[Any], Any], args: argparse.Namespace) -> float:
-    """The median over --iters of (--back-to-back calls queued, synchronised once) / --back-to-back."""
-    times = []
-    for _ in range(args.iters):
-        start = time.perf_counter()
-        out = None
-        for _ in range(args.back_to_back):
-            out = fn()
-        sync(out)
-        times.append((time.perf_counter() - start) / args.back_to_back)
-    return statistics.median(times)
-
-
 # each scale form's cuBLAS GEMM, the like-for-like yardstick of our kernel on that form
 SAME_FORM = {"ours_down_rows": "cublas_per_row_x_per_column", "ours_down_blocks": "cublas_a_1x128_b_128x128"}
 
@@ -134,6 +121,8 @@ SAME_FORM = {"ours_down_rows": "cublas_per_row_x_per_column", "ours_down_blocks"
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import jax
     import torch
+
+    from bench_moe import time_per_call
 
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -157,7 +146,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             times[name] = []
     for r in range(args.rounds):
         for name in (list(times) if r % 2 == 0 else list(reversed(times))):
-            times[name].append(seconds_per_call(*calls[name], args))
+            fn, sync = calls[name]
+            times[name].append(time_per_call(fn, args, sync))
         print(f"round {r + 1} of {args.rounds} timed", flush=True)
     flops = 2 * args.rows * args.k * args.n
 
