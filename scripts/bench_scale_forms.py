@@ -4,7 +4,9 @@ alternating rounds: XLA's dense fp8 GEMM with one scale per operand (issue 33's 
 1 x 128 with B 128 x 128, DeepSeek-V3's and Qwen3-FP8's recipe; A 1 x 128 with B 1 x 128); and
 `jaxllm.grouped_gemm`'s down as the fp8 experts run it, on row scales (`moe.FP8_HIDDEN` "rows") and on 1 x 128
 block-scaled rows ("blocks", the default), at one pass's rows on a uniform routing. Default shape: Qwen3-30B-A3B's
-down (262,144 rows, K 768, N 2,048, bf16 out).
+down (262,144 rows, K 768, N 2,048, bf16 out). `--gemm gate_up` times gate+up instead (K 2,048, N 2 x 768): ours in
+the model's form (row x column scales, SwiGLU and the 128-wide block quantisation of its output in the epilogue),
+set against cuBLAS's GEMM on the same row x column scales (which writes the product alone).
 
 Every row is timed the same way (`bench_moe.time_per_call`: --back-to-back calls queued and synchronised once,
 the median of --iters such timings), each round in the order of the last reversed; each row's ratio to XLA's
@@ -16,6 +18,7 @@ this script's; cuBLAS >= 12.9 has block scales on Hopper (a form it lacks is rep
 still run).
 
     python scripts/bench_scale_forms.py --out scale_forms.json
+    python scripts/bench_scale_forms.py --gemm gate_up --out scale_forms_gate_up.json
 """
 from __future__ import annotations
 
@@ -30,18 +33,29 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_moe's dense GEMM and routing
 
 
+# each expert GEMM's (K, N) at Qwen3-30B-A3B's shape: gate+up [rows, D] x [2F, D], down [rows, F] x [D, F]
+GEMM_SHAPES = {"gate_up": (2048, 1536), "down": (768, 2048)}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rows", type=int, default=262144, help="token-expert rows of one pass")
     p.add_argument("--experts", type=int, default=128)
     p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--k", type=int, default=768, help="contraction: moe_intermediate_size (a multiple of 128)")
-    p.add_argument("--n", type=int, default=2048, help="output columns: hidden_size (a multiple of 256)")
+    p.add_argument("--gemm", choices=sorted(GEMM_SHAPES), default="down",
+                   help="which expert GEMM: its default K and N are Qwen3-30B-A3B's (K, N): %(choices)s")
+    p.add_argument("--k", type=int, default=None, help="contraction (a multiple of 128); default: the GEMM's")
+    p.add_argument("--n", type=int, default=None,
+                   help="output columns of the GEMM (gate_up: 2 x moe_intermediate_size, a multiple of 256; down: "
+                        "hidden_size, a multiple of 256); default: the GEMM's")
     p.add_argument("--iters", type=int, default=10, help="timings per row and round (their median)")
     p.add_argument("--back-to-back", type=int, default=10, help="calls queued per timing")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--out", type=Path, default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    k, n = GEMM_SHAPES[args.gemm]
+    args.k, args.n = args.k or k, args.n or n
+    return args
 
 
 def block_amax_scales(x, rows: int, cols: int):
@@ -80,8 +94,9 @@ def cublas_forms(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
 
 def jax_forms(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
     """name -> a call of XLA's dense fp8 GEMM at [rows, K] x [N, K] (one scale per operand), and of our grouped
-    down as the fp8 experts run it, on row scales and on 1 x 128 block scales (uniform routing over --experts,
-    the rows laid out in tiles as the dispatch lays them)."""
+    GEMM as the fp8 experts run it (uniform routing over --experts, the rows laid out in tiles as the dispatch lays
+    them): down on row scales and on 1 x 128 block scales, or (--gemm gate_up) gate+up with its scales, SwiGLU and
+    block quantisation in the epilogue."""
     import jax
     import jax.numpy as jnp
 
@@ -94,28 +109,37 @@ def jax_forms(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
     x = jax.random.normal(kx, (args.rows, args.k), jnp.float32).astype(e4m3)
     w = jax.random.normal(kw, (args.experts, args.n, args.k), jnp.float32).astype(e4m3)
     sizes = group_sizes_for("uniform", args.rows, args.experts, args.top_k)
-    blocks_config = moe.down_blocks_config(args.k)
-    rows_config = moe._down_config(moe.TILED_FP8_DOWN_SCALED_CONFIG, args.k)
+    gate_up = args.gemm == "gate_up"
+    blocks_config = moe.TILED_FP8_SWIGLU_BLOCKS_CONFIG if gate_up else moe.down_blocks_config(args.k)
     plan = grouped_gemm.tile_plan(sizes, args.rows, blocks_config.tile_m)
     padded = jnp.zeros((plan.num_rows, args.k), e4m3).at[plan.padded_row].set(x)
     row_scale = jax.random.uniform(ks, (plan.num_rows,), minval=0.001, maxval=0.01)
-    block_scales = jax.random.uniform(ks, (args.k // blocks_config.tile_k, plan.num_rows), minval=0.001, maxval=0.01)
     col_scale = jax.random.uniform(ks, (args.experts, args.n), minval=0.001, maxval=0.01)
     opts = compiler_options()
     dense = jit(dense_fp8, compiler_options=opts)
+    w0 = w[0]
+    forms = {"xla_dense_per_tensor": lambda: dense(x, w0)}
+    if gate_up:  # the model's form: SwiGLU, its output quantised per row and 128-wide block
+        ours = jit(lambda a, b, g, r, c: grouped_gemm.tiled_grouped_matmul(
+            a, b, g, blocks_config, swiglu=True, row_scale=r, col_scale=c, quantize_out=True,
+            quantize_block=moe.FP8_HIDDEN_BLOCK), compiler_options=opts)
+        forms["ours_gate_up"] = lambda: ours(padded, w, plan.tile_groups, row_scale, col_scale)
+        return forms
+    rows_config = moe._down_config(moe.TILED_FP8_DOWN_SCALED_CONFIG, args.k)
+    block_scales = jax.random.uniform(ks, (args.k // blocks_config.tile_k, plan.num_rows), minval=0.001, maxval=0.01)
     ours_rows = jit(lambda a, b, g, r, c: grouped_gemm.tiled_grouped_matmul(a, b, g, rows_config, row_scale=r,
                                                                            col_scale=c), compiler_options=opts)
     ours_blocks = jit(lambda a, b, g, r, c: grouped_gemm.tiled_grouped_matmul(a, b, g, blocks_config,
                                                                              row_block_scales=r, col_scale=c),
                       compiler_options=opts)
-    w0 = w[0]
-    return {"xla_dense_per_tensor": lambda: dense(x, w0),
-            "ours_down_rows": lambda: ours_rows(padded, w, plan.tile_groups, row_scale, col_scale),
-            "ours_down_blocks": lambda: ours_blocks(padded, w, plan.tile_groups, block_scales, col_scale)}
+    forms["ours_down_rows"] = lambda: ours_rows(padded, w, plan.tile_groups, row_scale, col_scale)
+    forms["ours_down_blocks"] = lambda: ours_blocks(padded, w, plan.tile_groups, block_scales, col_scale)
+    return forms
 
 
 # each scale form's cuBLAS GEMM, the like-for-like yardstick of our kernel on that form
-SAME_FORM = {"ours_down_rows": "cublas_per_row_x_per_column", "ours_down_blocks": "cublas_a_1x128_b_128x128"}
+SAME_FORM = {"ours_down_rows": "cublas_per_row_x_per_column", "ours_down_blocks": "cublas_a_1x128_b_128x128",
+             "ours_gate_up": "cublas_per_row_x_per_column"}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -130,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
         "torch": torch.__version__, "cuda": torch.version.cuda, "jax": jax.__version__,
-        "shape": {"rows": args.rows, "k": args.k, "n": args.n, "experts": args.experts}, "rows": []}
+        "gemm": args.gemm, "shape": {"rows": args.rows, "k": args.k, "n": args.n, "experts": args.experts}, "rows": []}
     torch_sync = lambda _: torch.cuda.synchronize()  # noqa: E731
     calls = {name: (fn, jax.block_until_ready) for name, fn in jax_forms(args).items()}
     calls |= {name: (fn, torch_sync) for name, fn in cublas_forms(args).items()}

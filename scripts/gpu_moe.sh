@@ -93,6 +93,9 @@
 #                                         # then the block-scaled down's config sweep in rounds, ~8 min
 #   bash scripts/gpu_moe.sh scaleforms OUT  # down's fp8 GEMM per scale form: XLA's dense, cuBLAS's (torch) and
 #                                         # ours in one process, rounds; then the bf16 half of clocks, ~9 min
+#   bash scripts/gpu_moe.sh yardsticks OUT  # every fp8 expert GEMM against both dense yardsticks in one process
+#                                         # each (XLA's one-scale GEMM, cuBLAS's on the same scales), rounds;
+#                                         # then every expert GEMM form against dense in rounds (fp8), ~9 min
 #   bash scripts/gpu_moe.sh hiddenforms OUT  # the fp8 ratio with the hidden rows on block scales and per row, on
 #                                         # the random and the spread routing, one process, ~9 min
 #   bash scripts/gpu_moe.sh blocks OUT    # the fp8 experts' hidden rows in 128-wide blocks (moe.FP8_HIDDEN, the
@@ -141,7 +144,7 @@
 #                                         # line. DIR: `git archive REV | tar -x -C DIR` (an empty DIR), carried
 #                                         # (run's carry: [".device_carry", "shared"]), ~7 min
 set -uo pipefail
-stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | blocksweep | scaleforms | hiddenforms | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
+stage=${1:?stage: kernels | tiled | check | encoder | train | recheck | h200 | fp8 | fp8kernels | movement | rows | norms | topk | ratio | profiles | swiglu | epilogues | downscales | defaults | capacity | pipelined | rounds | candidates | silu | breakdown | merge | confirm | routing | spills | ncu | ncusass | blocksweep | scaleforms | yardsticks | hiddenforms | passcost | passcheck | passcheck4b | blocks | blocksprofile | blockkernels | routingreport | spread | scattered | prefetch | routingkernels | splitrows | kernelrounds | gateupsplit | clocks | coldstart}
 out=${2:?output directory}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 source "$(ls -d shared ../shared 2>/dev/null | head -1)/device/setup.sh"
@@ -648,6 +651,16 @@ PY
     run clocks_bf16 $((575 - SECONDS)) python3 -u scripts/gpu_clocks.py --out "$out/clocks_bf16" -- python3 -u \
       scripts/bench_ratio.py --models qwen3-30b-a3b qwen3-4b --dtype bfloat16 --rounds 3 --iters 16 \
       --variants bfloat16-moe-spread-routing --out "$out/clocks_bf16/ratio.json"
+    ;;
+  yardsticks)
+    # issue 33's bar two ways: our fp8 down (row scales, block scales) and gate+up (the model's form) against XLA's
+    # dense fp8 GEMM with one scale per operand and cuBLAS's dense GEMM on the same scales, one process per GEMM,
+    # alternating rounds; then bench_moe's rounds of every fp8 expert GEMM form against dense
+    run scale_forms_down 220 python3 -u scripts/bench_scale_forms.py --rounds 9 --out "$out/scale_forms_down.json"
+    run scale_forms_gate_up 160 python3 -u scripts/bench_scale_forms.py --gemm gate_up --rounds 9 \
+      --out "$out/scale_forms_gate_up.json"
+    run kernel_rounds_fp8 $((580 - SECONDS)) python3 -u scripts/bench_moe.py --fp8 --candidates dense tiled \
+      --routings uniform even --back-to-back 10 --pipeline-tiles 1 --rounds 7 --out "$out/kernel_rounds_fp8.json"
     ;;
   hiddenforms)
     # the fp8 encoders' ratio with the experts' hidden rows on 128-wide block scales (the default) and per row

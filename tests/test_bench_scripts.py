@@ -498,6 +498,13 @@ def test_bench_scale_forms_pieces_on_cpu():
     forms = bench_scale_forms.jax_forms(args)
     assert set(forms) == {"xla_dense_per_tensor", "ours_down_rows", "ours_down_blocks"}
     assert forms["xla_dense_per_tensor"]().shape == (2048, 256)
+    gate_up = bench_scale_forms.parse_args(["--gemm", "gate_up"])
+    assert (gate_up.k, gate_up.n) == (2048, 1536)  # Qwen3-30B-A3B's gate+up: D in, 2F out
+    gate_up = bench_scale_forms.parse_args(["--gemm", "gate_up", "--rows", "2048", "--experts", "4", "--top-k", "2",
+                                            "--k", "256", "--n", "512"])
+    forms = bench_scale_forms.jax_forms(gate_up)
+    assert set(forms) == {"xla_dense_per_tensor", "ours_gate_up"}
+    assert forms["xla_dense_per_tensor"]().shape == (2048, 512)
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             bench_scale_forms.main([])
